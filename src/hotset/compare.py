@@ -1,0 +1,180 @@
+"""`hotset compare`: the main job. Trains a small CNN through hotset for each policy and
+cache fraction, reading the dataset from emulated remote storage, and reports hit ratio,
+epoch time and test accuracy side by side (table, JSON, PNG)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from hotset.errors import ConfigError
+from hotset.loader import decode_image, make_loader
+from hotset.models import TinyCNN, accuracy
+from hotset.storage import FileStorage, ThrottledStorage
+from hotset.store import make_store
+
+log = logging.getLogger(__name__)
+
+IMAGE_SIZE = (28, 28)
+
+
+@dataclass
+class CompareConfig:
+    data: str
+    policies: list[str]
+    cache_fractions: list[float]
+    epochs: int = 3
+    batch_size: int = 128
+    num_workers: int = 2
+    latency_ms: float = 2.0
+    bandwidth_mb_s: float = 0.0
+    concurrency: int = 4
+    store: str = "shared"
+    seed: int = 0
+    lr: float = 1e-3
+    progress: bool = True
+
+    def validate(self) -> None:
+        if not self.policies:
+            raise ConfigError("--policies: give at least one policy")
+        for f in self.cache_fractions:
+            if not 0.0 <= f <= 1.0:
+                raise ConfigError(f"--cache-fractions: {f} is not in [0, 1]")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+
+
+def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A whole split in memory (the test set), read straight from local storage."""
+    try:
+        storage = FileStorage(posixpath.join(data, split))
+    except ConfigError:
+        return None
+    ids = list(range(len(storage)))
+    inputs = torch.stack([decode(b) for b in storage.read_many(ids)])
+    return inputs, torch.as_tensor(storage.labels, dtype=torch.int64)
+
+
+def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
+    """Train from scratch with one policy and cache size; returns the row of the table."""
+    train = FileStorage(posixpath.join(cfg.data, "train"))
+    storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
+    capacity = int(fraction * train.manifest.total_bytes)
+    store = make_store(cfg.store, capacity)
+    try:
+        loader = make_loader(
+            storage, batch_size=cfg.batch_size, policy=policy, capacity_bytes=capacity,
+            store=store, seed=cfg.seed, num_workers=cfg.num_workers,
+            decode=partial(decode_image, size=IMAGE_SIZE), progress=cfg.progress,
+            persistent_workers=cfg.num_workers > 0,
+        )
+        torch.manual_seed(cfg.seed)
+        model = TinyCNN(num_classes=max(len(train.classes), int(train.labels.max()) + 1))
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        loss_fn = nn.CrossEntropyLoss()
+        epoch_times, hit_ratios, accs = [], [], []
+        for epoch in range(cfg.epochs):
+            loader.set_epoch(epoch)
+            loader.desc = f"{policy} {fraction:.0%} epoch {epoch + 1}/{cfg.epochs}"
+            before = loader.counters()
+            start = time.perf_counter()
+            for x, y, _ids in loader:
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(x), y).backward()
+                opt.step()
+            epoch_times.append(time.perf_counter() - start)
+            after = loader.counters()
+            served = after["accesses"] - before["accesses"]
+            hit_ratios.append((after["hits"] - before["hits"]) / served if served else 0.0)
+            if test is not None:
+                accs.append(accuracy(model, *test))
+        c = loader.counters()
+    finally:
+        store.close(destroy=True)
+    return {
+        "policy": policy,
+        "cache_fraction": fraction,
+        "capacity_bytes": capacity,
+        "epochs": cfg.epochs,
+        "hit_ratio": c["hit_ratio"],
+        "steady_hit_ratio": float(np.mean(hit_ratios[1:])) if cfg.epochs > 1 else hit_ratios[0],
+        "hit_ratio_per_epoch": hit_ratios,
+        "epoch_time_s": float(np.mean(epoch_times)),
+        "epoch_times_s": epoch_times,
+        "test_accuracy": accs[-1] if accs else None,
+        "accuracy_per_epoch": accs,
+        "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
+        "counters": c,
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'steady':>7} {'late':>6} " \
+           f"{'epoch s':>8} {'test acc':>8} {'plan us':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
+        lines.append(
+            f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['hit_ratio']:>9.4f} "
+            f"{r['steady_hit_ratio']:>7.4f} {r['counters']['late_misses']:>6d} "
+            f"{r['epoch_time_s']:>8.2f} {acc:>8} {r['planning_us_per_sample']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    fractions = sorted({r["cache_fraction"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / max(1, len(policies))
+    x = np.arange(len(fractions))
+    for k, p in enumerate(policies):
+        by_f = {r["cache_fraction"]: r for r in rows if r["policy"] == p}
+        hr = [by_f[f]["steady_hit_ratio"] if f in by_f else 0 for f in fractions]
+        et = [by_f[f]["epoch_time_s"] if f in by_f else 0 for f in fractions]
+        axes[0].bar(x + k * width, hr, width, label=p)
+        axes[1].bar(x + k * width, et, width, label=p)
+    for ax, title in zip(axes, ("hit ratio (after epoch 1)", "mean epoch time (s)"), strict=True):
+        ax.set_xticks(x + width * (len(policies) - 1) / 2, [f"{f:.0%}" for f in fractions])
+        ax.set_xlabel("cache size (fraction of dataset)")
+        ax.set_title(title)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_compare(cfg: CompareConfig, out_dir: str | None = "out", json_path: str | None = None) -> list[dict]:
+    cfg.validate()
+    test = load_split(cfg.data, "test", partial(decode_image, size=IMAGE_SIZE))
+    FileStorage(posixpath.join(cfg.data, "train"))  # fail early on a wrong --data
+    rows = []
+    for policy in cfg.policies:
+        for fraction in cfg.cache_fractions:
+            rows.append(train_one(cfg, policy, fraction, test))
+            log.info("%s at %.0f%%: %s", policy, 100 * fraction, rows[-1]["hit_ratio"])
+    print(format_table(rows))
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.json").write_text(json.dumps(rows, indent=2))
+        plot(rows, out / "compare.png")
+        print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(rows, indent=2))
+    return rows

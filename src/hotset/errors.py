@@ -1,0 +1,42 @@
+"""Errors hotset raises: each names the sample, path or setting at fault."""
+
+from __future__ import annotations
+
+
+class HotsetError(Exception):
+    """Base class of every error hotset raises on purpose."""
+
+
+class ConfigError(HotsetError, ValueError):
+    """A setting has a wrong value; the message names the setting and the accepted values."""
+
+
+class SampleError(HotsetError):
+    """A sample could not be read or decoded; names the sample id, its path and its key."""
+
+    def __init__(self, sample_id: int | str, path: str | None = None, reason: str = "", key: str = ""):
+        if path is None:  # message-only form, used when PyTorch re-raises a worker's error
+            super().__init__(str(sample_id))
+            self.sample_id, self.path, self.key, self.reason = -1, "", "", str(sample_id)
+            return
+        self.sample_id = int(sample_id)
+        self.path = path
+        self.key = key
+        self.reason = reason
+        keypart = f", key {key}" if key else ""
+        super().__init__(f"sample {sample_id} ({path}{keypart}): {reason}")
+
+    def __reduce__(self):  # keep the fields across pickling
+        return (type(self), (self.sample_id, self.path, self.reason, self.key))
+
+
+class MissingSampleError(SampleError):
+    """The sample's file does not exist in the storage."""
+
+
+class CorruptSampleError(SampleError):
+    """The sample's bytes do not match its manifest digest, or cannot be decoded."""
+
+
+class StorageError(SampleError):
+    """The storage failed to read the sample (I/O error, permission, network)."""

@@ -1,0 +1,293 @@
+"""The data plane: CachedDataset executes BatchPlans in DataLoader workers; HotsetLoader
+wraps a standard ``torch.utils.data.DataLoader`` and sums the counters.
+
+PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, so a
+:class:`~hotset.plan.BatchPlan` reaches the worker with no extra channel, and
+``num_workers``, ``pin_memory`` and ``persistent_workers`` keep working.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from hotset.errors import ConfigError, CorruptSampleError, SampleError
+from hotset.plan import BatchPlan, Planner
+from hotset.policy.base import make_policy
+from hotset.sampling.base import make_sampler
+from hotset.stats import LoaderStats
+from hotset.storage.base import Storage
+from hotset.store import Store, make_store
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+
+
+def decode_image(data: bytes, size: tuple[int, int] | None = None, mode: str = "L") -> torch.Tensor:
+    """Image bytes -> float tensor C x H x W in [0, 1] (PIL decodes PNG, JPEG, ...)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img = img.convert(mode)
+        if size is not None and img.size != size:
+            img = img.resize(size)
+        arr = np.asarray(img, dtype=np.uint8)
+    if arr.ndim == 2:
+        arr = arr[None]
+    else:
+        arr = arr.transpose(2, 0, 1)
+    return torch.from_numpy(arr.copy()).float().div_(255.0)
+
+
+class Batch(NamedTuple):
+    """A served batch: ``inputs, targets, ids = batch``; ``ids`` are the samples actually
+    served (feed losses back against these, never against the positions drawn)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    ids: torch.Tensor
+
+
+class CachedDataset(Dataset):
+    """A map-style dataset over ``storage`` whose ``__getitems__`` executes a BatchPlan
+    against ``store``: planned hits from the store, misses (and late misses) from storage,
+    then the plan's evictions and admissions.
+
+    ``dataset[i]`` alone reads from storage, so the object also works as a plain Dataset.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        store: Store,
+        decode: Callable[[bytes], torch.Tensor] = decode_image,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        on_error: str = "raise",
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.storage = storage
+        self.store = store
+        self.decode = decode
+        self.transform = transform
+        self.on_error = on_error
+        self.keys = storage.keys
+        self.labels = storage.labels
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    def _sample(self, i: int, data: bytes) -> torch.Tensor:
+        try:
+            x = self.decode(data)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure names the sample
+            raise CorruptSampleError(
+                i, self.storage.describe(i), f"cannot decode: {exc}", self.keys[i]
+            ) from exc
+        return self.transform(x) if self.transform is not None else x
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        i = int(i)
+        return self._sample(i, self.storage.read(i)), int(self.labels[i])
+
+    def _read_storage(self, ids: list[int], stats: dict) -> dict[int, bytes]:
+        """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
+        start = time.perf_counter()
+        try:
+            datas = self.storage.read_many(ids)
+            got = dict(zip(ids, datas, strict=True))
+        except SampleError:
+            if self.on_error == "raise":
+                raise
+            got = {}
+            for i in ids:  # find the bad ones, keep the rest
+                try:
+                    got[i] = self.storage.read(i)
+                except SampleError as exc:
+                    log.warning("skipping %s", exc)
+                    stats["skipped"] += 1
+        stats["storage_wait_s"] += time.perf_counter() - start
+        stats["bytes_from_storage"] += sum(len(v) for v in got.values())
+        return got
+
+    def __getitems__(self, plan: BatchPlan) -> dict:
+        if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
+            plan = BatchPlan(-1, -1, np.asarray(plan, np.int64), np.zeros(len(plan), bool),
+                             np.empty(0, np.int64), np.empty(0, np.int64))
+        stats = dict.fromkeys(("hits", "misses", "late_misses", "store_failures", "refused_puts",
+                               "skipped", "bytes_from_storage", "bytes_from_store"), 0)
+        stats.update(storage_wait_s=0.0, store_s=0.0, decode_s=0.0)
+        failures0, refused0 = self.store.failures, self.store.refused
+        ids = plan.ids.tolist()
+        keys = self.keys
+        got: dict[int, bytes] = {}
+
+        t = time.perf_counter()
+        hit_ids = plan.ids[plan.hit].tolist()
+        for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
+            if v is not None:
+                got[i] = v
+        stats["store_s"] += time.perf_counter() - t
+        stats["hits"] = len(got)
+        stats["bytes_from_store"] = sum(len(v) for v in got.values())
+        stats["late_misses"] = len(hit_ids) - len(got)
+        stats["misses"] = len(ids) - len(hit_ids)
+
+        missing = [i for i in ids if i not in got]
+        if missing:
+            got.update(self._read_storage(missing, stats))
+
+        t = time.perf_counter()
+        if plan.evict.size:
+            self.store.delete_many([keys[i] for i in plan.evict.tolist()])
+        admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
+        if admit:
+            self.store.put_many(admit)
+        stats["store_s"] += time.perf_counter() - t
+        stats["store_failures"] = self.store.failures - failures0
+        stats["refused_puts"] = self.store.refused - refused0
+
+        t = time.perf_counter()
+        served = [i for i in ids if i in got]
+        inputs = [self._sample(i, got[i]) for i in served]
+        stats["decode_s"] = time.perf_counter() - t
+        served_t = torch.as_tensor(served, dtype=torch.int64)
+        return {
+            "inputs": torch.stack(inputs) if inputs else torch.empty(0),
+            "targets": torch.as_tensor(self.labels[served] if served else [], dtype=torch.int64),
+            "ids": served_t,
+            "stats": stats,
+        }
+
+
+def _pass_through(batch: dict) -> dict:
+    return batch
+
+
+class HotsetLoader:
+    """A DataLoader over a planner: iterate it as usual, ``set_epoch`` it as a
+    DistributedSampler, read ``stats`` (or ``counters()``) for what happened."""
+
+    def __init__(
+        self,
+        dataset: CachedDataset,
+        planner: Planner,
+        *,
+        num_workers: int = 2,
+        progress: bool = False,
+        desc: str = "",
+        **dataloader_kwargs,
+    ) -> None:
+        if num_workers > 0 and not dataset.store.shared_across_processes:
+            raise ConfigError(
+                f"store {type(dataset.store).__name__} is private to one process; with "
+                f"num_workers={num_workers} use a shared store ('shared' or a Redis URL)"
+            )
+        for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+            if k in dataloader_kwargs:
+                raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
+        self.dataset = dataset
+        self.planner = planner
+        self.progress = progress
+        self.desc = desc
+        self.stats = LoaderStats()
+        self._warned_store = False
+        self.dataloader = DataLoader(
+            dataset,
+            batch_sampler=planner,
+            num_workers=num_workers,
+            collate_fn=_pass_through,
+            **dataloader_kwargs,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.planner.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.planner)
+
+    def __iter__(self) -> Iterator[Batch]:
+        it = self.dataloader
+        bar = tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False) if self.progress else it
+        for n, raw in enumerate(bar):
+            self.stats.add(raw["stats"])
+            self.stats.batches += 1
+            self.stats.samples += int(raw["ids"].numel())
+            if self.stats.store_failures and not self._warned_store:
+                self._warned_store = True
+                log.warning(
+                    "cache store %s failed; reading from storage meanwhile (counted in "
+                    "store_failures / late_misses)", type(self.dataset.store).__name__
+                )
+            if self.progress and n % 20 == 0:
+                bar.set_postfix(hit=f"{self.stats.hit_ratio:.3f}", late=self.stats.late_misses)
+            yield Batch(raw["inputs"], raw["targets"], raw["ids"])
+        self.stats.planning_s = self.planner.planning_s
+
+    def counters(self) -> dict:
+        self.stats.planning_s = self.planner.planning_s
+        return self.stats.as_dict()
+
+
+def cache_capacity(storage: Storage, cache_fraction: float | None, capacity_bytes: int | None) -> int:
+    """Bytes for a cache given either a fraction of the dataset or a byte count."""
+    if (cache_fraction is None) == (capacity_bytes is None):
+        raise ConfigError("give exactly one of cache_fraction and capacity_bytes")
+    if capacity_bytes is not None:
+        if capacity_bytes < 0:
+            raise ConfigError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        return int(capacity_bytes)
+    if not 0.0 <= cache_fraction <= 1.0:
+        raise ConfigError(f"cache_fraction must be in [0, 1], got {cache_fraction}")
+    return int(cache_fraction * storage.manifest.total_bytes)
+
+
+def make_loader(
+    storage: Storage,
+    *,
+    batch_size: int,
+    policy: str = "lru",
+    cache_fraction: float | None = None,
+    capacity_bytes: int | None = None,
+    store: str | Store = "shared",
+    sampler: str = "uniform",
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+    num_workers: int = 2,
+    decode: Callable[[bytes], torch.Tensor] = decode_image,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    on_error: str = "raise",
+    drop_last: bool = False,
+    progress: bool = False,
+    policy_options: dict | None = None,
+    sampler_options: dict | None = None,
+    **dataloader_kwargs,
+) -> HotsetLoader:
+    """One call from a Storage to a cached loader: store, policy, sampler, planner, loader."""
+    capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
+    if isinstance(store, str):
+        store = make_store(store, capacity)
+    elif store.capacity_bytes < capacity:
+        raise ConfigError(
+            f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
+        )
+    pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
+    smp = make_sampler(
+        sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
+        **(sampler_options or {}),
+    )
+    planner = Planner(smp, pol, batch_size, drop_last=drop_last)
+    dataset = CachedDataset(storage, store, decode=decode, transform=transform, on_error=on_error)
+    return HotsetLoader(
+        dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs
+    )

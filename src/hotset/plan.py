@@ -1,0 +1,94 @@
+"""BatchPlan and the Planner that joins a sampler and a policy (the control plane).
+
+The planner is the only component that decides admissions and evictions, so it knows
+exactly what the store should hold. It runs where the ``batch_sampler`` of a DataLoader
+runs (the training process); each plan travels to a worker as the "index" PyTorch hands
+to ``Dataset.__getitems__``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.policy.base import Policy
+from hotset.sampling.base import Sampler
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch: the ids to serve in order, which of them to take from the store
+    (``hit``), and what the worker must put into / delete from the store afterwards."""
+
+    epoch: int
+    index: int
+    ids: np.ndarray  # int64, the order the batch is served in
+    hit: np.ndarray  # bool per id: planned store hit
+    admit: np.ndarray  # int64 ids (all among the misses) to put after reading
+    evict: np.ndarray  # int64 ids to delete
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+
+class Planner:
+    """Iterable of :class:`BatchPlan` for the sampler's current epoch; a ``batch_sampler``.
+
+    ``planning_s`` accumulates the time spent deciding (sampler + policy), the control
+    plane's whole cost. For a policy that ``needs_future`` the planner hands it this epoch's
+    and the next epoch's order at each epoch start, unless ``feed_future=False`` (the
+    caller gave it a longer future itself, as the simulator does).
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        policy: Policy,
+        batch_size: int,
+        drop_last: bool = False,
+        feed_future: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if policy.num_samples < sampler.num_samples:
+            raise ConfigError(
+                f"policy covers {policy.num_samples} ids, sampler draws from {sampler.num_samples}"
+            )
+        self.sampler = sampler
+        self.policy = policy
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+        self.feed_future = feed_future
+        self.planning_s = 0.0
+        self.planned = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[BatchPlan]:
+        start = time.perf_counter()
+        epoch = self.sampler.epoch
+        order = self.sampler.epoch_order(epoch)
+        if self.drop_last:
+            order = order[: (order.size // self.batch_size) * self.batch_size]
+        if self.policy.needs_future and self.feed_future:
+            # The future as far as it is planned: this epoch and the next one.
+            ahead = self.sampler.epoch_order(epoch + 1)
+            self.policy.set_future(np.concatenate([order, ahead]))
+        self.planning_s += time.perf_counter() - start
+        for index, lo in enumerate(range(0, order.size, self.batch_size)):
+            start = time.perf_counter()
+            ids = order[lo : lo + self.batch_size]
+            result = self.policy.access(ids)
+            plan = BatchPlan(epoch, index, ids, result.hits, result.admitted, result.evicted)
+            self.planning_s += time.perf_counter() - start
+            self.planned += ids.size
+            yield plan

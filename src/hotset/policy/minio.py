@@ -1,0 +1,36 @@
+"""MinIO (CoorDL, VLDB'21): admit the first samples seen until full, never evict.
+
+Under uniform shuffling every sample is read once per epoch, so a cache holding any fixed
+fraction f of the dataset hits f of the time; never evicting avoids LRU's thrashing.
+"""
+
+from __future__ import annotations
+
+from hotset.policy.base import Policy, register_policy
+
+
+@register_policy
+class MinIOPolicy(Policy):
+    name = "minio"
+
+    def __init__(self, capacity_bytes, sizes, seed: int = 0):
+        super().__init__(capacity_bytes, sizes, seed)
+        self._set: set[int] = set()
+
+    @property
+    def _resident(self):
+        return self._set
+
+    def _access(self, ids, hits, admitted, evicted):
+        members, sizes, cap, used = self._set, self._sizes, self.capacity_bytes, self.used
+        for i in ids:
+            if i in members:
+                hits.append(True)
+                continue
+            hits.append(False)
+            s = sizes[i]
+            if used + s <= cap:
+                members.add(i)
+                used += s
+                admitted.append(i)
+        self.used = used

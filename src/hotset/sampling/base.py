@@ -1,0 +1,87 @@
+"""The sampler base class and registry: what a job reads, epoch by epoch.
+
+A sampler follows ``torch.utils.data.DistributedSampler``'s conventions
+(``num_replicas``, ``rank``, ``seed``, ``set_epoch``, ``drop_last``) but works on numpy
+arrays and knows nothing of torch, so the same object drives the simulator.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+
+class Sampler(ABC):
+    name: str
+
+    def __init__(
+        self,
+        num_samples: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_samples <= 0:
+            raise ConfigError(f"num_samples must be > 0, got {num_samples}")
+        if num_replicas < 1:
+            raise ConfigError(f"num_replicas must be >= 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ConfigError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
+        self.num_samples = int(num_samples)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    @abstractmethod
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The whole epoch's id list (all ranks), identical on every rank."""
+
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's ids for ``epoch`` (default: the current one), as DistributedSampler
+        shards them: pad by wrapping (or drop the tail), then every ``num_replicas``-th."""
+        order = self.global_order(self.epoch if epoch is None else epoch)
+        r = self.num_replicas
+        if self.drop_last:
+            order = order[: (order.size // r) * r]
+        elif order.size % r:
+            pad = r - order.size % r
+            order = np.concatenate([order, np.resize(order, pad)])
+        return order[self.rank :: r]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.epoch_order().tolist())
+
+    def __len__(self) -> int:
+        return int(self.epoch_order().size)
+
+
+SAMPLERS: dict[str, type[Sampler]] = {}
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    SAMPLERS[cls.name] = cls
+    return cls
+
+
+def make_sampler(name: str, num_samples: int, **options) -> Sampler:
+    """A sampler by registry name, e.g. ``make_sampler("uniform", 60000, seed=1)``."""
+    try:
+        cls = SAMPLERS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown sampler {name!r}; choose from: {', '.join(sorted(SAMPLERS))}"
+        ) from None
+    try:
+        return cls(num_samples, **options)
+    except TypeError as exc:
+        raise ConfigError(f"sampler {name!r}: {exc}") from exc

@@ -1,0 +1,55 @@
+"""Loader counters: produced per batch in the workers, summed in the training process."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class LoaderStats:
+    """Counters of what really happened on the data plane (DESIGN.md, "the flow").
+
+    * ``hits``: samples served from the store as planned.
+    * ``misses``: samples the plan sent to storage.
+    * ``late_misses``: planned hits absent from the store (another worker had not written
+      them yet, or the store was unreachable), read from storage instead.
+    * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
+    * ``refused_puts``: admissions the store refused because they would exceed its budget.
+    * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
+    """
+
+    batches: int = 0
+    samples: int = 0
+    hits: int = 0
+    misses: int = 0
+    late_misses: int = 0
+    store_failures: int = 0
+    refused_puts: int = 0
+    skipped: int = 0
+    bytes_from_storage: int = 0
+    bytes_from_store: int = 0
+    storage_wait_s: float = 0.0
+    store_s: float = 0.0
+    decode_s: float = 0.0
+    planning_s: float = 0.0
+
+    @property
+    def accesses(self) -> int:
+        return self.hits + self.misses + self.late_misses
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    def add(self, other: dict) -> None:
+        for k, v in other.items():
+            setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["accesses"] = self.accesses
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+    def __sub__(self, other: LoaderStats) -> LoaderStats:
+        return LoaderStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})

@@ -1,0 +1,66 @@
+"""The Storage interface: the read-only truth a dataset lives in."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from hotset.storage.manifest import Manifest
+
+
+class Storage(ABC):
+    """A dataset of ``len(storage)`` samples, each with a global key, a size and a label.
+
+    ``read_many`` reads concurrently; subclasses implement ``read`` and may override
+    ``read_many`` when the backend has a better batched call.
+    """
+
+    manifest: Manifest
+    concurrency: int = 8
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    @property
+    def keys(self) -> list[str]:
+        return self.manifest.keys
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return self.manifest.sizes
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.manifest.labels
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest.classes
+
+    def key(self, i: int) -> str:
+        return self.manifest.keys[i]
+
+    def size(self, i: int) -> int:
+        return int(self.manifest.sizes[i])
+
+    def label(self, i: int) -> int:
+        return int(self.manifest.labels[i])
+
+    def describe(self, i: int) -> str:
+        """Where sample ``i`` lives, for error messages."""
+        return self.manifest.paths[i]
+
+    @abstractmethod
+    def read(self, i: int) -> bytes:
+        """The bytes of sample ``i``; raises a :class:`~hotset.errors.SampleError` naming it."""
+
+    def read_many(self, ids: Sequence[int]) -> list[bytes]:
+        """The bytes of each id, in order, read with up to ``concurrency`` reads in flight."""
+        ids = [int(i) for i in ids]
+        if len(ids) <= 1 or self.concurrency <= 1:
+            return [self.read(i) for i in ids]
+        with ThreadPoolExecutor(min(self.concurrency, len(ids))) as pool:
+            return list(pool.map(self.read, ids))

@@ -1,0 +1,52 @@
+"""ThrottledStorage: the one explicit place where slow remote storage is emulated."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from hotset.errors import ConfigError
+from hotset.storage.base import Storage
+
+
+class ThrottledStorage(Storage):
+    """Wraps a storage so that each read costs ``latency_ms`` plus ``size / bandwidth``,
+    with at most ``concurrency`` reads in flight across *all* processes that share this
+    object (DataLoader workers inherit the same OS semaphore), like an NFS mount or an
+    object store with a request limit.
+
+    ``bandwidth_mb_s=0`` means unlimited bandwidth.
+    """
+
+    def __init__(
+        self,
+        inner: Storage,
+        latency_ms: float = 2.0,
+        bandwidth_mb_s: float = 0.0,
+        concurrency: int = 4,
+    ) -> None:
+        if latency_ms < 0:
+            raise ConfigError(f"latency_ms must be >= 0, got {latency_ms}")
+        if bandwidth_mb_s < 0:
+            raise ConfigError(f"bandwidth_mb_s must be >= 0, got {bandwidth_mb_s}")
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        self.inner = inner
+        self.manifest = inner.manifest
+        self.latency_s = latency_ms / 1000.0
+        self.bytes_per_s = bandwidth_mb_s * 1e6
+        self.concurrency = int(concurrency)
+        self._slots = multiprocessing.get_context().BoundedSemaphore(self.concurrency)
+
+    def describe(self, i: int) -> str:
+        return self.inner.describe(i)
+
+    def read(self, i: int) -> bytes:
+        with self._slots:
+            start = time.perf_counter()
+            data = self.inner.read(i)
+            cost = self.latency_s + (len(data) / self.bytes_per_s if self.bytes_per_s else 0.0)
+            remaining = cost - (time.perf_counter() - start)
+            if remaining > 0:
+                time.sleep(remaining)
+        return data

@@ -1,0 +1,28 @@
+"""Where cached bytes live: in-process, node-local shared (LMDB on tmpfs), Redis."""
+
+from __future__ import annotations
+
+from hotset.errors import ConfigError
+from hotset.store.base import Store
+from hotset.store.memory import MemoryStore
+from hotset.store.redis_store import RedisStore
+from hotset.store.shared import SharedStore
+
+STORE_KINDS = ("memory", "shared", "shared:///path/on/tmpfs", "redis://host:port/db", "unix:///sock")
+
+
+def make_store(spec: str, capacity_bytes: int, **options) -> Store:
+    """A store from a short spec: ``memory``, ``shared`` (a fresh LMDB dir in /dev/shm),
+    ``shared:///dev/shm/name`` (a named one several processes open), or a Redis URL."""
+    if spec == "memory":
+        return MemoryStore(capacity_bytes)
+    if spec == "shared":
+        return SharedStore(capacity_bytes, **options)
+    if spec.startswith("shared://"):
+        return SharedStore(capacity_bytes, path=spec[len("shared://") :], **options)
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(capacity_bytes, url=spec, **options)
+    raise ConfigError(f"unknown store {spec!r}; use one of: {', '.join(STORE_KINDS)}")
+
+
+__all__ = ["MemoryStore", "RedisStore", "SharedStore", "Store", "make_store"]

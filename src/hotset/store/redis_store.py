@@ -1,0 +1,171 @@
+"""Redis store (redis-py): one pooled cache for several nodes.
+
+Reads are one ``MGET`` per batch; puts and deletes are one Lua script per batch each,
+which checks and updates the byte budget atomically on the server. All keys carry the
+hash tag ``{namespace}`` so the scripts also run on a Redis Cluster slot.
+
+If the server goes away, calls return "absent" / do nothing, ``failures`` is counted, and
+the server is not asked again for ``retry_after_s`` seconds: the loader then reads from
+storage and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+from hotset.errors import ConfigError
+from hotset.store.base import Store
+
+log = logging.getLogger(__name__)
+
+_PUT = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local cap = tonumber(ARGV[1])
+local stored, refused = 0, 0
+for i = 2, #KEYS do
+  local v = ARGV[i]
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    if used + #v <= cap then
+      redis.call('SET', KEYS[i], v)
+      used = used + #v
+      stored = stored + 1
+    else
+      refused = refused + 1
+    end
+  end
+end
+redis.call('SET', KEYS[1], used)
+return {stored, refused}
+"""
+
+_DELETE = """
+local freed = 0
+for i = 2, #KEYS do
+  local n = redis.call('STRLEN', KEYS[i])
+  if redis.call('DEL', KEYS[i]) == 1 then freed = freed + n end
+end
+if freed > 0 then redis.call('DECRBY', KEYS[1], freed) end
+return freed
+"""
+
+
+class RedisStore(Store):
+    """Store in a Redis server at ``url`` (``redis://host:port/db`` or ``unix:///path``)."""
+
+    shared_across_processes = True
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        url: str = "redis://localhost:6379/0",
+        namespace: str = "hotset",
+        retry_after_s: float = 2.0,
+        socket_timeout_s: float = 1.0,
+    ) -> None:
+        try:
+            import redis  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError("the Redis store needs redis-py: pip install 'hotset[redis]'") from exc
+        super().__init__(capacity_bytes)
+        self.url = url
+        self.namespace = namespace
+        self.retry_after_s = retry_after_s
+        self.socket_timeout_s = socket_timeout_s
+        self._prefix = f"hotset:{{{namespace}}}:"
+        self._used_key = self._prefix + "__used_bytes__"
+        self._client = None
+        self._pid = -1
+        self._down_until = 0.0
+
+    def _redis(self):
+        if self._client is None or self._pid != os.getpid():
+            import redis
+
+            self._client = redis.Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout_s,
+                socket_connect_timeout=self.socket_timeout_s,
+            )
+            self._put = self._client.register_script(_PUT)
+            self._delete = self._client.register_script(_DELETE)
+            self._pid = os.getpid()
+        return self._client
+
+    def _call(self, fn, fallback):
+        """Run ``fn(client)``; on a connection failure count it and return ``fallback``."""
+        import redis
+
+        if time.monotonic() < self._down_until:
+            self.failures += 1
+            return fallback
+        try:
+            return fn(self._redis())
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self.failures += 1
+            self._down_until = time.monotonic() + self.retry_after_s
+            log.debug("redis store %s unavailable: %s", self.url, exc)
+            return fallback
+
+    def _k(self, key: str) -> str:
+        return self._prefix + key
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return self._call(lambda r: r.mget([self._k(k) for k in keys]), [None] * len(keys))
+
+    def put_many(self, items: Mapping[str, bytes]) -> int:
+        if not items:
+            return 0
+        keys = [self._used_key] + [self._k(k) for k in items]
+
+        def put(r):
+            stored, refused = self._put(keys=keys, args=[self.capacity_bytes, *items.values()])
+            self.refused += int(refused)
+            return int(stored)
+
+        return self._call(put, 0)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        if keys:
+            rkeys = [self._used_key] + [self._k(k) for k in keys]
+            self._call(lambda r: self._delete(keys=rkeys), 0)
+
+    def contains(self, key: str) -> bool:
+        return bool(self._call(lambda r: r.exists(self._k(key)), False))
+
+    @property
+    def used_bytes(self) -> int:
+        return int(self._call(lambda r: r.get(self._used_key), None) or 0)
+
+    def _data_keys(self, r) -> list[bytes]:
+        return [k for k in r.scan_iter(match=self._prefix + "*", count=1000) if k != self._used_key.encode()]
+
+    def __len__(self) -> int:
+        return self._call(lambda r: len(self._data_keys(r)), 0)
+
+    def clear(self) -> None:
+        def clear(r):
+            keys = self._data_keys(r)
+            for i in range(0, len(keys), 1000):
+                r.delete(*keys[i : i + 1000])
+            r.set(self._used_key, 0)
+
+        self._call(clear, None)
+
+    def close(self, destroy: bool = False) -> None:
+        if destroy:
+            self.clear()
+        if self._client is not None and self._pid == os.getpid():
+            self._client.close()
+        self._client = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for k in ("_client", "_put", "_delete"):
+            state.pop(k, None)
+        state["_client"], state["_pid"] = None, -1
+        return state

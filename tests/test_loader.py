@@ -1,0 +1,232 @@
+"""Planner + CachedDataset + HotsetLoader: plans executed by real DataLoader workers."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from hotset import (
+    BatchPlan,
+    CachedDataset,
+    ConfigError,
+    CorruptSampleError,
+    FileStorage,
+    MemoryStore,
+    MissingSampleError,
+    Planner,
+    RedisStore,
+    SharedStore,
+    decode_image,
+    make_loader,
+    make_policy,
+    make_sampler,
+)
+
+
+def expected_inputs(storage, ids):
+    return torch.stack([decode_image(storage.read(i)) for i in ids.tolist()])
+
+
+def run_epoch(loader, storage=None):
+    seen = []
+    for x, y, ids in loader:
+        if storage is not None:  # the cache never returns the wrong bytes
+            assert torch.equal(x, expected_inputs(storage, ids))
+            assert torch.equal(y, torch.as_tensor(storage.labels[ids.numpy()]))
+        seen.append(ids)
+    return torch.cat(seen) if seen else torch.empty(0, dtype=torch.int64)
+
+
+def test_planner_and_store_agree_single_process(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(storage, batch_size=32, policy="lru", cache_fraction=0.2,
+                         store="memory", num_workers=0)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        served = run_epoch(loader, storage)
+        assert sorted(served.tolist()) == list(range(len(storage)))
+    store, policy = loader.dataset.store, loader.planner.policy
+    assert {storage.key(i) for i in policy.cached_ids().tolist()} == set(store._data)
+    assert store.used_bytes == policy.used <= store.capacity_bytes
+    c = loader.counters()
+    assert c["late_misses"] == 0 and c["hits"] + c["misses"] == 2 * len(storage)
+    assert c["bytes_from_storage"] == int(storage.sizes.sum()) * 2 - c["bytes_from_store"]
+    assert c["planning_s"] > 0
+
+
+def test_two_workers_see_each_others_writes(fmnist_dir):
+    """MinIO fills in epoch 1 (each worker admits its own batches); in epoch 2 every
+    planned hit is found, whichever worker wrote it: the store is shared."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(storage, batch_size=25, policy="minio", cache_fraction=0.3,
+                         store="shared", num_workers=2)
+    try:
+        loader.set_epoch(0)
+        run_epoch(loader)
+        first = loader.counters()
+        loader.set_epoch(1)
+        served = run_epoch(loader, storage)
+        c = loader.counters()
+        hits2 = c["hits"] - first["hits"]
+        assert c["late_misses"] == first["late_misses"] == 0
+        assert sorted(served.tolist()) == list(range(len(storage)))
+        assert hits2 == len(loader.planner.policy)  # every resident sample hit once
+        assert abs(hits2 / len(storage) - 0.3) < 0.03
+        store = loader.dataset.store
+        assert store.used_bytes <= store.capacity_bytes
+        assert len(store) == len(loader.planner.policy)
+    finally:
+        loader.dataset.store.close(destroy=True)
+
+
+def test_lru_with_workers_keeps_budget_and_bytes(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(storage, batch_size=20, policy="lru", cache_fraction=0.1,
+                         store="shared", num_workers=2, seed=3,
+                         sampler_options={"replacement": True})
+    try:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            run_epoch(loader, storage)
+        store, policy = loader.dataset.store, loader.planner.policy
+        assert store.used_bytes <= store.capacity_bytes
+        keys = set(store.get_many([storage.key(i) for i in range(len(storage))]))
+        held = {i for i in range(len(storage)) if store.contains(storage.key(i))}
+        assert held <= set(range(len(storage))) and keys
+        # the data plane followed the control plane (a rare cross-worker reorder may differ)
+        resident = set(policy.cached_ids().tolist())
+        assert len(held & resident) >= 0.9 * len(resident)
+        c = loader.counters()
+        assert c["hits"] > 0
+    finally:
+        loader.dataset.store.close(destroy=True)
+
+
+def test_late_miss_is_read_from_storage_and_counted(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = MemoryStore(10_000)
+    ds = CachedDataset(storage, store)
+    store.put_many({storage.key(1): storage.read(1)})
+    plan = BatchPlan(0, 0, np.array([1, 2, 3]), np.array([True, True, False]),
+                     np.array([3]), np.array([], np.int64))
+    out = ds.__getitems__(plan)
+    assert out["stats"]["hits"] == 1 and out["stats"]["late_misses"] == 1
+    assert out["stats"]["misses"] == 1
+    assert torch.equal(out["inputs"], expected_inputs(storage, torch.tensor([1, 2, 3])))
+    assert store.contains(storage.key(3)) and not store.contains(storage.key(2))
+
+
+def test_redis_goes_away_mid_epoch(fmnist_dir, redis_server):
+    """Training continues from storage, the event is counted, bytes stay right."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = RedisStore(int(storage.sizes.sum()), url=redis_server.url, retry_after_s=0.5,
+                       socket_timeout_s=0.5)
+    loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=1.0,
+                         store=store, num_workers=2)
+    loader.set_epoch(0)
+    run_epoch(loader)  # fills the cache
+    loader.set_epoch(1)
+    served = []
+    for n, (x, _y, ids) in enumerate(loader):
+        if n == 3:
+            redis_server.stop()
+        assert torch.equal(x, expected_inputs(storage, ids))
+        served.append(ids)
+    assert sorted(torch.cat(served).tolist()) == list(range(len(storage)))
+    c = loader.counters()
+    assert c["store_failures"] > 0
+    assert c["late_misses"] > 0  # planned hits read from storage meanwhile
+    # epoch 0 filled the cache; in epoch 1 the 4 batches served before the stop all hit
+    assert 4 * 50 <= c["hits"] < len(storage)
+
+
+def test_missing_and_corrupt_samples_through_the_loader(fmnist_dir, tmp_path):
+    root = tmp_path / "d"
+    shutil.copytree(fmnist_dir / "train", root)
+    s = FileStorage(str(root), verify=False)
+    (root / s.manifest.paths[5]).unlink()
+    (root / s.manifest.paths[9]).write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    loader = make_loader(s, batch_size=16, policy="lru", cache_fraction=0.1,
+                         store="shared", num_workers=2)
+    try:
+        with pytest.raises(MissingSampleError, match=f"sample 5 .*{s.manifest.paths[5]}"):
+            run_epoch(loader)
+    finally:
+        loader.dataset.store.close(destroy=True)
+    ds = CachedDataset(s, MemoryStore(0))
+    with pytest.raises(CorruptSampleError, match=f"sample 9 .*{s.manifest.paths[9]}.*decode"):
+        ds[9]
+    # on_error="skip": training continues, the bad samples are dropped and counted
+    skip = make_loader(s, batch_size=16, policy="lru", cache_fraction=0.1, store="memory",
+                       num_workers=0, on_error="skip", decode=_lenient_decode)
+    served = run_epoch(skip)
+    assert 5 not in served.tolist() and len(served) == len(s) - 1
+    assert skip.counters()["skipped"] == 1
+
+
+def _lenient_decode(data: bytes) -> torch.Tensor:
+    try:
+        return decode_image(data)
+    except Exception:  # noqa: BLE001 - the test decodes a corrupt PNG as zeros
+        return torch.zeros(1, 28, 28)
+
+
+def test_wrong_configuration_is_named(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with pytest.raises(ConfigError, match="private to one process"):
+        make_loader(storage, batch_size=8, cache_fraction=0.1, store="memory", num_workers=2)
+    with pytest.raises(ConfigError, match="cache_fraction"):
+        make_loader(storage, batch_size=8, cache_fraction=1.5, store="memory", num_workers=0)
+    with pytest.raises(ConfigError, match="shuffle is set by hotset"):
+        make_loader(storage, batch_size=8, cache_fraction=0.1, store="memory",
+                    num_workers=0, shuffle=True)
+    with pytest.raises(ConfigError, match="on_error"):
+        CachedDataset(storage, MemoryStore(1), on_error="ignore")
+
+
+def test_plans_travel_through_a_plain_dataloader(fmnist_dir):
+    """A user can build the pieces by hand and use torch's DataLoader directly."""
+    from torch.utils.data import DataLoader
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = SharedStore(int(storage.sizes.sum() * 0.5))
+    planner = Planner(make_sampler("uniform", len(storage)),
+                      make_policy("fifo", store.capacity_bytes, sizes=storage.sizes), 64)
+    dl = DataLoader(CachedDataset(storage, store), batch_sampler=planner, num_workers=2,
+                    collate_fn=lambda b: b, persistent_workers=True)
+    try:
+        for epoch in range(2):
+            planner.set_epoch(epoch)
+            hits = sum(batch["stats"]["hits"] for batch in dl)
+        assert hits > 0.2 * len(storage)
+    finally:
+        store.close(destroy=True)
+
+
+@pytest.mark.slow
+def test_short_training_run_learns(fmnist_dir):
+    """One short end-to-end training run through CachedDataset with workers."""
+    from hotset.models import TinyCNN, accuracy
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    test = FileStorage(str(fmnist_dir / "test"))
+    xt = expected_inputs(test, torch.arange(len(test)))
+    yt = torch.as_tensor(test.labels)
+    loader = make_loader(storage, batch_size=32, policy="lru", cache_fraction=0.2,
+                         store="shared", num_workers=2, persistent_workers=True)
+    torch.manual_seed(0)
+    model = TinyCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    try:
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            for x, y, _ids in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    finally:
+        loader.dataset.store.close(destroy=True)
+    assert accuracy(model, xt, yt) > 0.6  # chance is 0.1

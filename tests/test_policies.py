@@ -1,0 +1,151 @@
+"""Policies: property tests over random access sequences and sizes."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset import POLICIES, ConfigError, make_policy
+from hotset.policy.belady import next_use
+
+ONLINE = [p for p in POLICIES if p != "belady"]
+seqs = st.lists(st.integers(0, 19), min_size=1, max_size=300)
+size_lists = st.lists(st.integers(1, 50), min_size=20, max_size=20)
+
+
+def run(policy, seq, batch=7):
+    """Feed ``seq`` in batches, checking invariants after every batch; returns hits."""
+    if policy.needs_future:
+        policy.set_future(np.asarray(seq))
+    hits = 0
+    resident = set()
+    for lo in range(0, len(seq), batch):
+        ids = seq[lo : lo + batch]
+        before = set(resident)
+        r = policy.access(ids)
+        # a planned hit is resident when the batch starts or was admitted earlier in it
+        seen = set()
+        for i, h in zip(ids, r.hits.tolist(), strict=True):
+            if h:
+                assert i in before or i in seen, f"hit on {i} that was never admitted"
+            seen.add(i)
+        resident = set(policy.cached_ids().tolist())
+        # net changes take the store from the old resident set to the new one
+        assert resident == (before - set(r.evicted.tolist())) | set(r.admitted.tolist())
+        assert set(r.admitted.tolist()) <= set(ids)
+        assert policy.used == sum(policy._sizes[i] for i in resident)
+        assert policy.used <= policy.capacity_bytes
+        hits += int(r.hits.sum())
+    return hits
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@settings(max_examples=60, deadline=None)
+@given(seq=seqs, sizes=size_lists, capacity=st.integers(0, 300))
+def test_capacity_never_exceeded_and_hits_are_resident(name, seq, sizes, capacity):
+    run(make_policy(name, capacity, sizes=sizes, seed=3), seq)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seq=seqs, capacity=st.integers(0, 12))
+def test_belady_misses_at_most_every_other_policy(seq, capacity):
+    """MIN with bypass is optimal in misses for items of equal size."""
+    ones = np.ones(20, np.int64)
+    best = run(make_policy("belady", capacity, sizes=ones), seq)
+    for name in ONLINE:
+        assert best >= run(make_policy(name, capacity, sizes=ones, seed=1), seq), name
+
+
+def reference_lru(seq, sizes, capacity):
+    """Textbook LRU on a list: most recent at the end."""
+    cache, used, hits = [], 0, []
+    for i in seq:
+        if i in cache:
+            cache.remove(i)
+            cache.append(i)
+            hits.append(True)
+            continue
+        hits.append(False)
+        if sizes[i] > capacity:
+            continue
+        cache.append(i)
+        used += sizes[i]
+        while used > capacity:
+            used -= sizes[cache.pop(0)]
+    return hits, cache
+
+
+@settings(max_examples=150, deadline=None)
+@given(seq=seqs, sizes=size_lists, capacity=st.integers(0, 300))
+def test_lru_equals_reference(seq, sizes, capacity):
+    p = make_policy("lru", capacity, sizes=sizes)
+    hits = p.access(seq).hits.tolist()
+    ref_hits, ref_cache = reference_lru(seq, sizes, capacity)
+    assert hits == ref_hits
+    assert list(p._order) == ref_cache
+
+
+@settings(max_examples=100, deadline=None)
+@given(seq=seqs, capacity=st.integers(0, 10))
+def test_fifo_ignores_hits_and_minio_never_evicts(seq, capacity):
+    ones = np.ones(20, np.int64)
+    fifo = make_policy("fifo", capacity, sizes=ones)
+    order = OrderedDict()
+    for i in seq:
+        hit = fifo.access([i]).hits[0]
+        assert hit == (i in order)
+        if not hit and capacity:
+            order[i] = None
+            if len(order) > capacity:
+                order.popitem(last=False)
+    minio = make_policy("minio", capacity, sizes=ones)
+    r = minio.access(seq)
+    assert r.evicted.size == 0
+    assert list(dict.fromkeys(seq))[:capacity] == sorted(minio.cached_ids().tolist(), key=seq.index)
+
+
+def test_lfu_evicts_least_frequent():
+    p = make_policy("lfu", 2, sizes=np.ones(5, np.int64))
+    p.access([0, 0, 0, 1, 2])  # 1 and 2 seen once: 1 set earlier, evicted for 2
+    assert set(p.cached_ids().tolist()) == {0, 2}
+    r = p.access([3])
+    assert r.evicted.tolist() == [2] and r.admitted.tolist() == [3]
+
+
+def test_random_is_seeded():
+    seq = np.random.default_rng(0).integers(0, 50, 500)
+    a = make_policy("random", 10, sizes=np.ones(50, np.int64), seed=5).access(seq).hits
+    b = make_policy("random", 10, sizes=np.ones(50, np.int64), seed=5).access(seq).hits
+    assert (a == b).all()
+
+
+def test_next_use():
+    assert next_use(np.array([3, 1, 3, 3, 1]), 99).tolist() == [2, 4, 3, 99, 99]
+
+
+def test_belady_follows_planned_sequence_only():
+    p = make_policy("belady", 2, sizes=np.ones(5, np.int64))
+    p.set_future(np.array([0, 1, 2, 0]))
+    p.access([0, 1])
+    with pytest.raises(ConfigError, match="planned sequence"):
+        p.access([3])
+
+
+def test_belady_example():
+    """Classic: capacity 2, sequence 0 1 2 0 1 -> MIN keeps 0 and (1 or bypasses 2)."""
+    p = make_policy("belady", 2, sizes=np.ones(3, np.int64))
+    p.set_future(np.array([0, 1, 2, 0, 1]))
+    assert p.access([0, 1, 2, 0, 1]).hits.tolist() == [False, False, False, True, True]
+
+
+def test_registry_errors():
+    with pytest.raises(ConfigError, match="unknown policy 'lruu'.*lru"):
+        make_policy("lruu", 10, sizes=[1, 2])
+    with pytest.raises(ConfigError, match="capacity_bytes"):
+        make_policy("lru", -1, sizes=[1, 2])
+    with pytest.raises(ConfigError, match="policy 'lru'"):
+        make_policy("lru", 1, sizes=[1], bogus=3)

@@ -1,0 +1,138 @@
+"""Storage: manifest, file backend over fsspec, throttle, prepare, errors naming samples."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import make_imagefolder
+from hotset import (
+    ConfigError,
+    CorruptSampleError,
+    FileStorage,
+    MissingSampleError,
+    ThrottledStorage,
+    decode_image,
+)
+from hotset.storage import content_key
+from hotset.storage.prepare import prepare_imagefolder
+
+
+def test_fashion_mnist_prepared_with_manifest(fmnist_dir):
+    train = FileStorage(str(fmnist_dir / "train"))
+    test = FileStorage(str(fmnist_dir / "test"))
+    assert len(train) == 1000 and len(test) == 1000
+    assert train.classes[9] == "Ankle boot"
+    # every key is the digest of the bytes the storage returns, sizes are the byte counts
+    for i in (0, 17, 999):
+        data = train.read(i)
+        assert content_key(data) == train.key(i)
+        assert len(data) == train.size(i)
+        x = decode_image(data)
+        assert x.shape == (1, 28, 28) and 0.0 <= float(x.min()) <= float(x.max()) <= 1.0
+    assert set(np.unique(train.labels)) == set(range(10))
+
+
+def test_keys_are_global_across_jobs(fmnist_dir, tmp_path):
+    """Two storages over copies of the same data address each sample by the same key."""
+    a = FileStorage(str(fmnist_dir / "train"))
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(fmnist_dir / "train", copy)
+    b = FileStorage(str(copy))
+    assert a.keys == b.keys
+
+
+def test_read_many_concurrent_and_ordered(fmnist_dir):
+    s = FileStorage(str(fmnist_dir / "train"), concurrency=4)
+    ids = [5, 3, 999, 3, 0]
+    assert s.read_many(ids) == [s.read(i) for i in ids]
+
+
+def test_fsspec_url(fmnist_dir):
+    """The same backend over an fsspec URL (file:// here; memory:// below)."""
+    s = FileStorage(f"file://{fmnist_dir / 'train'}")
+    assert s.read(1) == FileStorage(str(fmnist_dir / "train")).read(1)
+
+
+def test_memory_filesystem_with_built_manifest(tmp_path):
+    import fsspec
+
+    src = make_imagefolder(tmp_path / "src")
+    fs = fsspec.filesystem("memory")
+    for p in src.rglob("*.png"):
+        fs.pipe_file(f"/tree/{p.parent.name}/{p.name}", p.read_bytes())
+    s = FileStorage("memory://tree", build_manifest=True)
+    assert len(s) == 15 and s.classes == ["cat", "dog", "eel"]
+    assert fs.exists("/tree/manifest.json")
+    assert FileStorage("memory://tree").keys == s.keys  # built once, then read back
+
+
+def test_prepare_imagefolder_splits_and_copies(tmp_path):
+    src = make_imagefolder(tmp_path / "src", per_class=10)
+    out = tmp_path / "out"
+    result = prepare_imagefolder(str(src), str(out), test_fraction=0.2)
+    assert len(result["train"]) == 24 and len(result["test"]) == 6
+    train, test = FileStorage(str(out / "train")), FileStorage(str(out / "test"))
+    assert not set(train.keys) & set(test.keys)
+    for i in range(len(train)):
+        assert train.read(i) == (src / train.manifest.paths[i]).read_bytes()
+    assert np.bincount(test.labels).tolist() == [2, 2, 2]
+
+
+def test_missing_file_names_sample_and_path(fmnist_dir, tmp_path):
+    import shutil
+
+    root = tmp_path / "d"
+    shutil.copytree(fmnist_dir / "train", root)
+    s = FileStorage(str(root))
+    (root / s.manifest.paths[7]).unlink()
+    with pytest.raises(MissingSampleError) as err:
+        s.read(7)
+    assert err.value.sample_id == 7
+    assert "sample 7" in str(err.value) and s.manifest.paths[7] in str(err.value)
+
+
+def test_corrupt_png_names_sample(fmnist_dir, tmp_path):
+    import shutil
+
+    root = tmp_path / "d"
+    shutil.copytree(fmnist_dir / "train", root)
+    s = FileStorage(str(root))
+    path = root / s.manifest.paths[3]
+    path.write_bytes(path.read_bytes()[:40])  # truncated PNG
+    with pytest.raises(CorruptSampleError, match=r"sample 3 .*does not match"):
+        s.read(3)
+    # without digest checks the decoder still names the sample (CachedDataset below)
+    unverified = FileStorage(str(root), verify=False)
+    assert unverified.read(3) == path.read_bytes()
+
+
+def test_no_manifest_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="manifest.json"):
+        FileStorage(str(tmp_path))
+
+
+def test_throttle_costs_latency_and_bounds_concurrency(fmnist_dir):
+    inner = FileStorage(str(fmnist_dir / "train"))
+    slow = ThrottledStorage(inner, latency_ms=20, concurrency=2)
+    start = time.perf_counter()
+    out = slow.read_many(list(range(8)))
+    elapsed = time.perf_counter() - start
+    assert out == inner.read_many(list(range(8)))
+    # 8 reads, 2 in flight, 20 ms each: at least 4 rounds
+    assert elapsed >= 0.075
+    with pytest.raises(ConfigError, match="concurrency"):
+        ThrottledStorage(inner, concurrency=0)
+
+
+def test_throttle_bandwidth(fmnist_dir):
+    inner = FileStorage(str(fmnist_dir / "train"))
+    size = inner.size(0)
+    slow = ThrottledStorage(inner, latency_ms=0, bandwidth_mb_s=size / 1e6 / 0.05, concurrency=1)
+    start = time.perf_counter()
+    slow.read(0)
+    assert time.perf_counter() - start >= 0.045
