@@ -86,7 +86,7 @@ def test_lru_equals_reference(seq, sizes, capacity):
     hits = p.access(seq).hits.tolist()
     ref_hits, ref_cache = reference_lru(seq, sizes, capacity)
     assert hits == ref_hits
-    assert list(p._order) == ref_cache
+    assert p.recency_order().tolist() == ref_cache
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,10 +1,27 @@
-"""LRU: evict the least recently used resident (the papers' baseline)."""
+"""LRU: evict the least recently used resident (the papers' baseline).
+
+Vectorised per batch on numpy: residents are a boolean array, recency a time-stamped
+queue with lazy invalidation (an entry is live while its id is resident and its stamp is
+the id's latest). A batch is applied at once when its evictions are the minimal prefix of
+live entries *older than the batch* covering the bytes it admits, and none of those
+victims is accessed in the batch; then the outcome equals the sequential one, because
+eviction always takes the oldest live entry and the bytes needed only grow through the
+batch. Otherwise the batch is split in halves; a single access never conflicts, so the
+recursion is exact (property-tested against a textbook LRU).
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import numpy as np
 
-from hotset.policy.base import Policy, register_policy
+from hotset.policy.base import AccessResult, Policy, register_policy
+
+_EMPTY = np.empty(0, np.int64)
+
+
+def _unique_in_order(ids: np.ndarray) -> np.ndarray:
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
 
 
 @register_policy
@@ -15,30 +32,150 @@ class LRUPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self._size = np.asarray(self._sizes, np.int64)
+        self._in = np.zeros(self.num_samples, bool)
+        self._stamp = np.full(self.num_samples, -1, np.int64)
+        self._q_id = np.empty(1024, np.int64)
+        self._q_t = np.empty(1024, np.int64)
+        self._head = self._tail = self._clock = 0
+        self._count = 0
+        self._scratch = np.zeros(self.num_samples, np.int64)  # per-batch marks
+
+    # -- the recency queue -------------------------------------------------------------
+    def _live(self, lo: int, hi: int) -> np.ndarray:
+        ids = self._q_id[lo:hi]
+        return self._in[ids] & (self._stamp[ids] == self._q_t[lo:hi])
+
+    def _push(self, ids: np.ndarray) -> None:
+        """Append distinct ``ids`` as the most recent, in order."""
+        k = ids.size
+        if self._tail + k > self._q_id.size:
+            keep = self._live(self._head, self._tail)
+            live_ids, live_t = self._q_id[self._head : self._tail][keep], self._q_t[self._head : self._tail][keep]
+            size = max(1024, 2 * (live_ids.size + k))
+            self._q_id, self._q_t = np.empty(size, np.int64), np.empty(size, np.int64)
+            self._q_id[: live_ids.size], self._q_t[: live_ids.size] = live_ids, live_t
+            self._head, self._tail = 0, live_ids.size
+        times = np.arange(self._clock, self._clock + k, dtype=np.int64)
+        self._q_id[self._tail : self._tail + k] = ids
+        self._q_t[self._tail : self._tail + k] = times
+        self._stamp[ids] = times
+        self._tail += k
+        self._clock += k
+
+    def _oldest(self, need: int) -> tuple[np.ndarray, int] | None:
+        """The minimal prefix of live entries whose sizes reach ``need`` bytes, and the
+        queue head after it; ``None`` if the live entries do not reach it."""
+        pos, freed, parts = self._head, 0, []
+        chunk = 256
+        while pos < self._tail:
+            hi = min(self._tail, pos + chunk)
+            where = np.flatnonzero(self._live(pos, hi))
+            ids = self._q_id[pos:hi][where]
+            if ids.size:
+                cum = np.cumsum(self._size[ids]) + freed
+                if cum[-1] >= need:
+                    k = int(np.searchsorted(cum, need))
+                    parts.append(ids[: k + 1])
+                    return np.concatenate(parts), pos + int(where[k]) + 1
+                parts.append(ids)
+                freed = int(cum[-1])
+            pos, chunk = hi, chunk * 2
+        return None
+
+    # -- accesses ----------------------------------------------------------------------
+    def _groups(self, ids: np.ndarray):
+        """Distinct ids of the batch with the first/last position and the group of each
+        access. No sort when the batch has no repeats (every shuffled epoch)."""
+        pos = np.arange(ids.size)
+        self._scratch[ids] = pos
+        if (self._scratch[ids] == pos).all():  # a repeated id would lose one of its writes
+            return ids, pos, pos, pos
+        order = np.argsort(ids, kind="stable")
+        ranked = ids[order]
+        start = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+        end = np.r_[start[1:], ids.size] - 1
+        inverse = np.empty(ids.size, np.int64)
+        inverse[order] = np.cumsum(np.r_[True, ranked[1:] != ranked[:-1]]) - 1
+        return ranked[start], order[start], order[end], inverse
+
+    def _try_batch(self, ids: np.ndarray):
+        """Apply ``ids`` at once if that equals the sequential outcome, else ``None``."""
+        uniq, first, last, inverse = self._groups(ids)
+        was_in = self._in[uniq]
+        admit = ~was_in & (self._size[uniq] <= self.capacity_bytes)
+        admitted = uniq[admit][np.argsort(first[admit], kind="stable")]
+        add = int(self._size[admitted].sum())
+        need = self.used + add - self.capacity_bytes
+        victims, head = _EMPTY, self._head
+        if need > 0:
+            found = self._oldest(need)
+            if found is None:
+                return None
+            victims, head = found
+            self._scratch[victims] = -1
+            self._scratch[uniq] = 0
+            if (self._scratch[victims] == 0).any():  # a victim is accessed in the batch
+                return None
+        self._head = head
+        self._in[victims] = False
+        self._in[admitted] = True
+        self.used += add - int(self._size[victims].sum())
+        self._count += admitted.size - victims.size
+        if self.refresh_on_hit:
+            order = uniq[np.argsort(last, kind="stable")]
+            self._push(order[self._in[order]])  # hits and admissions, by last access
+        else:
+            self._push(admitted)
+        is_first = np.zeros(ids.size, bool)
+        is_first[first] = True
+        hits = was_in[inverse] | (~is_first & admit[inverse])
+        return hits, admitted, victims
+
+    def _run(self, ids: np.ndarray, hits: list, admitted: list, evicted: list) -> None:
+        done = self._try_batch(ids)
+        if done is None:
+            mid = ids.size // 2
+            self._run(ids[:mid], hits, admitted, evicted)
+            self._run(ids[mid:], hits, admitted, evicted)
+            return
+        hits.append(done[0])
+        admitted.append(done[1])
+        evicted.append(done[2])
+
+    def access(self, ids) -> AccessResult:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return AccessResult(np.zeros(0, bool), _EMPTY, _EMPTY)
+        hits, admitted, evicted = [], [], []
+        self._run(ids, hits, admitted, evicted)
+        if len(hits) == 1:  # applied whole: admissions and victims are already net
+            return AccessResult(hits[0], admitted[0], evicted[0])
+        adm = np.concatenate(admitted)
+        ev = np.concatenate(evicted)
+        return AccessResult(
+            hits=np.concatenate(hits),
+            admitted=_unique_in_order(adm[self._in[adm]]),
+            evicted=_unique_in_order(ev[~self._in[ev]]),
+        )
+
+    def _access(self, ids, hits, admitted, evicted):  # pragma: no cover - access() overrides
+        raise AssertionError("LRUPolicy.access is vectorised")
 
     @property
     def _resident(self):
-        return self._order
+        return set(self.cached_ids().tolist())
 
-    def _access(self, ids, hits, admitted, evicted):
-        order, sizes, cap, used = self._order, self._sizes, self.capacity_bytes, self.used
-        refresh, move, pop = self.refresh_on_hit, order.move_to_end, order.popitem
-        for i in ids:
-            if i in order:
-                if refresh:
-                    move(i)
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap:
-                continue
-            used += s
-            while used > cap:
-                j = pop(last=False)[0]
-                used -= sizes[j]
-                evicted.append(j)
-            order[i] = None
-            admitted.append(i)
-        self.used = used
+    def __contains__(self, i: int) -> bool:
+        return bool(self._in[int(i)])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def recency_order(self) -> np.ndarray:
+        """Resident ids from least to most recently used (FIFO: oldest admitted first)."""
+        keep = self._live(self._head, self._tail)
+        return self._q_id[self._head : self._tail][keep]
+
+    def cached_ids(self) -> np.ndarray:
+        return self.recency_order()
