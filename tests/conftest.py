@@ -52,9 +52,21 @@ class RedisServer:
         if REDIS_SERVER is None:
             pytest.fail("redis-server not found: run `make test` (installs redis-server)")
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", "0", "--unixsocket", self.sock, "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                REDIS_SERVER,
+                "--port",
+                "0",
+                "--unixsocket",
+                self.sock,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while not os.path.exists(self.sock):

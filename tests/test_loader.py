@@ -23,11 +23,12 @@ from hotset import (
     make_loader,
     make_policy,
     make_sampler,
+    to_tensor,
 )
 
 
 def expected_inputs(storage, ids):
-    return torch.stack([decode_image(storage.read(i)) for i in ids.tolist()])
+    return torch.stack([to_tensor(decode_image(storage.read(i))) for i in ids.tolist()])
 
 
 def run_epoch(loader, storage=None):
@@ -42,8 +43,9 @@ def run_epoch(loader, storage=None):
 
 def test_planner_and_store_agree_single_process(fmnist_dir):
     storage = FileStorage(str(fmnist_dir / "train"))
-    loader = make_loader(storage, batch_size=32, policy="lru", cache_fraction=0.2,
-                         store="memory", num_workers=0)
+    loader = make_loader(
+        storage, batch_size=32, policy="lru", cache_fraction=0.2, store="memory", num_workers=0
+    )
     for epoch in range(2):
         loader.set_epoch(epoch)
         served = run_epoch(loader, storage)
@@ -61,8 +63,9 @@ def test_two_workers_see_each_others_writes(fmnist_dir):
     """MinIO fills in epoch 1 (each worker admits its own batches); in epoch 2 every
     planned hit is found, whichever worker wrote it: the store is shared."""
     storage = FileStorage(str(fmnist_dir / "train"))
-    loader = make_loader(storage, batch_size=25, policy="minio", cache_fraction=0.3,
-                         store="shared", num_workers=2)
+    loader = make_loader(
+        storage, batch_size=25, policy="minio", cache_fraction=0.3, store="shared", num_workers=2
+    )
     try:
         loader.set_epoch(0)
         run_epoch(loader)
@@ -84,9 +87,16 @@ def test_two_workers_see_each_others_writes(fmnist_dir):
 
 def test_lru_with_workers_keeps_budget_and_bytes(fmnist_dir):
     storage = FileStorage(str(fmnist_dir / "train"))
-    loader = make_loader(storage, batch_size=20, policy="lru", cache_fraction=0.1,
-                         store="shared", num_workers=2, seed=3,
-                         sampler_options={"replacement": True})
+    loader = make_loader(
+        storage,
+        batch_size=20,
+        policy="lru",
+        cache_fraction=0.1,
+        store="shared",
+        num_workers=2,
+        seed=3,
+        sampler_options={"replacement": True},
+    )
     try:
         for epoch in range(3):
             loader.set_epoch(epoch)
@@ -110,8 +120,14 @@ def test_late_miss_is_read_from_storage_and_counted(fmnist_dir):
     store = MemoryStore(10_000)
     ds = CachedDataset(storage, store)
     store.put_many({storage.key(1): storage.read(1)})
-    plan = BatchPlan(0, 0, np.array([1, 2, 3]), np.array([True, True, False]),
-                     np.array([3]), np.array([], np.int64))
+    plan = BatchPlan(
+        0,
+        0,
+        np.array([1, 2, 3]),
+        np.array([True, True, False]),
+        np.array([3]),
+        np.array([], np.int64),
+    )
     out = ds.__getitems__(plan)
     assert out["stats"]["hits"] == 1 and out["stats"]["late_misses"] == 1
     assert out["stats"]["misses"] == 1
@@ -122,10 +138,12 @@ def test_late_miss_is_read_from_storage_and_counted(fmnist_dir):
 def test_redis_goes_away_mid_epoch(fmnist_dir, redis_server):
     """Training continues from storage, the event is counted, bytes stay right."""
     storage = FileStorage(str(fmnist_dir / "train"))
-    store = RedisStore(int(storage.sizes.sum()), url=redis_server.url, retry_after_s=0.5,
-                       socket_timeout_s=0.5)
-    loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=1.0,
-                         store=store, num_workers=2)
+    store = RedisStore(
+        int(storage.sizes.sum()), url=redis_server.url, retry_after_s=0.5, socket_timeout_s=0.5
+    )
+    loader = make_loader(
+        storage, batch_size=50, policy="minio", cache_fraction=1.0, store=store, num_workers=2
+    )
     loader.set_epoch(0)
     run_epoch(loader)  # fills the cache
     loader.set_epoch(1)
@@ -149,8 +167,9 @@ def test_missing_and_corrupt_samples_through_the_loader(fmnist_dir, tmp_path):
     s = FileStorage(str(root), verify=False)
     (root / s.manifest.paths[5]).unlink()
     (root / s.manifest.paths[9]).write_bytes(b"\x89PNG\r\n\x1a\n garbage")
-    loader = make_loader(s, batch_size=16, policy="lru", cache_fraction=0.1,
-                         store="shared", num_workers=2)
+    loader = make_loader(
+        s, batch_size=16, policy="lru", cache_fraction=0.1, store="shared", num_workers=2
+    )
     try:
         with pytest.raises(MissingSampleError, match=f"sample 5 .*{s.manifest.paths[5]}"):
             run_epoch(loader)
@@ -160,18 +179,26 @@ def test_missing_and_corrupt_samples_through_the_loader(fmnist_dir, tmp_path):
     with pytest.raises(CorruptSampleError, match=f"sample 9 .*{s.manifest.paths[9]}.*decode"):
         ds[9]
     # on_error="skip": training continues, the bad samples are dropped and counted
-    skip = make_loader(s, batch_size=16, policy="lru", cache_fraction=0.1, store="memory",
-                       num_workers=0, on_error="skip", decode=_lenient_decode)
+    skip = make_loader(
+        s,
+        batch_size=16,
+        policy="lru",
+        cache_fraction=0.1,
+        store="memory",
+        num_workers=0,
+        on_error="skip",
+        decode=_lenient_decode,
+    )
     served = run_epoch(skip)
     assert 5 not in served.tolist() and len(served) == len(s) - 1
     assert skip.counters()["skipped"] == 1
 
 
-def _lenient_decode(data: bytes) -> torch.Tensor:
+def _lenient_decode(data: bytes) -> np.ndarray:
     try:
         return decode_image(data)
     except Exception:  # noqa: BLE001 - the test decodes a corrupt PNG as zeros
-        return torch.zeros(1, 28, 28)
+        return np.zeros((1, 28, 28), np.uint8)
 
 
 def test_wrong_configuration_is_named(fmnist_dir):
@@ -181,8 +208,9 @@ def test_wrong_configuration_is_named(fmnist_dir):
     with pytest.raises(ConfigError, match="cache_fraction"):
         make_loader(storage, batch_size=8, cache_fraction=1.5, store="memory", num_workers=0)
     with pytest.raises(ConfigError, match="shuffle is set by hotset"):
-        make_loader(storage, batch_size=8, cache_fraction=0.1, store="memory",
-                    num_workers=0, shuffle=True)
+        make_loader(
+            storage, batch_size=8, cache_fraction=0.1, store="memory", num_workers=0, shuffle=True
+        )
     with pytest.raises(ConfigError, match="on_error"):
         CachedDataset(storage, MemoryStore(1), on_error="ignore")
 
@@ -193,14 +221,27 @@ def test_plans_travel_through_a_plain_dataloader(fmnist_dir):
 
     storage = FileStorage(str(fmnist_dir / "train"))
     store = SharedStore(int(storage.sizes.sum() * 0.5))
-    planner = Planner(make_sampler("uniform", len(storage)),
-                      make_policy("fifo", store.capacity_bytes, sizes=storage.sizes), 64)
-    dl = DataLoader(CachedDataset(storage, store), batch_sampler=planner, num_workers=2,
-                    collate_fn=lambda b: b, persistent_workers=True)
+    planner = Planner(
+        make_sampler("uniform", len(storage)),
+        make_policy("fifo", store.capacity_bytes, sizes=storage.sizes),
+        64,
+    )
+    dl = DataLoader(
+        CachedDataset(storage, store),
+        batch_sampler=planner,
+        num_workers=2,
+        collate_fn=lambda b: b,
+        persistent_workers=True,
+    )
     try:
         for epoch in range(2):
             planner.set_epoch(epoch)
-            hits = sum(batch["stats"]["hits"] for batch in dl)
+            hits = 0
+            for batch in dl:
+                assert torch.equal(
+                    batch["inputs"], expected_inputs(storage, torch.from_numpy(batch["ids"]))
+                )
+                hits += batch["stats"]["hits"]
         assert hits > 0.2 * len(storage)
     finally:
         store.close(destroy=True)
@@ -215,8 +256,15 @@ def test_short_training_run_learns(fmnist_dir):
     test = FileStorage(str(fmnist_dir / "test"))
     xt = expected_inputs(test, torch.arange(len(test)))
     yt = torch.as_tensor(test.labels)
-    loader = make_loader(storage, batch_size=32, policy="lru", cache_fraction=0.2,
-                         store="shared", num_workers=2, persistent_workers=True)
+    loader = make_loader(
+        storage,
+        batch_size=32,
+        policy="lru",
+        cache_fraction=0.2,
+        store="shared",
+        num_workers=2,
+        persistent_workers=True,
+    )
     torch.manual_seed(0)
     model = TinyCNN()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

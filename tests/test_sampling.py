@@ -11,13 +11,19 @@ from hotset import ConfigError, make_sampler
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 500), replicas=st.integers(1, 8), seed=st.integers(0, 99),
-       epoch=st.integers(0, 5), drop_last=st.booleans())
+@given(
+    n=st.integers(1, 500),
+    replicas=st.integers(1, 8),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 5),
+    drop_last=st.booleans(),
+)
 def test_ranks_share_one_epoch_list(n, replicas, seed, epoch, drop_last):
     shards = []
     for rank in range(replicas):
-        s = make_sampler("uniform", n, num_replicas=replicas, rank=rank, seed=seed,
-                         drop_last=drop_last)
+        s = make_sampler(
+            "uniform", n, num_replicas=replicas, rank=rank, seed=seed, drop_last=drop_last
+        )
         s.set_epoch(epoch)
         shards.append(s.epoch_order())
     lengths = {len(x) for x in shards}

@@ -31,7 +31,7 @@ def test_fashion_mnist_prepared_with_manifest(fmnist_dir):
         assert content_key(data) == train.key(i)
         assert len(data) == train.size(i)
         x = decode_image(data)
-        assert x.shape == (1, 28, 28) and 0.0 <= float(x.min()) <= float(x.max()) <= 1.0
+        assert x.shape == (1, 28, 28) and x.dtype == np.uint8
     assert set(np.unique(train.labels)) == set(range(10))
 
 
@@ -136,3 +136,23 @@ def test_throttle_bandwidth(fmnist_dir):
     start = time.perf_counter()
     slow.read(0)
     assert time.perf_counter() - start >= 0.045
+
+
+def test_npy_format_decodes_to_the_same_pixels(fmnist_dir, tmp_path):
+    from hotset import decode_array, decode_sample
+    from hotset.storage.prepare import prepare_fashion_mnist
+
+    prepare_fashion_mnist(str(tmp_path / "npy"), limit=50, fmt="npy")
+    npy = FileStorage(str(tmp_path / "npy" / "train"))
+    png = FileStorage(str(fmnist_dir / "train"))
+    assert npy.manifest.paths[0].endswith(".npy")
+    for i in range(50):
+        a = decode_array(npy.read(i))
+        assert a.shape == (1, 28, 28) and a.dtype == np.uint8
+        assert np.array_equal(a, decode_image(png.read(i)))
+        assert np.array_equal(decode_sample(npy.read(i)), decode_sample(png.read(i)))
+    assert npy.labels.tolist() == png.labels[:50].tolist()
+    with pytest.raises(ValueError, match="magic"):
+        decode_array(png.read(0))
+    with pytest.raises(ValueError):
+        decode_array(npy.read(0)[:-10])  # truncated

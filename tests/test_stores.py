@@ -70,7 +70,9 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=ops, capacity=st.integers(0, 400))
 def test_budget_never_exceeded_counting_every_byte(store_factory, ops, capacity):
     """Property: whatever the puts and deletes, the bytes held (counted value by value)

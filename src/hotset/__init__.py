@@ -5,6 +5,7 @@ hit, a miss, an admission or an eviction; the data plane (``CachedDataset`` in D
 workers) executes those plans on bytes. See DESIGN.md in the repository's shared notes.
 """
 
+from hotset.codecs import decode_array, decode_image, decode_sample, to_tensor
 from hotset.errors import (
     ConfigError,
     CorruptSampleError,
@@ -13,7 +14,7 @@ from hotset.errors import (
     SampleError,
     StorageError,
 )
-from hotset.loader import Batch, CachedDataset, HotsetLoader, decode_image, make_loader
+from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
 from hotset.plan import BatchPlan, Planner
 from hotset.policy import POLICIES, Policy, make_policy, register_policy
 from hotset.sampling import SAMPLERS, Sampler, UniformSampler, make_sampler, register_sampler
@@ -28,6 +29,6 @@ __all__ = [
     "CorruptSampleError", "FileStorage", "HotsetError", "HotsetLoader", "LoaderStats",
     "Manifest", "MemoryStore", "MissingSampleError", "Planner", "Policy", "RedisStore",
     "SampleError", "Sampler", "SharedStore", "Storage", "StorageError", "Store",
-    "ThrottledStorage", "UniformSampler", "decode_image", "make_loader", "make_policy",
-    "make_sampler", "make_store", "register_policy", "register_sampler",
+    "ThrottledStorage", "UniformSampler", "decode_array", "decode_image", "decode_sample",
+    "make_loader", "make_policy", "make_sampler", "make_store", "register_policy", "register_sampler", "to_tensor",
 ]  # fmt: skip

@@ -31,7 +31,9 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     if args.kind == "fashion-mnist":
         if args.dir2 is not None:
             raise HotsetError("usage: hotset prepare fashion-mnist DIR")
-        result = prepare_fashion_mnist(args.dir, source=args.source, limit=args.limit)
+        result = prepare_fashion_mnist(
+            args.dir, source=args.source, limit=args.limit, fmt=args.format
+        )
         out = args.dir
     else:
         if args.dir2 is None:
@@ -39,7 +41,10 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         result = prepare_imagefolder(args.dir, args.dir2, test_fraction=args.test_fraction)
         out = args.dir2
     for split, m in result.items():
-        print(f"{out}/{split}: {len(m)} samples, {m.total_bytes / 1e6:.1f} MB, {len(m.classes)} classes")
+        print(
+            f"{out}/{split}: {len(m)} samples, {m.total_bytes / 1e6:.1f} MB, "
+            f"{len(m.classes)} classes"
+        )
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -48,31 +53,51 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     if args.trace:
         if args.capacity_items is None:
             raise HotsetError("--trace needs --capacity-items K")
-        result = simulate_trace(np.load(args.trace), args.policy, args.capacity_items,
-                                batch_size=args.batch_size, seed=args.seed)
+        result = simulate_trace(
+            np.load(args.trace),
+            args.policy,
+            args.capacity_items,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
     else:
         if args.dataset_size is None:
             raise HotsetError("give --dataset-size N (or --trace FILE.npy)")
         result = simulate(
-            args.policy, args.dataset_size, args.epochs, cache_fraction=args.cache_fraction,
+            args.policy,
+            args.dataset_size,
+            args.epochs,
+            cache_fraction=args.cache_fraction,
             capacity_items=args.capacity_items if args.cache_fraction is None else None,
-            sampler=args.sampler, batch_size=args.batch_size, seed=args.seed,
+            sampler=args.sampler,
+            batch_size=args.batch_size,
+            seed=args.seed,
         )
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['policy']}: {result['hits']}/{result['accesses']} hits "
-              f"(hit ratio {result['hit_ratio']:.4f}), {result['accesses_per_s'] / 1e6:.2f}M accesses/s")
+        print(
+            f"{result['policy']}: {result['hits']}/{result['accesses']} hits "
+            f"(hit ratio {result['hit_ratio']:.4f}), "
+            f"{result['accesses_per_s'] / 1e6:.2f}M accesses/s"
+        )
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
     from hotset.compare import CompareConfig, run_compare
 
     cfg = CompareConfig(
-        data=args.data, policies=args.policies, cache_fractions=args.cache_fractions,
-        epochs=args.epochs, batch_size=args.batch_size, num_workers=args.num_workers,
-        latency_ms=args.latency_ms, bandwidth_mb_s=args.bandwidth_mb_s,
-        concurrency=args.concurrency, store=args.store, seed=args.seed,
+        data=args.data,
+        policies=args.policies,
+        cache_fractions=args.cache_fractions,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        latency_ms=args.latency_ms,
+        bandwidth_mb_s=args.bandwidth_mb_s,
+        concurrency=args.concurrency,
+        store=args.store,
+        seed=args.seed,
         progress=not args.no_progress,
     )
     run_compare(cfg, out_dir=args.out, json_path=args.json)
@@ -90,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--source", default="/usr/share/datasets/fashion-mnist")
     pr.add_argument("--limit", type=int, default=None, help="first N samples of each split")
     pr.add_argument("--test-fraction", type=float, default=0.1)
+    pr.add_argument(
+        "--format",
+        choices=["png", "npy"],
+        default="png",
+        help="fashion-mnist: one PNG or one .npy array per sample",
+    )
     pr.set_defaults(func=cmd_prepare)
 
     si = sub.add_parser("simulate", help="replay sampling and caching without bytes")
@@ -126,8 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="hotset: %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="hotset: %(levelname)s: %(message)s",
+    )
     try:
         args.func(args)
     except HotsetError as exc:

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError
-from hotset.loader import decode_image, make_loader
+from hotset.loader import make_loader
 from hotset.models import TinyCNN, accuracy
 from hotset.storage import FileStorage, ThrottledStorage
 from hotset.store import make_store
@@ -60,7 +61,7 @@ def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tenso
     except ConfigError:
         return None
     ids = list(range(len(storage)))
-    inputs = torch.stack([decode(b) for b in storage.read_many(ids)])
+    inputs = to_tensor(np.stack([decode(b) for b in storage.read_many(ids)]))
     return inputs, torch.as_tensor(storage.labels, dtype=torch.int64)
 
 
@@ -72,9 +73,15 @@ def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
     store = make_store(cfg.store, capacity)
     try:
         loader = make_loader(
-            storage, batch_size=cfg.batch_size, policy=policy, capacity_bytes=capacity,
-            store=store, seed=cfg.seed, num_workers=cfg.num_workers,
-            decode=partial(decode_image, size=IMAGE_SIZE), progress=cfg.progress,
+            storage,
+            batch_size=cfg.batch_size,
+            policy=policy,
+            capacity_bytes=capacity,
+            store=store,
+            seed=cfg.seed,
+            num_workers=cfg.num_workers,
+            decode=partial(decode_sample, size=IMAGE_SIZE),
+            progress=cfg.progress,
             persistent_workers=cfg.num_workers > 0,
         )
         torch.manual_seed(cfg.seed)
@@ -118,8 +125,10 @@ def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'steady':>7} {'late':>6} " \
-           f"{'epoch s':>8} {'test acc':>8} {'plan us':>8}"
+    head = (
+        f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'steady':>7} {'late':>6} "
+        f"{'epoch s':>8} {'test acc':>8} {'plan us':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
@@ -158,9 +167,11 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_compare(cfg: CompareConfig, out_dir: str | None = "out", json_path: str | None = None) -> list[dict]:
+def run_compare(
+    cfg: CompareConfig, out_dir: str | None = "out", json_path: str | None = None
+) -> list[dict]:
     cfg.validate()
-    test = load_split(cfg.data, "test", partial(decode_image, size=IMAGE_SIZE))
+    test = load_split(cfg.data, "test", partial(decode_sample, size=IMAGE_SIZE))
     FileStorage(posixpath.join(cfg.data, "train"))  # fail early on a wrong --data
     rows = []
     for policy in cfg.policies:

@@ -14,7 +14,9 @@ class ConfigError(HotsetError, ValueError):
 class SampleError(HotsetError):
     """A sample could not be read or decoded; names the sample id, its path and its key."""
 
-    def __init__(self, sample_id: int | str, path: str | None = None, reason: str = "", key: str = ""):
+    def __init__(
+        self, sample_id: int | str, path: str | None = None, reason: str = "", key: str = ""
+    ):
         if path is None:  # message-only form, used when PyTorch re-raises a worker's error
             super().__init__(str(sample_id))
             self.sample_id, self.path, self.key, self.reason = -1, "", "", str(sample_id)

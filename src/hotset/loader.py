@@ -8,7 +8,6 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError, CorruptSampleError, SampleError
 from hotset.plan import BatchPlan, Planner
 from hotset.policy.base import make_policy
@@ -30,22 +30,6 @@ from hotset.store import Store, make_store
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
-
-
-def decode_image(data: bytes, size: tuple[int, int] | None = None, mode: str = "L") -> torch.Tensor:
-    """Image bytes -> float tensor C x H x W in [0, 1] (PIL decodes PNG, JPEG, ...)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        img = img.convert(mode)
-        if size is not None and img.size != size:
-            img = img.resize(size)
-        arr = np.asarray(img, dtype=np.uint8)
-    if arr.ndim == 2:
-        arr = arr[None]
-    else:
-        arr = arr.transpose(2, 0, 1)
-    return torch.from_numpy(arr.copy()).float().div_(255.0)
 
 
 class Batch(NamedTuple):
@@ -62,6 +46,10 @@ class CachedDataset(Dataset):
     against ``store``: planned hits from the store, misses (and late misses) from storage,
     then the plan's evictions and admissions.
 
+    ``decode`` turns a sample's bytes into an array (default: ``.npy`` or any PIL image);
+    a batch is stacked and made a float tensor once (uint8 pixels scaled to [0, 1]).
+    ``transform``, if given, runs per sample on that tensor.
+
     ``dataset[i]`` alone reads from storage, so the object also works as a plain Dataset.
     """
 
@@ -69,7 +57,7 @@ class CachedDataset(Dataset):
         self,
         storage: Storage,
         store: Store,
-        decode: Callable[[bytes], torch.Tensor] = decode_image,
+        decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         on_error: str = "raise",
     ) -> None:
@@ -86,18 +74,28 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.storage)
 
-    def _sample(self, i: int, data: bytes) -> torch.Tensor:
+    def _decode(self, i: int, data: bytes) -> np.ndarray | torch.Tensor:
         try:
-            x = self.decode(data)
+            return self.decode(data)
         except Exception as exc:  # noqa: BLE001 - any decoder failure names the sample
             raise CorruptSampleError(
                 i, self.storage.describe(i), f"cannot decode: {exc}", self.keys[i]
             ) from exc
-        return self.transform(x) if self.transform is not None else x
+
+    def _inputs(self, ids: list[int], got: dict[int, bytes]) -> torch.Tensor:
+        samples = [self._decode(i, got[i]) for i in ids]
+        if not samples:
+            return torch.empty(0)
+        if self.transform is not None:
+            return torch.stack([self.transform(to_tensor(x)) for x in samples])
+        if isinstance(samples[0], torch.Tensor):
+            return to_tensor(torch.stack(samples))
+        return to_tensor(np.stack(samples))
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         i = int(i)
-        return self._sample(i, self.storage.read(i)), int(self.labels[i])
+        x = to_tensor(self._decode(i, self.storage.read(i)))
+        return (self.transform(x) if self.transform is not None else x), int(self.labels[i])
 
     def _read_storage(self, ids: list[int], stats: dict) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
@@ -121,10 +119,27 @@ class CachedDataset(Dataset):
 
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
-            plan = BatchPlan(-1, -1, np.asarray(plan, np.int64), np.zeros(len(plan), bool),
-                             np.empty(0, np.int64), np.empty(0, np.int64))
-        stats = dict.fromkeys(("hits", "misses", "late_misses", "store_failures", "refused_puts",
-                               "skipped", "bytes_from_storage", "bytes_from_store"), 0)
+            plan = BatchPlan(
+                -1,
+                -1,
+                np.asarray(plan, np.int64),
+                np.zeros(len(plan), bool),
+                np.empty(0, np.int64),
+                np.empty(0, np.int64),
+            )
+        stats = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "late_misses",
+                "store_failures",
+                "refused_puts",
+                "skipped",
+                "bytes_from_storage",
+                "bytes_from_store",
+            ),
+            0,
+        )
         stats.update(storage_wait_s=0.0, store_s=0.0, decode_s=0.0)
         failures0, refused0 = self.store.failures, self.store.refused
         ids = plan.ids.tolist()
@@ -157,16 +172,12 @@ class CachedDataset(Dataset):
         stats["refused_puts"] = self.store.refused - refused0
 
         t = time.perf_counter()
-        served = [i for i in ids if i in got]
-        inputs = [self._sample(i, got[i]) for i in served]
+        served = np.array([i for i in ids if i in got], dtype=np.int64)
+        inputs = self._inputs(served.tolist(), got)
         stats["decode_s"] = time.perf_counter() - t
-        served_t = torch.as_tensor(served, dtype=torch.int64)
-        return {
-            "inputs": torch.stack(inputs) if inputs else torch.empty(0),
-            "targets": torch.as_tensor(self.labels[served] if served else [], dtype=torch.int64),
-            "ids": served_t,
-            "stats": stats,
-        }
+        # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
+        # id and label arrays are pickled inline and become tensors in the loader.
+        return {"inputs": inputs, "targets": self.labels[served], "ids": served, "stats": stats}
 
 
 def _pass_through(batch: dict) -> dict:
@@ -217,20 +228,31 @@ class HotsetLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         it = self.dataloader
-        bar = tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False) if self.progress else it
+        bar = (
+            tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False)
+            if self.progress
+            else it
+        )
+        pin = self.dataloader.pin_memory
         for n, raw in enumerate(bar):
             self.stats.add(raw["stats"])
             self.stats.batches += 1
-            self.stats.samples += int(raw["ids"].numel())
+            self.stats.samples += int(raw["ids"].size)
             if self.stats.store_failures and not self._warned_store:
                 self._warned_store = True
                 log.warning(
                     "cache store %s failed; reading from storage meanwhile (counted in "
-                    "store_failures / late_misses)", type(self.dataset.store).__name__
+                    "store_failures / late_misses)",
+                    type(self.dataset.store).__name__,
                 )
             if self.progress and n % 20 == 0:
                 bar.set_postfix(hit=f"{self.stats.hit_ratio:.3f}", late=self.stats.late_misses)
-            yield Batch(raw["inputs"], raw["targets"], raw["ids"])
+            targets = torch.from_numpy(raw["targets"])
+            yield Batch(
+                raw["inputs"],
+                targets.pin_memory() if pin else targets,
+                torch.from_numpy(raw["ids"]),
+            )
         self.stats.planning_s = self.planner.planning_s
 
     def counters(self) -> dict:
@@ -238,7 +260,9 @@ class HotsetLoader:
         return self.stats.as_dict()
 
 
-def cache_capacity(storage: Storage, cache_fraction: float | None, capacity_bytes: int | None) -> int:
+def cache_capacity(
+    storage: Storage, cache_fraction: float | None, capacity_bytes: int | None
+) -> int:
     """Bytes for a cache given either a fraction of the dataset or a byte count."""
     if (cache_fraction is None) == (capacity_bytes is None):
         raise ConfigError("give exactly one of cache_fraction and capacity_bytes")
@@ -264,7 +288,7 @@ def make_loader(
     num_replicas: int = 1,
     rank: int = 0,
     num_workers: int = 2,
-    decode: Callable[[bytes], torch.Tensor] = decode_image,
+    decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     on_error: str = "raise",
     drop_last: bool = False,
@@ -283,7 +307,11 @@ def make_loader(
         )
     pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
     smp = make_sampler(
-        sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
+        sampler,
+        len(storage),
+        num_replicas=num_replicas,
+        rank=rank,
+        seed=seed,
         **(sampler_options or {}),
     )
     planner = Planner(smp, pol, batch_size, drop_last=drop_last)

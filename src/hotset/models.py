@@ -23,7 +23,9 @@ class TinyCNN(nn.Module):
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch: int = 1000) -> float:
+def accuracy(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch: int = 1000
+) -> float:
     """Top-1 accuracy of ``model`` on in-memory tensors."""
     was_training = model.training
     model.eval()

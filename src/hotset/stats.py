@@ -52,4 +52,6 @@ class LoaderStats:
         return d
 
     def __sub__(self, other: LoaderStats) -> LoaderStats:
-        return LoaderStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+        return LoaderStats(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )

@@ -64,7 +64,13 @@ class BeladyPolicy(Policy):
                 "belady: the accesses differ from the planned sequence given to set_future "
                 f"(at position {pos}); Belady needs the sampler's exact future order"
             )
-        next_of, heap, sizes, cap, used = self._next_of, self._heap, self._sizes, self.capacity_bytes, self.used
+        next_of, heap, sizes, cap, used = (
+            self._next_of,
+            self._heap,
+            self._sizes,
+            self.capacity_bytes,
+            self.used,
+        )
         push, pop = heapq.heappush, heapq.heappop
         for i in ids:
             n = nxt[pos]

@@ -51,7 +51,10 @@ class LRUPolicy(Policy):
         k = ids.size
         if self._tail + k > self._q_id.size:
             keep = self._live(self._head, self._tail)
-            live_ids, live_t = self._q_id[self._head : self._tail][keep], self._q_t[self._head : self._tail][keep]
+            live_ids, live_t = (
+                self._q_id[self._head : self._tail][keep],
+                self._q_t[self._head : self._tail][keep],
+            )
             size = max(1024, 2 * (live_ids.size + k))
             self._q_id, self._q_t = np.empty(size, np.int64), np.empty(size, np.int64)
             self._q_id[: live_ids.size], self._q_t[: live_ids.size] = live_ids, live_t

@@ -22,7 +22,13 @@ class RandomPolicy(Policy):
         return self._pos
 
     def _access(self, ids, hits, admitted, evicted):
-        pos, lst, sizes, cap, used = self._pos, self._ids, self._sizes, self.capacity_bytes, self.used
+        pos, lst, sizes, cap, used = (
+            self._pos,
+            self._ids,
+            self._sizes,
+            self.capacity_bytes,
+            self.used,
+        )
         rand = self._rng.random
         for i in ids:
             if i in pos:

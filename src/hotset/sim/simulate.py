@@ -13,8 +13,13 @@ from hotset.policy.base import make_policy
 from hotset.sampling.base import make_sampler
 
 
-def _result(policy_name: str, hits_per_epoch: list[int], accesses_per_epoch: list[int],
-            seconds: float, **extra) -> dict:
+def _result(
+    policy_name: str,
+    hits_per_epoch: list[int],
+    accesses_per_epoch: list[int],
+    seconds: float,
+    **extra,
+) -> dict:
     hits, accesses = sum(hits_per_epoch), sum(accesses_per_epoch)
     warm_h, warm_a = sum(hits_per_epoch[1:]), sum(accesses_per_epoch[1:])
     return {
@@ -25,7 +30,9 @@ def _result(policy_name: str, hits_per_epoch: list[int], accesses_per_epoch: lis
         "hit_ratio": hits / accesses if accesses else 0.0,
         # after the first epoch, when the cache is warm
         "steady_hit_ratio": warm_h / warm_a if warm_a else None,
-        "hit_ratio_per_epoch": [h / a if a else 0.0 for h, a in zip(hits_per_epoch, accesses_per_epoch, strict=True)],
+        "hit_ratio_per_epoch": [
+            h / a if a else 0.0 for h, a in zip(hits_per_epoch, accesses_per_epoch, strict=True)
+        ],
         "seconds": seconds,
         "accesses_per_s": accesses / seconds if seconds > 0 else float("inf"),
         **extra,
@@ -80,12 +87,27 @@ def simulate(
         hits.append(h)
         accesses.append(a)
     seconds = time.perf_counter() - start
-    return _result(policy, hits, accesses, seconds, sampler=sampler, dataset_size=dataset_size,
-                   epochs=epochs, capacity_bytes=capacity, cache_fraction=capacity / sizes.sum())
+    return _result(
+        policy,
+        hits,
+        accesses,
+        seconds,
+        sampler=sampler,
+        dataset_size=dataset_size,
+        epochs=epochs,
+        capacity_bytes=capacity,
+        cache_fraction=capacity / sizes.sum(),
+    )
 
 
-def simulate_trace(trace: np.ndarray, policy: str, capacity_items: int, batch_size: int = 256,
-                   seed: int = 0, policy_options: dict | None = None) -> dict:
+def simulate_trace(
+    trace: np.ndarray,
+    policy: str,
+    capacity_items: int,
+    batch_size: int = 256,
+    seed: int = 0,
+    policy_options: dict | None = None,
+) -> dict:
     """Hit ratio of ``policy`` on a fixed access sequence of int ids, items of equal size."""
     trace = np.asarray(trace)
     if trace.ndim != 1 or not np.issubdtype(trace.dtype, np.integer):
@@ -94,8 +116,9 @@ def simulate_trace(trace: np.ndarray, policy: str, capacity_items: int, batch_si
         raise ConfigError("trace holds negative ids")
     trace = trace.astype(np.int64)
     n = int(trace.max()) + 1 if trace.size else 1
-    pol = make_policy(policy, int(capacity_items), sizes=np.ones(n, np.int64), seed=seed,
-                      **(policy_options or {}))
+    pol = make_policy(
+        policy, int(capacity_items), sizes=np.ones(n, np.int64), seed=seed, **(policy_options or {})
+    )
     pol.set_future(trace)
     hits = 0
     start = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+
 import fsspec
 
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
@@ -68,7 +69,9 @@ class FileStorage(Storage):
         return data
 
 
-def list_imagefolder(fs: fsspec.AbstractFileSystem, root: str) -> tuple[list[str], list[tuple[str, int]]]:
+def list_imagefolder(
+    fs: fsspec.AbstractFileSystem, root: str
+) -> tuple[list[str], list[tuple[str, int]]]:
     """Classes (sorted by name) and ``(relative path, label)`` of an ImageFolder tree
     (``root/<class>/<image>``)."""
     classes = sorted(

@@ -11,6 +11,7 @@ import fsspec
 import numpy as np
 from tqdm import tqdm
 
+from hotset.codecs import npy_bytes
 from hotset.errors import ConfigError
 from hotset.storage.files import list_imagefolder
 from hotset.storage.manifest import MANIFEST_NAME, Manifest
@@ -40,6 +41,9 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims)
 
 
+FORMATS = ("png", "npy")
+
+
 def png_bytes(image: np.ndarray) -> bytes:
     import io
 
@@ -57,7 +61,9 @@ def _write_split(
     fs.makedirs(root, exist_ok=True)
 
     def written():
-        for rel, data, label in tqdm(samples, total=total, desc=f"prepare {name}", unit="img"):
+        for rel, data, label in tqdm(
+            samples, total=total, desc=f"prepare {name}", unit="img", disable=None
+        ):
             fs.makedirs(posixpath.dirname(posixpath.join(root, rel)), exist_ok=True)
             fs.pipe_file(posixpath.join(root, rel), data)
             yield rel, data, label
@@ -69,11 +75,16 @@ def _write_split(
 
 
 def prepare_fashion_mnist(
-    out_dir: str, source: str = FASHION_MNIST_DIR, limit: int | None = None
+    out_dir: str, source: str = FASHION_MNIST_DIR, limit: int | None = None, fmt: str = "png"
 ) -> dict[str, Manifest]:
-    """Write Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as PNGs under
-    ``out_dir/train/<label>/<index>.png`` and ``out_dir/test/...``, each with a manifest.
-    ``limit`` keeps the first N samples of each split (for tests)."""
+    """Write Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as one file per
+    sample under ``out_dir/train/<label>/<index>.<fmt>`` and ``out_dir/test/...``, each
+    with a manifest. ``fmt``: ``png`` (an image, as ImageFolder datasets are) or ``npy``
+    (the uint8 array 1 x 28 x 28, decoded by a ``frombuffer``). ``limit`` keeps the
+    first N samples of each split (for tests)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"format must be one of {FORMATS}, got {fmt!r}")
+    encode = png_bytes if fmt == "png" else (lambda img: npy_bytes(img[None]))
     src = Path(source)
     if not (src / _IDX_FILES["train"][0]).exists():
         raise ConfigError(
@@ -88,11 +99,14 @@ def prepare_fashion_mnist(
 
         def samples(images=images, labels=labels):
             for i, (img, lbl) in enumerate(zip(images, labels, strict=True)):
-                yield f"{int(lbl)}/{i:05d}.png", png_bytes(img), int(lbl)
+                yield f"{int(lbl)}/{i:05d}.{fmt}", encode(img), int(lbl)
 
         result[split] = _write_split(
-            posixpath.join(str(out_dir), split), samples(), FASHION_MNIST_CLASSES,
-            f"fashion-mnist-{split}", len(images),
+            posixpath.join(str(out_dir), split),
+            samples(),
+            FASHION_MNIST_CLASSES,
+            f"fashion-mnist-{split}",
+            len(images),
         )
     return result
 
@@ -121,9 +135,7 @@ def prepare_imagefolder(
         if not mask.any():
             continue
         chosen = [files[i] for i in np.flatnonzero(mask)]
-        samples = (
-            (rel, fs.cat_file(posixpath.join(root, rel)), label) for rel, label in chosen
-        )
+        samples = ((rel, fs.cat_file(posixpath.join(root, rel)), label) for rel, label in chosen)
         result[split] = _write_split(
             posixpath.join(str(out_dir), split), samples, classes, f"{name}-{split}", len(chosen)
         )

@@ -8,7 +8,13 @@ from hotset.store.memory import MemoryStore
 from hotset.store.redis_store import RedisStore
 from hotset.store.shared import SharedStore
 
-STORE_KINDS = ("memory", "shared", "shared:///path/on/tmpfs", "redis://host:port/db", "unix:///sock")
+STORE_KINDS = (
+    "memory",
+    "shared",
+    "shared:///path/on/tmpfs",
+    "redis://host:port/db",
+    "unix:///sock",
+)
 
 
 def make_store(spec: str, capacity_bytes: int, **options) -> Store:

@@ -68,7 +68,9 @@ class RedisStore(Store):
         try:
             import redis  # noqa: F401
         except ImportError as exc:
-            raise ConfigError("the Redis store needs redis-py: pip install 'hotset[redis]'") from exc
+            raise ConfigError(
+                "the Redis store needs redis-py: pip install 'hotset[redis]'"
+            ) from exc
         super().__init__(capacity_bytes)
         self.url = url
         self.namespace = namespace
@@ -142,7 +144,11 @@ class RedisStore(Store):
         return int(self._call(lambda r: r.get(self._used_key), None) or 0)
 
     def _data_keys(self, r) -> list[bytes]:
-        return [k for k in r.scan_iter(match=self._prefix + "*", count=1000) if k != self._used_key.encode()]
+        return [
+            k
+            for k in r.scan_iter(match=self._prefix + "*", count=1000)
+            if k != self._used_key.encode()
+        ]
 
     def __len__(self) -> int:
         return self._call(lambda r: len(self._data_keys(r)), 0)

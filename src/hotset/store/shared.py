@@ -45,8 +45,13 @@ def _environment(path: str, map_size: int) -> tuple[lmdb.Environment, object, ob
     if handle is None:
         os.makedirs(path, exist_ok=True)
         env = lmdb.open(
-            path, map_size=map_size, max_dbs=2, sync=False, metasync=False,
-            readahead=False, max_readers=1024,
+            path,
+            map_size=map_size,
+            max_dbs=2,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            max_readers=1024,
         )
         handle = _ENVS[path] = (env, env.open_db(b"data"), env.open_db(b"meta"))
     return handle
