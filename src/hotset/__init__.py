@@ -30,5 +30,6 @@ __all__ = [
     "Manifest", "MemoryStore", "MissingSampleError", "Planner", "Policy", "RedisStore",
     "SampleError", "Sampler", "SharedStore", "Storage", "StorageError", "Store",
     "ThrottledStorage", "UniformSampler", "decode_array", "decode_image", "decode_sample",
-    "make_loader", "make_policy", "make_sampler", "make_store", "register_policy", "register_sampler", "to_tensor",
+    "make_loader", "make_policy", "make_sampler", "make_store", "register_policy",
+    "register_sampler", "to_tensor",
 ]  # fmt: skip
