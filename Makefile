@@ -32,6 +32,7 @@ demo: install system-deps data
 	  --cache-fractions 0.1,0.2 --epochs 3 --num-workers 2 --out $(OUT)
 
 test: install system-deps
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
 bench: install
