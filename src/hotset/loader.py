@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import NamedTuple
 
 import numpy as np
@@ -97,12 +98,11 @@ class CachedDataset(Dataset):
         x = to_tensor(self._decode(i, self.storage.read(i)))
         return (self.transform(x) if self.transform is not None else x), int(self.labels[i])
 
-    def _read_storage(self, ids: list[int], stats: dict) -> dict[int, bytes]:
+    def _read_storage(self, ids: list[int], stats: LoaderStats) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
         start = time.perf_counter()
         try:
-            datas = self.storage.read_many(ids)
-            got = dict(zip(ids, datas, strict=True))
+            got = dict(zip(ids, self.storage.read_many(ids), strict=True))
         except SampleError:
             if self.on_error == "raise":
                 raise
@@ -112,35 +112,15 @@ class CachedDataset(Dataset):
                     got[i] = self.storage.read(i)
                 except SampleError as exc:
                     log.warning("skipping %s", exc)
-                    stats["skipped"] += 1
-        stats["storage_wait_s"] += time.perf_counter() - start
-        stats["bytes_from_storage"] += sum(len(v) for v in got.values())
+                    stats.skipped += 1
+        stats.storage_wait_s += time.perf_counter() - start
+        stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
-            plan = BatchPlan(
-                -1,
-                -1,
-                np.asarray(plan, np.int64),
-                np.zeros(len(plan), bool),
-                np.empty(0, np.int64),
-                np.empty(0, np.int64),
-            )
-        stats = dict.fromkeys(
-            (
-                "hits",
-                "misses",
-                "late_misses",
-                "store_failures",
-                "refused_puts",
-                "skipped",
-                "bytes_from_storage",
-                "bytes_from_store",
-            ),
-            0,
-        )
-        stats.update(storage_wait_s=0.0, store_s=0.0, decode_s=0.0)
+            plan = BatchPlan.uncached(plan)
+        stats = LoaderStats()
         failures0, refused0 = self.store.failures, self.store.refused
         ids = plan.ids.tolist()
         keys = self.keys
@@ -151,11 +131,11 @@ class CachedDataset(Dataset):
         for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
             if v is not None:
                 got[i] = v
-        stats["store_s"] += time.perf_counter() - t
-        stats["hits"] = len(got)
-        stats["bytes_from_store"] = sum(len(v) for v in got.values())
-        stats["late_misses"] = len(hit_ids) - len(got)
-        stats["misses"] = len(ids) - len(hit_ids)
+        stats.store_s += time.perf_counter() - t
+        stats.hits = len(got)
+        stats.bytes_from_store = sum(len(v) for v in got.values())
+        stats.late_misses = len(hit_ids) - len(got)
+        stats.misses = len(ids) - len(hit_ids)
 
         missing = [i for i in ids if i not in got]
         if missing:
@@ -167,17 +147,23 @@ class CachedDataset(Dataset):
         admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
         if admit:
             self.store.put_many(admit)
-        stats["store_s"] += time.perf_counter() - t
-        stats["store_failures"] = self.store.failures - failures0
-        stats["refused_puts"] = self.store.refused - refused0
+        stats.store_s += time.perf_counter() - t
+        stats.store_failures = self.store.failures - failures0
+        stats.refused_puts = self.store.refused - refused0
 
         t = time.perf_counter()
         served = np.array([i for i in ids if i in got], dtype=np.int64)
         inputs = self._inputs(served.tolist(), got)
-        stats["decode_s"] = time.perf_counter() - t
+        stats.decode_s = time.perf_counter() - t
+        stats.batches, stats.samples = 1, int(served.size)
         # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
         # id and label arrays are pickled inline and become tensors in the loader.
-        return {"inputs": inputs, "targets": self.labels[served], "ids": served, "stats": stats}
+        return {
+            "inputs": inputs,
+            "targets": self.labels[served],
+            "ids": served,
+            "stats": asdict(stats),
+        }
 
 
 def _pass_through(batch: dict) -> dict:
@@ -236,8 +222,6 @@ class HotsetLoader:
         pin = self.dataloader.pin_memory
         for n, raw in enumerate(bar):
             self.stats.add(raw["stats"])
-            self.stats.batches += 1
-            self.stats.samples += int(raw["ids"].size)
             if self.stats.store_failures and not self._warned_store:
                 self._warned_store = True
                 log.warning(

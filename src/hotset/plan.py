@@ -34,6 +34,13 @@ class BatchPlan:
     def __len__(self) -> int:
         return int(self.ids.size)
 
+    @classmethod
+    def uncached(cls, ids) -> BatchPlan:
+        """A plan that reads ``ids`` from storage and leaves the store alone."""
+        ids = np.asarray(ids, np.int64)
+        empty = np.empty(0, np.int64)
+        return cls(-1, -1, ids, np.zeros(ids.size, bool), empty, empty)
+
 
 class Planner:
     """Iterable of :class:`BatchPlan` for the sampler's current epoch; a ``batch_sampler``.

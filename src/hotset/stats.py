@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -46,12 +46,8 @@ class LoaderStats:
             setattr(self, k, getattr(self, k) + v)
 
     def as_dict(self) -> dict:
+        """The fields plus the derived ``accesses`` and ``hit_ratio``."""
         d = asdict(self)
         d["accesses"] = self.accesses
         d["hit_ratio"] = self.hit_ratio
         return d
-
-    def __sub__(self, other: LoaderStats) -> LoaderStats:
-        return LoaderStats(
-            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
-        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,5 +63,18 @@ class Storage(ABC):
         ids = [int(i) for i in ids]
         if len(ids) <= 1 or self.concurrency <= 1:
             return [self.read(i) for i in ids]
-        with ThreadPoolExecutor(min(self.concurrency, len(ids))) as pool:
-            return list(pool.map(self.read, ids))
+        return list(self._pool().map(self.read, ids))
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """This process's reader threads (made on first use, so each worker has its own)."""
+        pool = self.__dict__.get("_reader_pool")
+        if pool is None or self.__dict__.get("_reader_pid") != os.getpid():
+            pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hotset-read")
+            self.__dict__.update(_reader_pool=pool, _reader_pid=os.getpid())
+        return pool
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_reader_pool", None)
+        state.pop("_reader_pid", None)
+        return state
