@@ -149,3 +149,7 @@ def test_registry_errors():
         make_policy("lru", -1, sizes=[1, 2])
     with pytest.raises(ConfigError, match="policy 'lru'"):
         make_policy("lru", 1, sizes=[1], bogus=3)
+    with pytest.raises(ConfigError, match="num_samples"):
+        make_policy("lru", 1)
+    p = make_policy("fifo", 2, num_samples=5)  # equal sizes: the capacity counts items
+    assert p.access([0, 1, 2]).evicted.tolist() == [0] and len(p) == 2

@@ -104,15 +104,25 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(
-    name: str, capacity_bytes: int, sizes: np.ndarray | Sequence[int], **options
+    name: str,
+    capacity_bytes: int,
+    sizes: np.ndarray | Sequence[int] | None = None,
+    num_samples: int | None = None,
+    **options,
 ) -> Policy:
-    """A policy by registry name, e.g. ``make_policy("lru", 64 << 20, sizes=manifest.sizes)``."""
+    """A policy by registry name: ``make_policy("lru", 64 << 20, sizes=manifest.sizes)``
+    (per-sample bytes), or ``make_policy("lru", 6000, num_samples=60000)`` for items of
+    equal size, when the capacity counts items."""
     try:
         cls = POLICIES[name]
     except KeyError:
         raise ConfigError(
             f"unknown policy {name!r}; choose from: {', '.join(sorted(POLICIES))}"
         ) from None
+    if sizes is None:
+        if num_samples is None:
+            raise ConfigError(f"policy {name!r}: give sizes= (bytes per sample) or num_samples=")
+        sizes = np.ones(int(num_samples), np.int64)
     try:
         return cls(capacity_bytes, sizes, **options)
     except TypeError as exc:
