@@ -14,6 +14,8 @@ from hotset.errors import (
     SampleError,
     StorageError,
 )
+from hotset.feedback import per_sample_loss
+from hotset.importance import ScoreBoard, coarse_importance, rank_importance
 from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
 from hotset.plan import BatchPlan, Planner
 from hotset.policy import POLICIES, Policy, make_policy, register_policy
@@ -31,5 +33,6 @@ __all__ = [
     "SampleError", "Sampler", "SharedStore", "Storage", "StorageError", "Store",
     "ThrottledStorage", "UniformSampler", "decode_array", "decode_image", "decode_sample",
     "make_loader", "make_policy", "make_sampler", "make_store", "register_policy",
-    "register_sampler", "to_tensor",
+    "register_sampler", "to_tensor", "per_sample_loss", "ScoreBoard", "coarse_importance",
+    "rank_importance",
 ]  # fmt: skip

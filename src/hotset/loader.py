@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError, CorruptSampleError, SampleError
+from hotset.feedback import as_numpy
 from hotset.plan import BatchPlan, Planner
 from hotset.policy.base import make_policy
 from hotset.sampling.base import make_sampler
@@ -238,6 +239,17 @@ class HotsetLoader:
                 torch.from_numpy(raw["ids"]),
             )
         self.stats.planning_s = self.planner.planning_s
+
+    def feedback(self, ids, losses) -> None:
+        """Hand back the per-sample losses of a batch, against the ``ids`` it served
+        (tensors or arrays): importance samplers and score-keyed policies use them."""
+        self.planner.feedback(as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64))
+
+    def report_accuracy(self, accuracy: float) -> None:
+        """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
+        report = getattr(self.planner.sampler, "report_accuracy", None)
+        if report is not None:
+            report(float(accuracy))
 
     def counters(self) -> dict:
         self.stats.planning_s = self.planner.planning_s

@@ -65,6 +65,19 @@ class Planner:
             raise ConfigError(
                 f"policy covers {policy.num_samples} ids, sampler draws from {sampler.num_samples}"
             )
+        if policy.needs_future and not sampler.order_known_ahead:
+            raise ConfigError(
+                f"policy {policy.name!r} needs the future access order, which sampler "
+                f"{sampler.name!r} decides only as training goes; use the uniform sampler"
+            )
+        if policy.needs_scores:
+            board = getattr(sampler, "board", None)
+            if board is None:
+                raise ConfigError(
+                    f"policy {policy.name!r} needs importance scores; sampler {sampler.name!r} "
+                    "has none: use an importance sampler such as 'shade'"
+                )
+            policy.attach_scores(board)
         self.sampler = sampler
         self.policy = policy
         self.batch_size = int(batch_size)
@@ -76,6 +89,18 @@ class Planner:
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def feedback(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """Per-sample losses of the ids a batch served: to the sampler's scores, then to a
+        policy that keys on them."""
+        feedback = getattr(self.sampler, "feedback", None)
+        if feedback is None:
+            return
+        start = time.perf_counter()
+        feedback(ids, losses)
+        if self.policy.needs_scores:
+            self.policy.scores_updated(ids)
+        self.planning_s += time.perf_counter() - start
+
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -83,6 +108,7 @@ class Planner:
     def __iter__(self) -> Iterator[BatchPlan]:
         start = time.perf_counter()
         epoch = self.sampler.epoch
+        self.sampler.set_cached(self.policy.cached_ids())
         order = self.sampler.epoch_order(epoch)
         if self.drop_last:
             order = order[: (order.size // self.batch_size) * self.batch_size]

@@ -35,6 +35,8 @@ class Policy(ABC):
     name: ClassVar[str]
     #: policies that need the planned access sequence (``set_future``) before accesses
     needs_future: ClassVar[bool] = False
+    #: policies that read importance scores (``attach_scores`` with a ScoreBoard)
+    needs_scores: ClassVar[bool] = False
 
     def __init__(self, capacity_bytes: int, sizes: np.ndarray | Sequence[int], seed: int = 0):
         sizes = np.asarray(sizes, dtype=np.int64)

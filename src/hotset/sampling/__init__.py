@@ -1,7 +1,15 @@
 """Samplers: which ids a job reads, in which order."""
 
-from hotset.sampling import uniform  # noqa: F401 - register
+from hotset.sampling import pads, uniform  # noqa: F401 - register
 from hotset.sampling.base import SAMPLERS, Sampler, make_sampler, register_sampler
+from hotset.sampling.pads import PADSSampler
 from hotset.sampling.uniform import UniformSampler
 
-__all__ = ["SAMPLERS", "Sampler", "UniformSampler", "make_sampler", "register_sampler"]
+__all__ = [
+    "SAMPLERS",
+    "PADSSampler",
+    "Sampler",
+    "UniformSampler",
+    "make_sampler",
+    "register_sampler",
+]

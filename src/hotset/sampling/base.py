@@ -17,6 +17,8 @@ from hotset.errors import ConfigError
 
 class Sampler(ABC):
     name: str
+    #: whether ``global_order(e)`` is fixed in advance (offline policies need it)
+    order_known_ahead: bool = True
 
     def __init__(
         self,
@@ -58,11 +60,17 @@ class Sampler(ABC):
             order = np.concatenate([order, np.resize(order, pad)])
         return order[self.rank :: r]
 
+    def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """The ids the cache holds at an epoch start (cache-aware samplers use it)."""
+
     def __iter__(self) -> Iterator[int]:
         return iter(self.epoch_order().tolist())
 
     def __len__(self) -> int:
-        return int(self.epoch_order().size)
+        """Ids per rank per epoch: ``num_samples`` drawn each epoch, sharded."""
+        if self.drop_last:
+            return self.num_samples // self.num_replicas
+        return -(-self.num_samples // self.num_replicas)
 
 
 SAMPLERS: dict[str, type[Sampler]] = {}

@@ -1,0 +1,48 @@
+"""The score board: per-sample importance state as numpy arrays over sample ids.
+
+It lives in the training process (where the sampler and planner run), so it is one
+board whatever ``num_workers`` is; samplers and policies read it, and the feedback path
+is the only writer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+
+class ScoreBoard:
+    """``score[i]``: latest importance of sample ``i`` (``initial`` until it gets one);
+    ``loss[i]``: its latest per-sample loss; ``updated[i]``: the feedback step of its
+    latest score (-1: never scored); ``count[i]``: how many scores it received."""
+
+    def __init__(self, num_samples: int, initial: float = 1.0) -> None:
+        if num_samples <= 0:
+            raise ConfigError(f"num_samples must be > 0, got {num_samples}")
+        self.num_samples = int(num_samples)
+        self.score = np.full(self.num_samples, float(initial))
+        self.loss = np.full(self.num_samples, np.nan)
+        self.updated = np.full(self.num_samples, -1, np.int64)
+        self.count = np.zeros(self.num_samples, np.int64)
+        self.step = 0
+
+    def update(self, ids: np.ndarray, scores: np.ndarray, losses: np.ndarray) -> None:
+        """Record one batch's scores (later entries win for a repeated id)."""
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            raise ConfigError(f"feedback ids out of range [0, {self.num_samples})")
+        self.score[ids] = scores
+        self.loss[ids] = losses
+        self.updated[ids] = self.step
+        np.add.at(self.count, ids, 1)
+        self.step += 1
+
+    def fill_unseen(self, value: float) -> None:
+        """Give every never-scored sample the score ``value`` (a sampler's prior)."""
+        self.score[self.updated < 0] = value
+
+    @property
+    def seen(self) -> np.ndarray:
+        """Mask of the samples that have a score (SHADE's ghost cache membership)."""
+        return self.updated >= 0

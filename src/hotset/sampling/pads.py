@@ -1,0 +1,121 @@
+"""SHADE's Priority-based Adaptive Data Sampling (PADS, FAST'23 section 4.2.1).
+
+Epoch 0 is a uniform permutation (nothing is scored yet). Each later epoch draws its
+``num_samples`` ids from the multinomial distribution of the importance scores, *with*
+replacement, with the weight of every sample the cache holds multiplied by
+``repetition`` (SHADE's cache-aware repetition of samples that are important and cached:
+the planner reports the cached ids at each epoch start); the list is then sharded across
+ranks like DistributedSampler.
+
+Bias guard: when the epoch mean training loss fell by more than ``steep_drop`` (a
+fraction) from one epoch to the next, or the validation accuracy reported with
+``report_accuracy`` gained less than ``stagnation`` over the last ``patience`` epochs,
+the next epoch is a plain uniform shuffle, mixing the important samples back in
+(``guard_epochs`` lists those epochs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.importance import SCORERS, ScoreBoard
+from hotset.sampling.base import Sampler, register_sampler
+
+
+@register_sampler
+class PADSSampler(Sampler):
+    name = "shade"
+    order_known_ahead = False
+
+    def __init__(
+        self,
+        num_samples: int,
+        importance: str = "rank",
+        b0: float = 10.0,
+        repetition: float = 3.0,
+        steep_drop: float = 0.5,
+        stagnation: float = 0.001,
+        patience: int = 3,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_samples, **kwargs)
+        if importance not in SCORERS:
+            raise ConfigError(f"importance must be one of {sorted(SCORERS)}, got {importance!r}")
+        if b0 <= 1.0 and importance == "rank":
+            raise ConfigError(f"b0 must be > 1 so that log(rank + b0) > 0, got {b0}")
+        if repetition < 1.0:
+            raise ConfigError(f"repetition must be >= 1, got {repetition}")
+        self.importance = importance
+        self.b0 = float(b0)
+        self.repetition = float(repetition)
+        self.steep_drop = float(steep_drop)
+        self.stagnation = float(stagnation)
+        self.patience = int(patience)
+        self.board = ScoreBoard(num_samples)
+        self.prior: float | None = None  # weight of never-scored samples
+        self.guard_epochs: list[int] = []
+        self._cached = np.zeros(num_samples, bool)
+        self._loss_sum: dict[int, float] = {}
+        self._loss_n: dict[int, int] = {}
+        self._accuracy: list[float] = []
+        self._orders: dict[int, np.ndarray] = {}
+
+    # -- feedback ------------------------------------------------------------------------
+    def feedback(self, ids: np.ndarray, losses: np.ndarray) -> np.ndarray:
+        """Score one minibatch (ids as served, their per-sample losses); returns the scores."""
+        ids = np.asarray(ids, np.int64)
+        losses = np.asarray(losses, np.float64)
+        if ids.shape != losses.shape:
+            raise ConfigError(f"feedback: {ids.size} ids but {losses.size} losses")
+        if self.importance == "rank":
+            scores = SCORERS["rank"](losses, self.b0)
+        else:
+            scores = SCORERS["coarse"](losses)
+        self.board.update(ids, scores, losses)
+        if self.prior is None and ids.size:  # a median rank / the first batch's mean loss
+            self.prior = float(np.median(scores))
+            self.board.fill_unseen(self.prior)
+        self._loss_sum[self.epoch] = self._loss_sum.get(self.epoch, 0.0) + float(losses.sum())
+        self._loss_n[self.epoch] = self._loss_n.get(self.epoch, 0) + int(losses.size)
+        return scores
+
+    def report_accuracy(self, accuracy: float) -> None:
+        """Validation accuracy after an epoch (feeds the bias guard)."""
+        self._accuracy.append(float(accuracy))
+
+    def set_cached(self, ids: np.ndarray) -> None:
+        self._cached[:] = False
+        self._cached[np.asarray(ids, np.int64)] = True
+
+    # -- sampling ------------------------------------------------------------------------
+    def probabilities(self) -> np.ndarray:
+        """Sampling probability of each id for the next draw."""
+        w = np.maximum(self.board.score, 1e-12)  # never-scored samples hold the prior
+        w[self._cached] *= self.repetition
+        return w / w.sum()
+
+    def _guard(self, epoch: int) -> bool:
+        means = [
+            self._loss_sum[e] / self._loss_n[e]
+            for e in (epoch - 2, epoch - 1)
+            if self._loss_n.get(e)
+        ]
+        if len(means) == 2 and means[0] > 0 and (means[0] - means[1]) / means[0] > self.steep_drop:
+            return True
+        acc, k = self._accuracy, self.patience
+        return len(acc) > k and max(acc[-k:]) - acc[-k - 1] < self.stagnation
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:  # drawn once per epoch: every caller sees one list
+            rng = np.random.default_rng([self.seed, epoch])
+            if self.prior is None:
+                order = rng.permutation(self.num_samples)
+            elif self._guard(epoch):
+                self.guard_epochs.append(epoch)
+                order = rng.permutation(self.num_samples)
+            else:
+                order = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = order
+        return self._orders[epoch]
