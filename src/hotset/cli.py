@@ -1,4 +1,4 @@
-"""The `hotset` command: prepare, simulate, compare."""
+"""The `hotset` command: prepare, simulate, compare, record, sweep."""
 
 from __future__ import annotations
 
@@ -48,8 +48,20 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
-    from hotset.sim import simulate, simulate_trace
+    from hotset.sim import LossOracle, simulate, simulate_trace
+    from hotset.systems import resolve_system
 
+    oracle = LossOracle.load(args.oracle) if args.oracle else None
+    if args.system:
+        system = resolve_system(args.system)
+        args.policy, args.sampler = system.policy, system.sampler
+        sampler_options = system.sampler_options
+    else:
+        sampler_options = {}
+    if args.policy is None:
+        raise HotsetError("give --policy NAME (or --system NAME)")
+    if args.dataset_size is None and oracle is not None:
+        args.dataset_size = oracle.num_samples
     if args.trace:
         if args.capacity_items is None:
             raise HotsetError("--trace needs --capacity-items K")
@@ -72,6 +84,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             sampler=args.sampler,
             batch_size=args.batch_size,
             seed=args.seed,
+            sampler_options=sampler_options,
+            oracle=oracle,
         )
     if args.json:
         print(json.dumps(result))
@@ -103,6 +117,44 @@ def cmd_compare(args: argparse.Namespace) -> None:
     run_compare(cfg, out_dir=args.out, json_path=args.json)
 
 
+def cmd_record(args: argparse.Namespace) -> None:
+    from hotset.compare import record_oracle
+
+    oracle = record_oracle(
+        args.data,
+        args.epochs,
+        args.out,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        num_workers=args.num_workers,
+    )
+    print(f"wrote {args.out}: losses of {oracle.num_samples} samples over {oracle.epochs} epochs")
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from hotset.sim import LossOracle
+    from hotset.sim.sweep import format_sweep, plot_sweep, sweep
+
+    oracle = LossOracle.load(args.oracle)
+    rows = sweep(
+        oracle,
+        args.systems,
+        args.cache_fractions,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    print(format_sweep(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(rows, indent=2))
+    plot_sweep(rows, out / "sweep.png")
+    print(f"wrote {out / 'sweep.json'} and {out / 'sweep.png'}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -124,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_prepare)
 
     si = sub.add_parser("simulate", help="replay sampling and caching without bytes")
-    si.add_argument("--policy", required=True)
+    si.add_argument("--policy")
+    si.add_argument("--system", help="a named system (shade, sh_app, ...) instead of --policy")
+    si.add_argument("--oracle", help="loss oracle FILE.npz from `hotset record`")
     si.add_argument("--sampler", default="uniform")
     si.add_argument("--dataset-size", type=int)
     si.add_argument("--epochs", type=int, default=3)
@@ -152,6 +206,29 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
     co.set_defaults(func=cmd_compare)
+
+    rc = sub.add_parser("record", help="train uniformly and save every sample's loss per epoch")
+    rc.add_argument("--data", default=DEFAULT_DATA)
+    rc.add_argument("--epochs", type=int, default=3)
+    rc.add_argument("--out", default="out/oracle.npz")
+    rc.add_argument("--batch-size", type=int, default=128)
+    rc.add_argument("--num-workers", type=int, default=2)
+    rc.add_argument("--seed", type=int, default=0)
+    rc.set_defaults(func=cmd_record)
+
+    sw = sub.add_parser("sweep", help="simulate systems x cache sizes with a loss oracle")
+    sw.add_argument("--oracle", required=True)
+    sw.add_argument(
+        "--systems",
+        type=_csv(str),
+        default=["lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade"],
+    )
+    sw.add_argument("--cache-fractions", type=_csv(float), default=[0.1, 0.25, 0.5, 0.75])
+    sw.add_argument("--epochs", type=int, default=None, help="default: the oracle's")
+    sw.add_argument("--batch-size", type=int, default=128)
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out", default="out")
+    sw.set_defaults(func=cmd_sweep)
     return p
 
 

@@ -20,8 +20,11 @@ from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError
 from hotset.loader import make_loader
 from hotset.models import TinyCNN, accuracy
+from hotset.sim.oracle import LossOracle
 from hotset.storage import FileStorage, ThrottledStorage
 from hotset.store import make_store
+from hotset.systems import resolve_system
+from hotset.training import train_epoch
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +44,13 @@ class CompareConfig:
     concurrency: int = 4
     store: str = "shared"
     seed: int = 0
-    lr: float = 1e-3
     progress: bool = True
 
     def validate(self) -> None:
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
+        for name in self.policies:
+            resolve_system(name)
         for f in self.cache_fractions:
             if not 0.0 <= f <= 1.0:
                 raise ConfigError(f"--cache-fractions: {f} is not in [0, 1]")
@@ -65,39 +69,35 @@ def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tenso
     return inputs, torch.as_tensor(storage.labels, dtype=torch.int64)
 
 
-def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
-    """Train from scratch with one policy and cache size; returns the row of the table."""
+def _model_for(train: FileStorage, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = TinyCNN(num_classes=max(len(train.classes), int(train.labels.max()) + 1))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
+    """Train from scratch with one system and cache size; returns the row of the table."""
+    system = resolve_system(name)
     train = FileStorage(posixpath.join(cfg.data, "train"))
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
     try:
         loader = make_loader(
-            storage,
-            batch_size=cfg.batch_size,
-            policy=policy,
-            capacity_bytes=capacity,
-            store=store,
-            seed=cfg.seed,
-            num_workers=cfg.num_workers,
-            decode=partial(decode_sample, size=IMAGE_SIZE),
-            progress=cfg.progress,
+            storage, batch_size=cfg.batch_size, policy=system.policy, sampler=system.sampler,
+            sampler_options=system.sampler_options, capacity_bytes=capacity, store=store,
+            seed=cfg.seed, num_workers=cfg.num_workers,
+            decode=partial(decode_sample, size=IMAGE_SIZE), progress=cfg.progress,
             persistent_workers=cfg.num_workers > 0,
-        )
-        torch.manual_seed(cfg.seed)
-        model = TinyCNN(num_classes=max(len(train.classes), int(train.labels.max()) + 1))
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-        loss_fn = nn.CrossEntropyLoss()
-        epoch_times, hit_ratios, accs = [], [], []
+        )  # fmt: skip
+        model, opt = _model_for(train, cfg.seed)
+        epoch_times, hit_ratios, accs, train_losses = [], [], [], []
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
-            loader.desc = f"{policy} {fraction:.0%} epoch {epoch + 1}/{cfg.epochs}"
+            loader.desc = f"{name} {fraction:.0%} epoch {epoch + 1}/{cfg.epochs}"
             before = loader.counters()
             start = time.perf_counter()
-            for x, y, _ids in loader:
-                opt.zero_grad(set_to_none=True)
-                loss_fn(model(x), y).backward()
-                opt.step()
+            train_losses.append(train_epoch(loader, model, opt))
             epoch_times.append(time.perf_counter() - start)
             after = loader.counters()
             served = after["accesses"] - before["accesses"]
@@ -105,10 +105,13 @@ def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
             if test is not None:
                 accs.append(accuracy(model, *test))
         c = loader.counters()
+        guard = getattr(loader.planner.sampler, "guard_epochs", [])
     finally:
         store.close(destroy=True)
     return {
-        "policy": policy,
+        "policy": name,
+        "sampler": system.sampler,
+        "eviction": system.policy,
         "cache_fraction": fraction,
         "capacity_bytes": capacity,
         "epochs": cfg.epochs,
@@ -119,9 +122,56 @@ def train_one(cfg: CompareConfig, policy: str, fraction: float, test) -> dict:
         "epoch_times_s": epoch_times,
         "test_accuracy": accs[-1] if accs else None,
         "accuracy_per_epoch": accs,
+        "train_loss_per_epoch": train_losses,
+        "bias_guard_epochs": list(guard),
         "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
         "counters": c,
     }
+
+
+def record_oracle(
+    data: str, epochs: int, out: str, batch_size: int = 128, seed: int = 0, num_workers: int = 2
+) -> LossOracle:
+    """Train with uniform shuffling (local storage, no cache) and keep every sample's loss
+    at every epoch: the loss oracle the simulator replays."""
+    train = FileStorage(posixpath.join(data, "train"))
+    store = make_store("shared" if num_workers else "memory", 0)
+    loader = make_loader(
+        train,
+        batch_size=batch_size,
+        policy="minio",
+        capacity_bytes=0,
+        store=store,
+        seed=seed,
+        num_workers=num_workers,
+        decode=partial(decode_sample, size=IMAGE_SIZE),
+        progress=True,
+    )
+    model, opt = _model_for(train, seed)
+    losses = np.full((epochs, len(train)), np.nan, dtype=np.float32)
+    try:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            loader.desc = f"record epoch {epoch + 1}/{epochs}"
+
+            def keep(ids, batch_losses, epoch=epoch):
+                losses[epoch, ids] = batch_losses
+
+            train_epoch(loader, model, opt, on_batch=keep)
+    finally:
+        loader.dataset.store.close(destroy=True)
+    oracle = LossOracle(
+        losses,
+        {
+            "data": data,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "seed": seed,
+            "model": "TinyCNN",
+        },
+    )
+    oracle.save(out)
+    return oracle
 
 
 def format_table(rows: list[dict]) -> str:

@@ -216,7 +216,7 @@ class HotsetLoader:
     def __iter__(self) -> Iterator[Batch]:
         it = self.dataloader
         bar = (
-            tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False)
+            tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False, disable=None)
             if self.progress
             else it
         )

@@ -11,6 +11,7 @@ from hotset.errors import ConfigError
 from hotset.plan import Planner
 from hotset.policy.base import make_policy
 from hotset.sampling.base import make_sampler
+from hotset.sim.oracle import LossOracle
 
 
 def _result(
@@ -51,11 +52,14 @@ def simulate(
     seed: int = 0,
     policy_options: dict | None = None,
     sampler_options: dict | None = None,
+    oracle: LossOracle | None = None,
 ) -> dict:
     """Hit ratio and control-plane speed of ``policy`` under ``sampler`` for ``epochs``.
 
     Items are of equal size unless ``sizes`` (bytes per id) is given; the cache is
     ``cache_fraction`` of the dataset's bytes or ``capacity_items`` items of the mean size.
+    With a loss ``oracle`` every planned batch is fed back its recorded losses at that
+    point of training, as the training loop would.
     """
     if epochs < 1:
         raise ConfigError(f"epochs must be >= 1, got {epochs}")
@@ -72,18 +76,31 @@ def simulate(
         raise ConfigError(f"cache_fraction must be in [0, 1], got {cache_fraction}")
     pol = make_policy(policy, capacity, sizes=sizes, seed=seed, **(policy_options or {}))
     smp = make_sampler(sampler, dataset_size, seed=seed, **(sampler_options or {}))
+    if hasattr(smp, "feedback") and oracle is None:
+        raise ConfigError(
+            f"sampler {sampler!r} learns from losses: give a loss oracle "
+            "(--oracle FILE.npz from `hotset record`)"
+        )
+    if oracle is not None and oracle.num_samples != dataset_size:
+        raise ConfigError(
+            f"the oracle has {oracle.num_samples} samples, dataset_size={dataset_size}"
+        )
     # Offline policies see the whole run's accesses, known in advance here.
     planner = Planner(smp, pol, batch_size, feed_future=False)
     if pol.needs_future:
         pol.set_future(np.concatenate([smp.epoch_order(e) for e in range(epochs)]))
     hits, accesses = [], []
     start = time.perf_counter()
+    batches = len(planner)
     for epoch in range(epochs):
         planner.set_epoch(epoch)
         h = a = 0
         for plan in planner:
             h += int(plan.hit.sum())
             a += plan.ids.size
+            if oracle is not None:
+                t = epoch + (plan.index + 1) / batches
+                planner.feedback(plan.ids, oracle.at(plan.ids, t))
         hits.append(h)
         accesses.append(a)
     seconds = time.perf_counter() - start

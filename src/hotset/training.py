@@ -1,0 +1,36 @@
+"""The training loop hotset's own jobs use (compare, record): a plain PyTorch step that
+hands each batch's per-sample losses back to the loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hotset.feedback import per_sample_loss
+from hotset.loader import HotsetLoader
+
+
+def train_epoch(
+    loader: HotsetLoader,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    on_batch: Callable[[np.ndarray, np.ndarray], None] | None = None,
+) -> float:
+    """One epoch over ``loader``; returns the mean training loss. ``on_batch(ids, losses)``
+    sees every batch's served ids and per-sample losses."""
+    model.train()
+    total, count = 0.0, 0
+    for x, y, ids in loader:
+        losses = per_sample_loss(model(x), y)  # Eq. 3-4
+        opt.zero_grad(set_to_none=True)
+        losses.mean().backward()  # Eq. 5
+        opt.step()
+        detached = losses.detach()
+        loader.feedback(ids, detached)
+        if on_batch is not None:
+            on_batch(ids.numpy(), detached.numpy())
+        total += float(detached.sum())
+        count += int(detached.numel())
+    return total / max(1, count)
