@@ -1,7 +1,9 @@
 """Control-plane cost per sample: each policy driven by the planner over uniform epochs,
 at 60,000 and 1,281,167 ids (Fashion-MNIST and ImageNet-1k sizes), 10% cache.
 
-Targets (issue #2): LRU, FIFO, MinIO >= 1M accesses/s; Belady >= 300k accesses/s.
+Targets: LRU, FIFO, MinIO >= 1M accesses/s; Belady >= 300k accesses/s (issue #2);
+SHADE (PADS + APP, with the feedback of every batch) <= 2 us per sample (issue #3),
+fed by a synthetic loss oracle (per-sample difficulty that persists, losses shrinking).
 
     python benchmarks/control_plane.py [--epochs 2] [--sizes 60000,1281167]
 """
@@ -14,11 +16,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
+
 from _report import report  # noqa: E402
 from hotset.policy import POLICIES  # noqa: E402
-from hotset.sim import simulate  # noqa: E402
+from hotset.sim import LossOracle, simulate  # noqa: E402
+from hotset.systems import SYSTEMS  # noqa: E402
 
-TARGETS = {"lru": 1e6, "fifo": 1e6, "minio": 1e6, "belady": 3e5}
+TARGETS = {"lru": 1e6, "fifo": 1e6, "minio": 1e6, "belady": 3e5, "shade": 5e5}
+
+
+def synthetic_oracle(n: int, epochs: int) -> LossOracle:
+    hard = np.random.default_rng(0).lognormal(0, 1, n)
+    return LossOracle(np.stack([hard * 0.7**e for e in range(epochs)]))
 
 
 def main() -> None:
@@ -30,19 +40,24 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
-        for name in sorted(POLICIES):
+        oracle = synthetic_oracle(n, args.epochs)
+        for name in [*sorted(p for p, c in POLICIES.items() if not c.needs_scores), "shade"]:
+            system = SYSTEMS.get(name)
             r = simulate(
-                name,
+                system.policy if system else name,
                 n,
                 args.epochs,
                 cache_fraction=args.cache_fraction,
                 batch_size=args.batch_size,
                 seed=0,
+                sampler=system.sampler if system else "uniform",
+                sampler_options=system.sampler_options if system else None,
+                oracle=oracle if system else None,
             )
             target = TARGETS.get(name)
             rows.append(
                 {
-                    "policy": name,
+                    "system": name,
                     "ids": n,
                     "accesses": r["accesses"],
                     "accesses_per_s": r["accesses_per_s"],
@@ -58,7 +73,7 @@ def main() -> None:
         "control_plane",
         rows,
         [
-            ("policy", "s"),
+            ("system", "s"),
             ("ids", "d"),
             ("accesses_per_s", ",.0f"),
             ("us_per_sample", ".3f"),
