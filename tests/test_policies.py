@@ -9,8 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hotset import POLICIES, ConfigError, make_policy
+from hotset import POLICIES, ConfigError, ScoreBoard
+from hotset import make_policy as _make_policy
 from hotset.policy.belady import next_use
+
+
+def make_policy(name, capacity, sizes=None, seed=0, **kw):
+    """Policies that key on importance get a board: random scores, even ids scored."""
+    p = _make_policy(name, capacity, sizes=sizes, seed=seed, **kw)
+    if p.needs_scores:
+        board = ScoreBoard(p.num_samples)
+        ids = np.arange(0, p.num_samples, 2)
+        board.update(ids, np.random.default_rng(seed).random(ids.size), np.zeros(ids.size))
+        p.attach_scores(board)
+    return p
 
 ONLINE = [p for p in POLICIES if p != "belady"]
 seqs = st.lists(st.integers(0, 19), min_size=1, max_size=300)
@@ -144,12 +156,12 @@ def test_belady_example():
 
 def test_registry_errors():
     with pytest.raises(ConfigError, match="unknown policy 'lruu'.*lru"):
-        make_policy("lruu", 10, sizes=[1, 2])
+        _make_policy("lruu", 10, sizes=[1, 2])
     with pytest.raises(ConfigError, match="capacity_bytes"):
         make_policy("lru", -1, sizes=[1, 2])
     with pytest.raises(ConfigError, match="policy 'lru'"):
         make_policy("lru", 1, sizes=[1], bogus=3)
     with pytest.raises(ConfigError, match="num_samples"):
-        make_policy("lru", 1)
+        _make_policy("lru", 1)
     p = make_policy("fifo", 2, num_samples=5)  # equal sizes: the capacity counts items
     assert p.access([0, 1, 2]).evicted.tolist() == [0] and len(p) == 2

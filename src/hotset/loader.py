@@ -239,6 +239,7 @@ class HotsetLoader:
                 torch.from_numpy(raw["ids"]),
             )
         self.stats.planning_s = self.planner.planning_s
+        self.stats.feedback_s = self.planner.feedback_s
 
     def feedback(self, ids, losses) -> None:
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
@@ -253,6 +254,7 @@ class HotsetLoader:
 
     def counters(self) -> dict:
         self.stats.planning_s = self.planner.planning_s
+        self.stats.feedback_s = self.planner.feedback_s
         return self.stats.as_dict()
 
 

@@ -83,7 +83,8 @@ class Planner:
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
         self.feed_future = feed_future
-        self.planning_s = 0.0
+        self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
+        self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
         self.planned = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -99,7 +100,7 @@ class Planner:
         feedback(ids, losses)
         if self.policy.needs_scores:
             self.policy.scores_updated(ids)
-        self.planning_s += time.perf_counter() - start
+        self.feedback_s += time.perf_counter() - start
 
     def __len__(self) -> int:
         n = len(self.sampler)

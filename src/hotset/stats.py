@@ -32,6 +32,7 @@ class LoaderStats:
     store_s: float = 0.0
     decode_s: float = 0.0
     planning_s: float = 0.0
+    feedback_s: float = 0.0
 
     @property
     def accesses(self) -> int:

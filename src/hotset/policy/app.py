@@ -9,6 +9,8 @@ without caching (lines 20, 22). Scores update in place as feedback arrives.
 
 from __future__ import annotations
 
+import numpy as np
+
 from hotset.policy.base import register_policy
 from hotset.policy.priority import PriorityPolicy
 
@@ -18,5 +20,5 @@ class APPPolicy(PriorityPolicy):
     name = "app"
     evict_ties = True  # line 16: x >= min_score
 
-    def _may_replace(self, i: int) -> bool:
-        return bool(self.board.updated[i] >= 0)  # line 12: ghost_cache.exist(s)
+    def _may_replace(self, ids: np.ndarray) -> np.ndarray:
+        return self.board.updated[ids] >= 0  # line 12: ghost_cache.exist(s)

@@ -3,7 +3,9 @@ admitted when the residents it would displace all score lower; the lowest-scored
 
 Scores come from the sampler's :class:`~hotset.importance.ScoreBoard` (attached by the
 planner); ``scores_updated`` re-keys residents as feedback arrives, through a lazy
-min-heap (an entry is live while it carries its id's current priority).
+min-heap (an entry is live while it carries its id's current key). A key packs the
+score, quantised to 2^-24 and floored at 0, above the id in one int, so the heap
+compares plain ints and ties of equal scores fall to the lower id.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.policy.base import Policy, register_policy
 
+SCALE = float(1 << 24)
+
 
 @register_policy
 class PriorityPolicy(Policy):
@@ -25,13 +29,14 @@ class PriorityPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._prio: dict[int, float] = {}  # resident id -> its priority in the heap
-        self._heap: list[tuple[float, int]] = []
+        self._key: dict[int, int] = {}  # resident id -> its live heap key
+        self._heap: list[int] = []
+        self._bits = max(1, (self.num_samples - 1).bit_length())
         self.board = None
 
     @property
     def _resident(self):
-        return self._prio
+        return self._key
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -41,29 +46,33 @@ class PriorityPolicy(Policy):
             )
         self.board = board
 
+    def _levels(self, ids: np.ndarray) -> list[int]:
+        """Quantised scores of ``ids`` (what the heap orders by)."""
+        return (np.maximum(self.board.score[ids], 0.0) * SCALE).astype(np.int64).tolist()
+
     def scores_updated(self, ids: np.ndarray) -> None:
         """Re-key the residents among ``ids`` with their new scores (the 'adaptive' part)."""
-        prio, heap, score = self._prio, self._heap, self.board.score
-        for i in np.asarray(ids, np.int64).tolist():
-            if i in prio:
-                v = float(score[i])
-                if v != prio[i]:
-                    prio[i] = v
-                    heapq.heappush(heap, (v, i))
-        if len(heap) > 4 * len(prio) + 1024:
-            self._heap = [(v, j) for j, v in prio.items()]
-            heapq.heapify(self._heap)
+        ids = np.asarray(ids, np.int64)
+        key, heap, bits = self._key, self._heap, self._bits
+        for i, q in zip(ids.tolist(), self._levels(ids), strict=True):
+            if i in key:
+                k = q << bits | i
+                if k != key[i]:
+                    key[i] = k
+                    heapq.heappush(heap, k)
+        if len(heap) > 2 * len(key) + 1024:
+            self._heap = sorted(key.values())  # a sorted list is a heap
 
     def min_score(self) -> float | None:
-        """The lowest priority among residents (``None`` when empty)."""
-        heap, prio = self._heap, self._prio
-        while heap and prio.get(heap[0][1]) != heap[0][0]:
+        """The lowest (quantised) score among residents (``None`` when empty)."""
+        heap, key, mask = self._heap, self._key, (1 << self._bits) - 1
+        while heap and key.get(heap[0] & mask) != heap[0]:
             heapq.heappop(heap)  # stale entry
-        return heap[0][0] if heap else None
+        return (heap[0] >> self._bits) / SCALE if heap else None
 
-    def _may_replace(self, i: int) -> bool:
-        """Whether a miss on ``i`` may displace residents (APP: only known samples)."""
-        return True
+    def _may_replace(self, ids: np.ndarray) -> np.ndarray:
+        """Per id, whether a miss on it may displace residents (APP: known samples only)."""
+        return np.ones(ids.size, bool)
 
     def _access(self, ids, hits, admitted, evicted):
         if self.board is None:
@@ -71,42 +80,47 @@ class PriorityPolicy(Policy):
                 f"policy {self.name!r} needs importance scores: use an importance "
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
-        prio, heap, sizes, cap = self._prio, self._heap, self._sizes, self.capacity_bytes
-        score, used, ties = self.board.score, self.used, self.evict_ties
+        key, heap, sizes, cap = self._key, self._heap, self._sizes, self.capacity_bytes
+        used, ties, bits = self.used, self.evict_ties, self._bits
+        mask = (1 << bits) - 1
         push, pop = heapq.heappush, heapq.heappop
-        for i in ids:
-            if i in prio:
+        arr = np.asarray(ids, dtype=np.int64)  # per batch, not per access:
+        levels, may_replace = self._levels(arr), self._may_replace(arr).tolist()
+        for i, q, may in zip(ids, levels, may_replace, strict=True):
+            if i in key:
                 hits.append(True)
                 continue
             hits.append(False)
             s = sizes[i]
             if s > cap:
                 continue
-            x = float(score[i])
             if used + s > cap:
-                if not self._may_replace(i):
+                if not may:
                     continue
                 victims = []
                 while used + s > cap:
-                    v, j = heap[0]
-                    if prio.get(j) != v:
+                    k = heap[0]
+                    j = k & mask
+                    if key.get(j) != k:
                         pop(heap)  # stale entry
                         continue
-                    if v > x or (v == x and not ties):
+                    v = k >> bits
+                    if v > q or (v == q and not ties):
                         break  # the newcomer is the least important: do not admit it
                     pop(heap)
-                    victims.append((v, j))
+                    victims.append(k)
                     used -= sizes[j]
                 if used + s > cap:
-                    for v, j in victims:  # could not make room: put them back
-                        push(heap, (v, j))
-                        used += sizes[j]
+                    for k in victims:  # could not make room: put them back
+                        push(heap, k)
+                        used += sizes[k & mask]
                     continue
-                for _, j in victims:
-                    del prio[j]
-                    evicted.append(j)
-            prio[i] = x
-            push(heap, (x, i))
+                for k in victims:
+                    del key[k & mask]
+                    evicted.append(k & mask)
+            k = q << bits | i
+            key[i] = k
+            push(heap, k)
             used += s
             admitted.append(i)
         self.used = used

@@ -114,6 +114,8 @@ def simulate(
         epochs=epochs,
         capacity_bytes=capacity,
         cache_fraction=capacity / sizes.sum(),
+        planning_us_per_sample=1e6 * planner.planning_s / max(1, sum(accesses)),
+        feedback_us_per_sample=1e6 * planner.feedback_s / max(1, sum(accesses)),
     )
 
 
