@@ -24,6 +24,7 @@ def make_policy(name, capacity, sizes=None, seed=0, **kw):
         p.attach_scores(board)
     return p
 
+
 ONLINE = [p for p in POLICIES if p != "belady"]
 seqs = st.lists(st.integers(0, 19), min_size=1, max_size=300)
 size_lists = st.lists(st.integers(1, 50), min_size=20, max_size=20)
@@ -165,3 +166,38 @@ def test_registry_errors():
         _make_policy("lru", 1)
     p = make_policy("fifo", 2, num_samples=5)  # equal sizes: the capacity counts items
     assert p.access([0, 1, 2]).evicted.tolist() == [0] and len(p) == 2
+
+
+@pytest.mark.parametrize("name", ["pq", "app"])
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 19), min_size=1, max_size=6),  # a batch of accesses
+            st.lists(
+                st.tuples(st.integers(0, 19), st.sampled_from([0.5, 1.0, 2.0])), max_size=6
+            ),  # then feedback: few values, so scores flip back
+        ),
+        max_size=30,
+    ),
+    sizes=size_lists,
+    capacity=st.integers(0, 200),
+)
+def test_priority_policies_keep_invariants_while_scores_move(name, steps, sizes, capacity):
+    board = ScoreBoard(20)
+    p = _make_policy(name, capacity, sizes=sizes)
+    p.attach_scores(board)
+    resident: set[int] = set()
+    for batch, updates in steps:
+        r = p.access(batch)
+        assert resident - set(r.evicted.tolist()) | set(r.admitted.tolist()) == set(
+            p.cached_ids().tolist()
+        )
+        resident = set(p.cached_ids().tolist())
+        assert p.used == sum(sizes[i] for i in resident) <= capacity
+        if updates:
+            ids = np.array([i for i, _ in updates])
+            board.update(ids, np.array([v for _, v in updates]), np.zeros(len(ids)))
+            p.scores_updated(ids)
+        if resident:  # the heap's minimum is the lowest current score of a resident
+            assert p.min_score() == pytest.approx(min(board.score[list(resident)]), abs=1e-6)

@@ -108,16 +108,16 @@ class PriorityPolicy(Policy):
                     if v > q or (v == q and not ties):
                         break  # the newcomer is the least important: do not admit it
                     pop(heap)
+                    del key[j]  # at once: a re-keyed id may have a second identical entry
                     victims.append(k)
                     used -= sizes[j]
                 if used + s > cap:
                     for k in victims:  # could not make room: put them back
+                        key[k & mask] = k
                         push(heap, k)
                         used += sizes[k & mask]
                     continue
-                for k in victims:
-                    del key[k & mask]
-                    evicted.append(k & mask)
+                evicted.extend(k & mask for k in victims)
             k = q << bits | i
             key[i] = k
             push(heap, k)
