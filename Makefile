@@ -28,7 +28,7 @@ $(DATA)/train/manifest.json: | install system-deps
 data: $(DATA)/train/manifest.json
 
 demo: install system-deps data
-	$(VENV)/bin/hotset compare --data $(DATA) --policies lru,minio,belady \
+	$(VENV)/bin/hotset compare --data $(DATA) --policies lru,minio,belady,shade \
 	  --cache-fractions 0.1,0.2 --epochs 3 --num-workers 2 --out $(OUT)
 
 test: install system-deps

@@ -85,7 +85,6 @@ class Planner:
         self.feed_future = feed_future
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
-        self.planned = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -109,7 +108,8 @@ class Planner:
     def __iter__(self) -> Iterator[BatchPlan]:
         start = time.perf_counter()
         epoch = self.sampler.epoch
-        self.sampler.set_cached(self.policy.cached_ids())
+        if self.sampler.cache_aware:
+            self.sampler.set_cached(self.policy.cached_ids())
         order = self.sampler.epoch_order(epoch)
         if self.drop_last:
             order = order[: (order.size // self.batch_size) * self.batch_size]
@@ -124,5 +124,4 @@ class Planner:
             result = self.policy.access(ids)
             plan = BatchPlan(epoch, index, ids, result.hits, result.admitted, result.evicted)
             self.planning_s += time.perf_counter() - start
-            self.planned += ids.size
             yield plan

@@ -19,6 +19,8 @@ class Sampler(ABC):
     name: str
     #: whether ``global_order(e)`` is fixed in advance (offline policies need it)
     order_known_ahead: bool = True
+    #: whether the planner reports the cached ids at each epoch start (``set_cached``)
+    cache_aware: bool = False
 
     def __init__(
         self,

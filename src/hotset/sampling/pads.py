@@ -27,6 +27,7 @@ from hotset.sampling.base import Sampler, register_sampler
 class PADSSampler(Sampler):
     name = "shade"
     order_known_ahead = False
+    cache_aware = True
 
     def __init__(
         self,
