@@ -56,11 +56,9 @@ def test_raising_chosen_losses_raises_exactly_their_probabilities(served_order):
             assert after[i] <= before[i] + 1e-15, i
 
 
-def test_feedback_reaches_the_samples_served_by_workers(fmnist_dir):
-    """Through real DataLoader workers: the loss handed back for each served id lands on
-    that id's score-board entry, whatever order the batches arrived in."""
-    storage = FileStorage(str(fmnist_dir / "train"))
-    loader = make_loader(
+def shade_loader(storage):
+    """SHADE (PADS + APP) at a 20% shared cache, two DataLoader workers."""
+    return make_loader(
         storage,
         batch_size=32,
         sampler="shade",
@@ -69,6 +67,13 @@ def test_feedback_reaches_the_samples_served_by_workers(fmnist_dir):
         store="shared",
         num_workers=2,
     )
+
+
+def test_feedback_reaches_the_samples_served_by_workers(fmnist_dir):
+    """Through real DataLoader workers: the loss handed back for each served id lands on
+    that id's score-board entry, whatever order the batches arrived in."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = shade_loader(storage)
     try:
         for epoch in range(2):
             loader.set_epoch(epoch)
@@ -172,18 +177,9 @@ def test_wrong_combinations_are_named():
 
 
 def test_shade_trains_with_two_workers_and_caches_what_it_repeats(fmnist_dir):
-    storage = FileStorage(str(fmnist_dir / "train"))
     from hotset.models import TinyCNN
 
-    loader = make_loader(
-        storage,
-        batch_size=32,
-        sampler="shade",
-        policy="app",
-        cache_fraction=0.2,
-        store="shared",
-        num_workers=2,
-    )
+    loader = shade_loader(FileStorage(str(fmnist_dir / "train")))
     torch.manual_seed(0)
     model = TinyCNN()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
