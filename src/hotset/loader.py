@@ -238,6 +238,10 @@ class HotsetLoader:
                 targets.pin_memory() if pin else targets,
                 torch.from_numpy(raw["ids"]),
             )
+        self._sync_control_plane_times()
+
+    def _sync_control_plane_times(self) -> None:
+        """The planner (training process) times its own work; copy it into the stats."""
         self.stats.planning_s = self.planner.planning_s
         self.stats.feedback_s = self.planner.feedback_s
 
@@ -253,8 +257,7 @@ class HotsetLoader:
             report(float(accuracy))
 
     def counters(self) -> dict:
-        self.stats.planning_s = self.planner.planning_s
-        self.stats.feedback_s = self.planner.feedback_s
+        self._sync_control_plane_times()
         return self.stats.as_dict()
 
 

@@ -16,10 +16,12 @@ the next epoch is a plain uniform shuffle, mixing the important samples back in
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.importance import SCORERS, ScoreBoard
+from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, register_sampler
 
 
@@ -49,6 +51,9 @@ class PADSSampler(Sampler):
             raise ConfigError(f"repetition must be >= 1, got {repetition}")
         self.importance = importance
         self.b0 = float(b0)
+        self._score = (
+            partial(rank_importance, b0=self.b0) if importance == "rank" else coarse_importance
+        )
         self.repetition = float(repetition)
         self.steep_drop = float(steep_drop)
         self.stagnation = float(stagnation)
@@ -69,10 +74,7 @@ class PADSSampler(Sampler):
         losses = np.asarray(losses, np.float64)
         if ids.shape != losses.shape:
             raise ConfigError(f"feedback: {ids.size} ids but {losses.size} losses")
-        if self.importance == "rank":
-            scores = SCORERS["rank"](losses, self.b0)
-        else:
-            scores = SCORERS["coarse"](losses)
+        scores = self._score(losses)
         self.board.update(ids, scores, losses)
         if self.prior is None and ids.size:  # a median rank / the first batch's mean loss
             self.prior = float(np.median(scores))

@@ -104,6 +104,7 @@ def simulate(
         hits.append(h)
         accesses.append(a)
     seconds = time.perf_counter() - start
+    total = max(1, sum(accesses))
     return _result(
         policy,
         hits,
@@ -114,8 +115,8 @@ def simulate(
         epochs=epochs,
         capacity_bytes=capacity,
         cache_fraction=capacity / sizes.sum(),
-        planning_us_per_sample=1e6 * planner.planning_s / max(1, sum(accesses)),
-        feedback_us_per_sample=1e6 * planner.feedback_s / max(1, sum(accesses)),
+        planning_us_per_sample=1e6 * planner.planning_s / total,
+        feedback_us_per_sample=1e6 * planner.feedback_s / total,
     )
 
 
