@@ -18,8 +18,10 @@ from torch import nn
 
 from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError
+from hotset.feedback import per_sample_loss
 from hotset.loader import make_loader
 from hotset.models import TinyCNN, accuracy
+from hotset.sampling import SAMPLERS
 from hotset.sim.oracle import LossOracle
 from hotset.storage import FileStorage, ThrottledStorage
 from hotset.store import make_store
@@ -82,13 +84,18 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
+    sampler_options = dict(system.sampler_options)
+    if getattr(SAMPLERS[system.sampler], "needs_embeddings", False):
+        sampler_options.setdefault("total_epochs", cfg.epochs)  # the ratio controller's T
+    loader = None
     try:
         loader = make_loader(
             storage, batch_size=cfg.batch_size, policy=system.policy, sampler=system.sampler,
-            sampler_options=system.sampler_options, capacity_bytes=capacity, store=store,
+            sampler_options=sampler_options, capacity_bytes=capacity, store=store,
             seed=cfg.seed, num_workers=cfg.num_workers,
             decode=partial(decode_sample, size=IMAGE_SIZE), progress=cfg.progress,
             persistent_workers=cfg.num_workers > 0,
+            package_dir=posixpath.join(cfg.data, "train.packages"),
         )  # fmt: skip
         model, opt = _model_for(train, cfg.seed)
         epoch_times, hit_ratios, accs, train_losses = [], [], [], []
@@ -104,9 +111,12 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             hit_ratios.append((after["hits"] - before["hits"]) / served if served else 0.0)
             if test is not None:
                 accs.append(accuracy(model, *test))
+                loader.report_accuracy(accs[-1])
         c = loader.counters()
         guard = getattr(loader.planner.sampler, "guard_epochs", [])
     finally:
+        if loader is not None:
+            loader.close()
         store.close(destroy=True)
     return {
         "policy": name,
@@ -149,15 +159,20 @@ def record_oracle(
     )
     model, opt = _model_for(train, seed)
     losses = np.full((epochs, len(train)), np.nan, dtype=np.float32)
+    emb = np.zeros((epochs, len(train), model.head.in_features // 49), dtype=np.float16)
     try:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             loader.desc = f"record epoch {epoch + 1}/{epochs}"
-
-            def keep(ids, batch_losses, epoch=epoch):
-                losses[epoch, ids] = batch_losses
-
-            train_epoch(loader, model, opt, on_batch=keep)
+            model.train()
+            for x, y, ids in loader:
+                logits, e = model.forward_with_embedding(x)
+                batch_losses = per_sample_loss(logits, y)
+                opt.zero_grad(set_to_none=True)
+                batch_losses.mean().backward()
+                opt.step()
+                losses[epoch, ids.numpy()] = batch_losses.detach().numpy()
+                emb[epoch, ids.numpy()] = e.numpy()
     finally:
         loader.dataset.store.close(destroy=True)
     oracle = LossOracle(
@@ -169,6 +184,8 @@ def record_oracle(
             "seed": seed,
             "model": "TinyCNN",
         },
+        embeddings=emb,
+        labels=train.labels,
     )
     oracle.save(out)
     return oracle
@@ -176,15 +193,18 @@ def record_oracle(
 
 def format_table(rows: list[dict]) -> str:
     head = (
-        f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'steady':>7} {'late':>6} "
-        f"{'epoch s':>8} {'test acc':>8} {'plan us':>8}"
+        f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'exact':>7} {'subst':>7} {'steady':>7} "
+        f"{'late':>6} {'read':>8} {'epoch s':>8} {'test acc':>8} {'plan us':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
+        c = r["counters"]
+        n = max(1, c["accesses"])
         lines.append(
             f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['hit_ratio']:>9.4f} "
-            f"{r['steady_hit_ratio']:>7.4f} {r['counters']['late_misses']:>6d} "
+            f"{c['exact_hits'] / n:>7.4f} {c['substitute_hits'] / n:>7.4f} "
+            f"{r['steady_hit_ratio']:>7.4f} {c['late_misses']:>6d} {c['accesses']:>8d} "
             f"{r['epoch_time_s']:>8.2f} {acc:>8} {r['planning_us_per_sample']:>8.2f}"
         )
     return "\n".join(lines)

@@ -22,9 +22,10 @@ from tqdm import tqdm
 from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError, CorruptSampleError, SampleError
 from hotset.feedback import as_numpy
+from hotset.packages import Packager
 from hotset.plan import BatchPlan, Planner
 from hotset.policy.base import make_policy
-from hotset.sampling.base import make_sampler
+from hotset.sampling.base import SAMPLERS, make_sampler
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
 from hotset.store import Store, make_store
@@ -134,6 +135,9 @@ class CachedDataset(Dataset):
                 got[i] = v
         stats.store_s += time.perf_counter() - t
         stats.hits = len(got)
+        if plan.sub is not None:
+            subs = plan.ids[plan.sub & plan.hit].tolist()
+            stats.substitute_hits = sum(1 for i in subs if i in got)
         stats.bytes_from_store = sum(len(v) for v in got.values())
         stats.late_misses = len(hit_ids) - len(got)
         stats.misses = len(ids) - len(hit_ids)
@@ -141,11 +145,16 @@ class CachedDataset(Dataset):
         missing = [i for i in ids if i not in got]
         if missing:
             got.update(self._read_storage(missing, stats))
+        fetched = {}
+        if plan.fetch.size:
+            fetched = self._read_storage(plan.fetch.tolist(), stats)
+            stats.prefetched = len(fetched)
 
         t = time.perf_counter()
         if plan.evict.size:
             self.store.delete_many([keys[i] for i in plan.evict.tolist()])
         admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
+        admit.update((keys[i], v) for i, v in fetched.items())
         if admit:
             self.store.put_many(admit)
         stats.store_s += time.perf_counter() - t
@@ -245,10 +254,20 @@ class HotsetLoader:
         self.stats.planning_s = self.planner.planning_s
         self.stats.feedback_s = self.planner.feedback_s
 
-    def feedback(self, ids, losses) -> None:
+    @property
+    def wants_embeddings(self) -> bool:
+        """Whether ``feedback`` needs the batch's embeddings (graph importance)."""
+        return bool(getattr(self.planner.sampler, "needs_embeddings", False))
+
+    def feedback(self, ids, losses, embeddings=None) -> None:
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
-        (tensors or arrays): importance samplers and score-keyed policies use them."""
-        self.planner.feedback(as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64))
+        (tensors or arrays): importance samplers and score-keyed policies use them.
+        SpiderCache also needs ``embeddings`` (one row per id, from the model's feature
+        layer); see ``wants_embeddings``."""
+        emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
+        self.planner.feedback(
+            as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64), emb
+        )
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
@@ -258,7 +277,24 @@ class HotsetLoader:
 
     def counters(self) -> dict:
         self._sync_control_plane_times()
+        feeder = self.planner.feeder
+        if feeder is not None:  # package threads count in this process
+            for k, v in getattr(feeder, "counters", {}).items():
+                setattr(self.stats, k, v)
         return self.stats.as_dict()
+
+    def close(self) -> None:
+        """Stop background threads (iCACHE's packager, SpiderCache's graph worker)."""
+        for part in (self.planner.feeder, self.planner.sampler):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> HotsetLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def cache_capacity(
@@ -296,9 +332,15 @@ def make_loader(
     progress: bool = False,
     policy_options: dict | None = None,
     sampler_options: dict | None = None,
+    package_dir: str | None = None,
     **dataloader_kwargs,
 ) -> HotsetLoader:
-    """One call from a Storage to a cached loader: store, policy, sampler, planner, loader."""
+    """One call from a Storage to a cached loader: store, policy, sampler, planner, loader.
+
+    ``package_dir``: where a package-cache policy (``icache``) writes its package files,
+    beside the storage (default: a temporary directory removed by ``loader.close()``).
+    Samplers that need labels (``spider``) get the storage's.
+    """
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     if isinstance(store, str):
         store = make_store(store, capacity)
@@ -307,15 +349,15 @@ def make_loader(
             f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
         )
     pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
+    sampler_options = dict(sampler_options or {})
+    if getattr(SAMPLERS.get(sampler), "needs_labels", False):
+        sampler_options.setdefault("labels", storage.labels)
     smp = make_sampler(
-        sampler,
-        len(storage),
-        num_replicas=num_replicas,
-        rank=rank,
-        seed=seed,
-        **(sampler_options or {}),
+        sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed, **sampler_options
     )
     planner = Planner(smp, pol, batch_size, drop_last=drop_last)
+    if pol.needs_feeder:
+        planner.feeder = Packager(storage, store, pol, planner.lock, package_dir)
     dataset = CachedDataset(storage, store, decode=decode, transform=transform, on_error=on_error)
     return HotsetLoader(
         dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs

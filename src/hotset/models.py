@@ -21,6 +21,12 @@ class TinyCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
+    def forward_with_embedding(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and an embedding from the feature layer: the conv channels averaged
+        over space (``2 * width`` numbers per sample), for graph importance."""
+        f = self.features(x)
+        return self.head(f), f.detach().view(f.shape[0], self.head.in_features // 49, 49).mean(-1)
+
 
 @torch.no_grad()
 def accuracy(

@@ -9,23 +9,31 @@ from dataclasses import asdict, dataclass
 class LoaderStats:
     """Counters of what really happened on the data plane (DESIGN.md, "the flow").
 
-    * ``hits``: samples served from the store as planned.
+    * ``hits``: samples served from the store as planned; ``substitute_hits`` of them
+      were served in place of a missed sample (``exact_hits`` = the others).
     * ``misses``: samples the plan sent to storage.
     * ``late_misses``: planned hits absent from the store (another worker had not written
       them yet, or the store was unreachable), read from storage instead.
     * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
     * ``refused_puts``: admissions the store refused because they would exceed its budget.
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
+    * ``prefetched``: samples read and cached that no batch requested (a homophily node).
+    * ``package_*``: iCACHE's L-cache packages written and loaded, and their bytes.
     """
 
     batches: int = 0
     samples: int = 0
     hits: int = 0
+    substitute_hits: int = 0
     misses: int = 0
     late_misses: int = 0
     store_failures: int = 0
     refused_puts: int = 0
     skipped: int = 0
+    prefetched: int = 0
+    packages_written: int = 0
+    packages_loaded: int = 0
+    package_bytes_loaded: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0
     storage_wait_s: float = 0.0
@@ -39,6 +47,10 @@ class LoaderStats:
         return self.hits + self.misses + self.late_misses
 
     @property
+    def exact_hits(self) -> int:
+        return self.hits - self.substitute_hits
+
+    @property
     def hit_ratio(self) -> float:
         return self.hits / self.accesses if self.accesses else 0.0
 
@@ -50,5 +62,6 @@ class LoaderStats:
         """The fields plus the derived ``accesses`` and ``hit_ratio``."""
         d = asdict(self)
         d["accesses"] = self.accesses
+        d["exact_hits"] = self.exact_hits
         d["hit_ratio"] = self.hit_ratio
         return d

@@ -30,6 +30,10 @@ SYSTEMS: dict[str, System] = {
     for s in (
         System("shade", "shade", "app", {"importance": "rank", "repetition": 3.0},
                "SHADE: rank importance (Eq. 6) + PADS + APP cache"),
+        System("icache", "iis", "icache", {},
+               "iCACHE: I/O-oriented importance sampling + H-cache (heap) + L-cache packages"),
+        System("spider", "spider", "spider", {},
+               "SpiderCache: graph importance sampling + importance/homophily caches"),
         System("sh_app", "shade", "app", _COARSE, "coarse importance sampling + APP cache"),
         System("sh_pq", "shade", "pq", _COARSE, "coarse importance sampling + priority queue"),
         System("sh_lru", "shade", "lru", _COARSE, "coarse importance sampling + LRU"),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
 from hotset.loader import HotsetLoader
 
@@ -22,13 +23,24 @@ def train_epoch(
     sees every batch's served ids and per-sample losses."""
     model.train()
     total, count = 0.0, 0
+    embed = loader.wants_embeddings
+    if embed and not hasattr(model, "forward_with_embedding"):
+        raise ConfigError(
+            f"sampler {loader.planner.sampler.name!r} needs embeddings: give the model a "
+            "forward_with_embedding(x) -> (logits, embedding) method"
+        )
     for x, y, ids in loader:
-        losses = per_sample_loss(model(x), y)  # Eq. 3-4
+        emb = None
+        if embed:
+            logits, emb = model.forward_with_embedding(x)
+        else:
+            logits = model(x)
+        losses = per_sample_loss(logits, y)  # Eq. 3-4
         opt.zero_grad(set_to_none=True)
         losses.mean().backward()  # Eq. 5
         opt.step()
         detached = losses.detach()
-        loader.feedback(ids, detached)
+        loader.feedback(ids, detached, emb)
         if on_batch is not None:
             on_batch(ids.numpy(), detached.numpy())
         total += float(detached.sum())

@@ -4,11 +4,13 @@ from hotset.policy import (  # noqa: F401 - register
     app,
     belady,
     fifo,
+    icache,
     lfu,
     lru,
     minio,
     priority,
     random_evict,
+    spider,
 )
 from hotset.policy.base import POLICIES, AccessResult, Policy, make_policy, register_policy
 

@@ -27,6 +27,12 @@ class AccessResult:
     hits: np.ndarray  # bool, one per accessed id
     admitted: np.ndarray  # int64 ids resident after the batch that were put by it
     evicted: np.ndarray  # int64 ids not resident after the batch that must be deleted
+    #: substituting policies: the ids served in place of the requested ones (``hits``
+    #: then refers to these), and which positions were substituted
+    served: np.ndarray | None = None
+    substituted: np.ndarray | None = None
+    #: ids to read from storage and put although nobody requested them (prefetch)
+    fetch: np.ndarray | None = None
 
 
 class Policy(ABC):
@@ -37,6 +43,9 @@ class Policy(ABC):
     needs_future: ClassVar[bool] = False
     #: policies that read importance scores (``attach_scores`` with a ScoreBoard)
     needs_scores: ClassVar[bool] = False
+    #: policies whose cache is partly filled off the batch path (iCACHE's L-cache
+    #: packages): the planner needs a feeder that loads what ``l_next_package`` asks
+    needs_feeder: ClassVar[bool] = False
 
     def __init__(self, capacity_bytes: int, sizes: np.ndarray | Sequence[int], seed: int = 0):
         sizes = np.asarray(sizes, dtype=np.int64)
@@ -57,11 +66,12 @@ class Policy(ABC):
     def _resident(self) -> Container[int]:
         """The resident ids, as a container with fast ``in`` and ``len``."""
 
-    @abstractmethod
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
     ) -> None:
-        """Process ``ids`` in order, appending a hit flag per id and the admitted/evicted ids."""
+        """Process ``ids`` in order, appending a hit flag per id and the admitted/evicted
+        ids. (A substituting policy overrides ``access`` instead.)"""
+        raise NotImplementedError
 
     def access(self, ids: np.ndarray | Sequence[int]) -> AccessResult:
         """Access ``ids`` in order; returns hits and the net store changes of the batch."""
@@ -88,6 +98,10 @@ class Policy(ABC):
 
     def set_future(self, sequence: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Tell the policy the planned accesses from now on (used by offline policies)."""
+
+    def apply_hints(self, hints: dict) -> None:  # noqa: B027 - optional hook
+        """What the sampler tells the cache (iCACHE's H-list, SpiderCache's homophily
+        candidates and cache ratio); see ``Sampler.cache_hints``."""
 
     def __repr__(self) -> str:
         return (

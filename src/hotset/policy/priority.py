@@ -70,6 +70,19 @@ class PriorityPolicy(Policy):
             heapq.heappop(heap)  # stale entry
         return (heap[0] >> self._bits) / SCALE if heap else None
 
+    def shrink_to(self, capacity_bytes: int) -> list[int]:
+        """Set a smaller capacity, evicting the lowest-scored residents to fit; returns them."""
+        self.capacity_bytes = int(capacity_bytes)
+        heap, key, mask, out = self._heap, self._key, (1 << self._bits) - 1, []
+        while self.used > self.capacity_bytes:
+            k = heapq.heappop(heap)
+            j = k & mask
+            if key.get(j) == k:
+                del key[j]
+                self.used -= self._sizes[j]
+                out.append(j)
+        return out
+
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:
         """Per id, whether a miss on it may displace residents (APP: known samples only)."""
         return np.ones(ids.size, bool)

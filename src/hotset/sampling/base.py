@@ -65,6 +65,15 @@ class Sampler(ABC):
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""
 
+    def cache_hints(self, epoch: int) -> dict:
+        """What the cache should know at the start of ``epoch`` (the planner hands it to
+        ``Policy.apply_hints``), e.g. iCACHE's H-list."""
+        return {}
+
+    def take_hints(self) -> dict:
+        """Hints that arrived since the last call (asked before each batch)."""
+        return {}
+
     def __iter__(self) -> Iterator[int]:
         return iter(self.epoch_order().tolist())
 

@@ -8,9 +8,10 @@ import time
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.packages import InstantPackages
 from hotset.plan import Planner
 from hotset.policy.base import make_policy
-from hotset.sampling.base import make_sampler
+from hotset.sampling.base import SAMPLERS, make_sampler
 from hotset.sim.oracle import LossOracle
 
 
@@ -75,7 +76,18 @@ def simulate(
     else:
         raise ConfigError(f"cache_fraction must be in [0, 1], got {cache_fraction}")
     pol = make_policy(policy, capacity, sizes=sizes, seed=seed, **(policy_options or {}))
-    smp = make_sampler(sampler, dataset_size, seed=seed, **(sampler_options or {}))
+    sampler_options = dict(sampler_options or {})
+    cls = SAMPLERS.get(sampler)
+    if getattr(cls, "needs_embeddings", False):  # replay: score inline, deterministically
+        if oracle is None or oracle.embeddings is None or oracle.labels is None:
+            raise ConfigError(
+                f"sampler {sampler!r} scores embeddings: give an oracle recorded with them "
+                "(`hotset record` saves embeddings and labels)"
+            )
+        sampler_options.setdefault("labels", oracle.labels)
+        sampler_options.setdefault("background", False)
+        sampler_options.setdefault("total_epochs", epochs)
+    smp = make_sampler(sampler, dataset_size, seed=seed, **sampler_options)
     if hasattr(smp, "feedback") and oracle is None:
         raise ConfigError(
             f"sampler {sampler!r} learns from losses: give a loss oracle "
@@ -86,22 +98,27 @@ def simulate(
             f"the oracle has {oracle.num_samples} samples, dataset_size={dataset_size}"
         )
     # Offline policies see the whole run's accesses, known in advance here.
-    planner = Planner(smp, pol, batch_size, feed_future=False)
+    feeder = InstantPackages(pol) if pol.needs_feeder else None
+    planner = Planner(smp, pol, batch_size, feed_future=False, feeder=feeder)
     if pol.needs_future:
         pol.set_future(np.concatenate([smp.epoch_order(e) for e in range(epochs)]))
-    hits, accesses = [], []
+    hits, subs, accesses = [], [], []
     start = time.perf_counter()
     batches = len(planner)
     for epoch in range(epochs):
         planner.set_epoch(epoch)
-        h = a = 0
+        h = a = sub = 0
         for plan in planner:
             h += int(plan.hit.sum())
+            if plan.sub is not None:
+                sub += int((plan.sub & plan.hit).sum())
             a += plan.ids.size
             if oracle is not None:
                 t = epoch + (plan.index + 1) / batches
-                planner.feedback(plan.ids, oracle.at(plan.ids, t))
+                emb = oracle.embeddings_at(plan.ids, t) if oracle.embeddings is not None else None
+                planner.feedback(plan.ids, oracle.at(plan.ids, t), emb)
         hits.append(h)
+        subs.append(sub)
         accesses.append(a)
     seconds = time.perf_counter() - start
     total = max(1, sum(accesses))
@@ -115,6 +132,8 @@ def simulate(
         epochs=epochs,
         capacity_bytes=capacity,
         cache_fraction=capacity / sizes.sum(),
+        substitute_hits=sum(subs),
+        exact_hits=sum(hits) - sum(subs),
         planning_us_per_sample=1e6 * planner.planning_s / total,
         feedback_us_per_sample=1e6 * planner.feedback_s / total,
     )

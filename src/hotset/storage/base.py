@@ -58,6 +58,10 @@ class Storage(ABC):
     def read(self, i: int) -> bytes:
         """The bytes of sample ``i``; raises a :class:`~hotset.errors.SampleError` naming it."""
 
+    def charge(self, nbytes: int) -> None:  # noqa: B027 - only emulated storage pays
+        """Account for one extra request of ``nbytes`` made beside this storage (an iCACHE
+        package read): free here, a latency and transfer time on emulated remote storage."""
+
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
         """The bytes of each id, in order, read with up to ``concurrency`` reads in flight."""
         ids = [int(i) for i in ids]

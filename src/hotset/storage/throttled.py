@@ -41,12 +41,19 @@ class ThrottledStorage(Storage):
     def describe(self, i: int) -> str:
         return self.inner.describe(i)
 
+    def _pay(self, nbytes: int, start: float) -> None:
+        cost = self.latency_s + (nbytes / self.bytes_per_s if self.bytes_per_s else 0.0)
+        remaining = cost - (time.perf_counter() - start)
+        if remaining > 0:
+            time.sleep(remaining)
+
     def read(self, i: int) -> bytes:
         with self._slots:
             start = time.perf_counter()
             data = self.inner.read(i)
-            cost = self.latency_s + (len(data) / self.bytes_per_s if self.bytes_per_s else 0.0)
-            remaining = cost - (time.perf_counter() - start)
-            if remaining > 0:
-                time.sleep(remaining)
+            self._pay(len(data), start)
         return data
+
+    def charge(self, nbytes: int) -> None:
+        with self._slots:
+            self._pay(nbytes, time.perf_counter())

@@ -1,0 +1,273 @@
+"""iCACHE's dynamic packaging (HPCA'23 section III-C, Figure 6): a packaging thread
+writes L-samples into package files of >= 1 MB; a loading thread reads whole packages
+into the L-cache when the policy asks for one.
+
+A package file is ``MAGIC``, an 8-byte little-endian header length, a JSON header
+``[{"id", "key", "offset", "size"}, ...]`` and the samples' bytes back to back. Loading
+checks every sample against its content key, so a package can never put wrong bytes
+into the cache. The loading thread pays one request of the package's size on the
+storage (``Storage.charge``): one large read instead of many small ones.
+
+``InstantPackages`` is the simulator's feeder: the same policy calls, no bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from hotset.errors import ConfigError, CorruptSampleError
+from hotset.storage.base import Storage
+from hotset.storage.manifest import content_key
+from hotset.store.base import Store
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"HOTSETPKG1\n"
+
+
+def write_package(path: str | os.PathLike, entries: list[tuple[int, str, bytes]]) -> int:
+    """Write ``(id, key, bytes)`` entries as one package (atomically); returns its size."""
+    header, offset = [], 0
+    for i, key, data in entries:
+        header.append({"id": int(i), "key": key, "offset": offset, "size": len(data)})
+        offset += len(data)
+    head = json.dumps(header).encode()
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + len(head).to_bytes(8, "little") + head)
+        for _, _, data in entries:
+            f.write(data)
+    os.replace(tmp, path)
+    return len(MAGIC) + 8 + len(head) + offset
+
+
+def read_package(path: str | os.PathLike) -> list[tuple[int, str, bytes]]:
+    """The ``(id, key, bytes)`` entries of a package file, each checked against its key."""
+    blob = Path(path).read_bytes()
+    if not blob.startswith(MAGIC):
+        raise ConfigError(f"{path} is not a hotset package")
+    n = int.from_bytes(blob[len(MAGIC) : len(MAGIC) + 8], "little")
+    start = len(MAGIC) + 8
+    header = json.loads(blob[start : start + n])
+    base = start + n
+    out = []
+    for e in header:
+        data = blob[base + e["offset"] : base + e["offset"] + e["size"]]
+        if content_key(data) != e["key"]:
+            raise CorruptSampleError(
+                e["id"], str(path), "package entry does not match its key", e["key"]
+            )
+        out.append((e["id"], e["key"], data))
+    return out
+
+
+class InstantPackages:
+    """Feeder for the simulator: a wanted package is composed and loaded at once."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.packages_loaded = 0
+
+    def poll(self) -> None:
+        p = self.policy
+        while p.l_wants_package():
+            ids = p.l_next_package()
+            if not ids.size:
+                return
+            _, accepted = p.l_make_room(ids)
+            p.l_commit(accepted)
+            self.packages_loaded += 1
+
+    def epoch_started(self) -> None:
+        self.poll()
+
+
+class Packager:
+    """The packaging and loading threads of one job (started on the first ``poll``).
+
+    ``directory`` is the writable package location beside the storage (default: a
+    temporary directory, removed by ``close``); ``ahead`` packages are kept ready; at most
+    ``keep_files`` package files are kept, and their samples are reused by later packages
+    instead of being read from storage again. Packages written under an older H-list are
+    not loaded (``epoch_started``): packages are rebuilt as the H-list changes.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        store: Store,
+        policy,
+        lock: threading.RLock,
+        directory: str | os.PathLike | None = None,
+        ahead: int = 2,
+        keep_files: int = 8,
+    ) -> None:
+        self.storage, self.store, self.policy, self.lock = storage, store, policy, lock
+        self._own_dir = directory is None
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"package_dir {self.dir} is not writable: {exc}") from exc
+        self.ahead, self.keep_files = int(ahead), int(keep_files)
+        self.counters = {
+            "packages_written": 0,
+            "packages_loaded": 0,
+            "package_bytes_loaded": 0,
+        }
+        self.errors = 0
+        self._cv = threading.Condition()
+        self._ready: deque[tuple[Path, np.ndarray, int]] = deque()
+        self._files: deque[Path] = deque()
+        self._index: dict[int, tuple[Path, int, int]] = {}  # id -> (file, offset, size)
+        self._need = False
+        self._stop = False
+        self._generation = 0
+        self._serial = 0
+        self._threads: list[threading.Thread] = []
+
+    # -- planner side (planner lock held) ---------------------------------------------
+    def poll(self) -> None:
+        if not self._threads:
+            self._start()
+        if self.policy.l_wants_package():
+            with self._cv:
+                self._need = True
+                self._cv.notify_all()
+
+    def epoch_started(self) -> None:
+        with self._cv:
+            self._generation += 1
+            self._ready.clear()
+            self._cv.notify_all()
+        self.poll()
+
+    def _start(self) -> None:
+        for target in (self._pack_loop, self._load_loop):
+            t = threading.Thread(target=target, name=f"hotset-{target.__name__[1:]}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # -- packaging thread --------------------------------------------------------------
+    def _read_entries(self, ids: list[int]) -> list[tuple[int, str, bytes]]:
+        """Bytes for ``ids``: from existing package files where indexed, else storage."""
+        keys = self.storage.keys
+        got: dict[int, bytes] = {}
+        for i in ids:
+            where = self._index.get(i)
+            if where is None:
+                continue
+            path, offset, size = where
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(size)
+            except OSError:
+                continue
+            if content_key(data) == keys[i]:
+                got[i] = data
+        rest = [i for i in ids if i not in got]
+        got.update(zip(rest, self.storage.read_many(rest), strict=True))
+        return [(i, keys[i], got[i]) for i in ids]
+
+    def _write(self, ids: np.ndarray) -> tuple[Path, int]:
+        entries = self._read_entries(ids.tolist())
+        self._serial += 1
+        path = self.dir / f"pkg-{os.getpid()}-{self._serial:06d}.bin"
+        size = write_package(path, entries)
+        head = size - sum(len(d) for _, _, d in entries)
+        offset = head
+        for i, _, data in entries:
+            self._index[i] = (path, offset, len(data))
+            offset += len(data)
+        self._files.append(path)
+        while len(self._files) > self.keep_files:
+            old = self._files.popleft()
+            self._index = {i: w for i, w in self._index.items() if w[0] != old}
+            old.unlink(missing_ok=True)
+        self.counters["packages_written"] += 1
+        return path, size
+
+    def _pack_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and len(self._ready) >= self.ahead:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                generation = self._generation
+                exclude = [i for _, ids, _ in self._ready for i in ids.tolist()]
+            with self.lock:
+                ids = self.policy.l_next_package(exclude, prefer=np.fromiter(self._index, np.int64))
+            if not ids.size:
+                with self._cv:
+                    self._cv.wait(0.05)
+                continue
+            try:
+                path, size = self._write(ids)
+            except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
+                self.errors += 1
+                log.warning("packaging failed, L-samples stay uncached: %s", exc)
+                with self._cv:
+                    self._cv.wait(0.5)
+                continue
+            with self._cv:
+                if generation == self._generation:
+                    self._ready.append((path, ids, size))
+                    self._cv.notify_all()
+
+    # -- loading thread ----------------------------------------------------------------
+    def _load_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not (self._need and self._ready):
+                    self._cv.wait()
+                if self._stop:
+                    return
+                path, ids, size = self._ready.popleft()
+                self._need = False
+                self._cv.notify_all()
+            with self.lock:
+                victims, ids = self.policy.l_make_room(ids)
+            loaded: list[int] = []
+            try:
+                keys = self.storage.keys
+                if victims.size:
+                    self.store.delete_many([keys[i] for i in victims.tolist()])
+                entries = read_package(path)
+                self.storage.charge(size)
+                accepted = set(ids.tolist())
+                good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
+                self.store.put_many(good)
+                loaded = [i for i, k, _ in entries if k in good]
+                self.counters["packages_loaded"] += 1
+                self.counters["package_bytes_loaded"] += size
+            except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
+                self.errors += 1
+                log.warning("loading package %s failed: %s", path, exc)
+            finally:
+                with self.lock:
+                    self.policy.l_commit(ids, loaded=loaded)
+                    if self.policy.l_wants_package():
+                        with self._cv:
+                            self._need = True
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads = []
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,361 @@
+"""iCACHE's importance-informed cache (HPCA'23 section III-B/C): an H-cache for the
+samples of the H-list and an L-cache of packaged L-samples served by substitution.
+
+* **H-cache** (Algorithm 1, lines 4-18): a min-heap by importance value; a missed
+  H-sample is admitted while there is room, else only if its importance exceeds the
+  top's, which is evicted.
+* **Shadow heap** (III-B, last paragraph): when a new H-list arrives the heap becomes
+  read-only and keeps serving evictions, new admissions go into a shadow heap with the
+  new values, and the resident ids are re-inserted into the shadow ``rebuild_per_batch``
+  per batch, off the critical path; once complete the shadow becomes the heap.
+* **L-cache** (lines 19-24, III-C): a missed L-sample is served by a cached L-sample not
+  yet used this epoch and its id is queued for the next packages; the feeder (package
+  thread) loads packages that ``l_next_package`` composes: queued misses first, then
+  random L-samples, preferring those already in package files.
+* **H/L split** (III-A): ``Size_H = Size * f_H / (f_H + f_L)`` from the previous epoch's
+  access counts, ``h_share`` (9:1) until then; the L-cache is never below one package
+  (plus one sample: a package ends with the sample that crosses ``package_bytes``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import ChainMap
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.policy.base import AccessResult, Policy, register_policy
+
+SCALE = float(1 << 24)
+
+
+class KeyedHeap:
+    """A lazy min-heap of ids by an integer level; ``drop`` makes an id's entry stale."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits, self.mask = bits, (1 << bits) - 1
+        self.heap: list[int] = []
+        self.live: dict[int, int] = {}  # id -> its live packed key
+
+    def push(self, i: int, level: int) -> None:
+        k = level << self.bits | i
+        self.live[i] = k
+        heapq.heappush(self.heap, k)
+
+    def drop(self, i: int) -> None:
+        self.live.pop(i, None)
+
+    def peek(self) -> tuple[int, int] | None:
+        """(id, level) of the minimum, or None."""
+        heap, live = self.heap, self.live
+        while heap and live.get(heap[0] & self.mask) != heap[0]:
+            heapq.heappop(heap)
+        return (heap[0] & self.mask, heap[0] >> self.bits) if heap else None
+
+    def pop(self) -> int:
+        i, _ = self.peek()  # type: ignore[misc]
+        heapq.heappop(self.heap)
+        del self.live[i]
+        return i
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+
+@register_policy
+class ICachePolicy(Policy):
+    name = "icache"
+    needs_feeder = True
+
+    def __init__(
+        self,
+        capacity_bytes,
+        sizes,
+        seed: int = 0,
+        h_share: float = 0.9,
+        package_bytes: int = 1 << 20,
+        rebuild_per_batch: int = 2048,
+    ) -> None:
+        super().__init__(capacity_bytes, sizes, seed)
+        if not 0.0 <= h_share <= 1.0:
+            raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
+        if package_bytes < 1:
+            raise ConfigError(f"package_bytes must be >= 1, got {package_bytes}")
+        self.package_bytes = int(package_bytes)
+        self.rebuild_per_batch = int(rebuild_per_batch)
+        self._bits = max(1, (self.num_samples - 1).bit_length())
+        self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
+        self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
+        self._h: dict[int, None] = {}  # H-cache residents
+        self.heap = KeyedHeap(self._bits)
+        self.shadow: KeyedHeap | None = None  # being rebuilt from ``_rebuild``
+        self._rebuild: list[int] = []
+        self.h_used = 0
+        self._l: dict[int, bool] = {}  # L-cache residents -> used this epoch
+        self._fresh: list[int] = []  # L residents unused this epoch (lazily cleaned)
+        self._queue: dict[int, None] = {}  # missed L ids, for the next packages
+        self._served: set[int] = set()  # L residents served this epoch
+        self.l_used = 0  # bytes of L residents plus those reserved for a loading package
+        self.loading = 0
+        self.freq_h = self.freq_l = 0  # accesses this epoch (III-A's frequencies)
+        self.swaps = 0  # completed shadow-heap swaps
+        self._rng = random.Random(seed)
+        self._evict_next: list[int] = []
+        self.set_split(h_share)
+
+    # -- sizes -----------------------------------------------------------------------
+    def set_split(self, h_share: float) -> None:
+        """H-cache gets ``h_share`` of the capacity, the L-cache the rest, >= one package."""
+        self.h_share = float(h_share)
+        one_package = self.package_bytes + max(self._sizes)  # the last sample may cross it
+        self.l_capacity = min(
+            self.capacity_bytes,
+            max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
+        )
+        self.h_capacity = self.capacity_bytes - self.l_capacity
+        while self.h_used > self.h_capacity:
+            self._evict_h_min()
+        for i in sorted(self._l, key=lambda i: not self._l[i]):  # used ones first
+            if self.l_used <= self.l_capacity:
+                break
+            del self._l[i]
+            self.l_used -= self._sizes[i]
+            self._evict_next.append(i)
+        self.used = self.h_used + self.l_used
+
+    @property
+    def _resident(self):
+        return ChainMap(self._h, self._l)
+
+    # -- H-list ----------------------------------------------------------------------
+    def apply_hints(self, hints: dict) -> None:
+        """A new H-list (``hot`` mask, ``importance`` in [0, 1]) at an epoch start."""
+        if "hot" not in hints:
+            return
+        hot = np.asarray(hints["hot"], bool)
+        imp = np.asarray(hints["importance"], np.float64)
+        if hot.shape != (self.num_samples,) or imp.shape != hot.shape:
+            raise ConfigError(f"H-list must cover the policy's {self.num_samples} ids")
+        if self.freq_h + self.freq_l and not self.is_h.all():
+            # III-A: split by the last epoch's access frequencies (once there was an H-list)
+            self.set_split(self.freq_h / (self.freq_h + self.freq_l))
+        self.freq_h = self.freq_l = 0
+        self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
+        self.is_h = hot
+        self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
+        if self._h:  # the heap turns read-only; the shadow gets the new values
+            self.shadow = KeyedHeap(self._bits)
+            self._rebuild = list(self._h)
+        # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
+        for i in self._l:
+            self._l[i] = False
+        self._served = set()
+        self._fresh = [i for i in self._l if not hot[i]]
+        self._rng.shuffle(self._fresh)
+        self._queue = {i: None for i in self._queue if not hot[i]}
+
+    def rebuild_step(self, budget: int) -> None:
+        """Insert up to ``budget`` residents into the shadow heap; swap when complete."""
+        if self.shadow is None:
+            return
+        shadow, level, h = self.shadow, self._level, self._h
+        while self._rebuild and budget > 0:
+            i = self._rebuild.pop()
+            budget -= 1
+            if i in h and i not in shadow.live:
+                shadow.push(i, int(level[i]))
+        if not self._rebuild:
+            self.heap, self.shadow = shadow, None
+            self.swaps += 1
+
+    def _src(self) -> KeyedHeap:
+        """Where evictions come from: the (read-only, during a rebuild) heap, then the
+        shadow once the old heap has nothing left."""
+        return self.heap if len(self.heap) or self.shadow is None else self.shadow
+
+    def _evicted(self, i: int) -> None:
+        self.heap.drop(i)
+        if self.shadow is not None:
+            self.shadow.drop(i)
+        del self._h[i]
+        self._evict_next.append(i)
+
+    def _evict_h_min(self) -> None:
+        i = self._src().pop()
+        self.h_used -= self._sizes[i]
+        self._evicted(i)
+
+    def _admit_h(self, i: int) -> bool:
+        """Algorithm 1, lines 9-16: admit while there is room, else only by displacing
+        residents that are all less important than ``i`` (line 14)."""
+        s, cap, sizes = self._sizes[i], self.h_capacity, self._sizes
+        if s > cap:
+            return False
+        q = int(self._level[i])
+        victims: list[tuple[KeyedHeap, int, int]] = []
+        while self.h_used + s > cap:
+            src = self._src()
+            top = src.peek()
+            if top is None or top[1] >= q:
+                break
+            victims.append((src, src.pop(), top[1]))
+            self.h_used -= sizes[top[0]]
+        if self.h_used + s > cap:  # could not make room: put them back
+            for src, j, level in victims:
+                src.push(j, level)
+                self.h_used += sizes[j]
+            return False
+        for _, j, _ in victims:
+            self._evicted(j)
+        self._h[i] = None
+        self.h_used += s
+        (self.heap if self.shadow is None else self.shadow).push(i, q)
+        return True
+
+    # -- accesses --------------------------------------------------------------------
+    def _pop_fresh(self) -> int | None:
+        """A random L-cache resident not used this epoch that is still an L-sample."""
+        fresh, l_res, is_h, rng = self._fresh, self._l, self.is_h, self._rng
+        while fresh:
+            k = rng.randrange(len(fresh))
+            fresh[k], fresh[-1] = fresh[-1], fresh[k]
+            j = fresh.pop()
+            if l_res.get(j) is False and not is_h[j]:
+                del l_res[j]
+                l_res[j] = True  # to the end: victims are the longest-used first
+                self._served.add(j)
+                return j
+        return None
+
+    def access(self, ids) -> AccessResult:
+        ids_list = np.asarray(ids, np.int64).tolist()
+        served, hits, sub, admitted = [], [], [], []
+        h, l_res, is_h = self._h, self._l, self.is_h
+        for i in ids_list:
+            hot = bool(is_h[i])
+            if hot:
+                self.freq_h += 1
+            else:
+                self.freq_l += 1
+            if i in h or i in l_res:
+                served.append(i)
+                hits.append(True)
+                sub.append(False)
+                if i in l_res:
+                    del l_res[i]
+                    l_res[i] = True
+                    self._served.add(i)
+                continue
+            if hot:  # H-miss: read, maybe admit (lines 7-17)
+                served.append(i)
+                hits.append(False)
+                sub.append(False)
+                if self._admit_h(i):
+                    admitted.append(i)
+                continue
+            self._queue[i] = None  # L-miss: queued for the next packages (III-C)
+            j = self._pop_fresh()
+            served.append(i if j is None else j)
+            hits.append(j is not None)
+            sub.append(j is not None)
+        self.rebuild_step(self.rebuild_per_batch)
+        self.used = self.h_used + self.l_used
+        evicted = [i for i in dict.fromkeys(self._evict_next) if i not in h and i not in l_res]
+        self._evict_next = []
+        return AccessResult(
+            hits=np.array(hits, bool),
+            admitted=np.array([i for i in dict.fromkeys(admitted) if i in h], np.int64),
+            evicted=np.array(evicted, np.int64),
+            served=np.array(served, np.int64),
+            substituted=np.array(sub, bool),
+        )
+
+    # -- L-cache packages (the feeder's side) ------------------------------------------
+    def l_fresh(self) -> int:
+        """How many L residents are left to serve as substitutes this epoch (an upper
+        bound: entries are cleaned lazily)."""
+        return len(self._fresh)
+
+    def l_wants_package(self) -> bool:
+        """Whether a package should be loaded now: less than half the L-cache is left
+        unused and no load is in flight."""
+        if self.loading or (self.is_h.all() and not self._queue):
+            return False
+        l_items = max(1, self.l_capacity // max(1, int(np.mean(self._sizes[:64]))))
+        return self.l_fresh() < l_items // 2
+
+    def l_next_package(self, exclude=(), prefer=None) -> np.ndarray:
+        """Ids for the next package, >= ``package_bytes`` when there are enough
+        L-samples: the queued misses, then random L-samples (from ``prefer``, the ids
+        already in package files, first)."""
+        skip = set(exclude)
+        out, nbytes, sizes = [], 0, self._sizes
+        limit = min(self.package_bytes, self.l_capacity)
+        for i in list(self._queue):
+            if nbytes >= limit:
+                break
+            if nbytes + sizes[i] > self.l_capacity:
+                continue
+            if i not in self._l and i not in skip and not self.is_h[i]:
+                out.append(i)
+                nbytes += sizes[i]
+                skip.add(i)
+        if nbytes < limit:
+            rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
+            pools = [] if prefer is None else [np.asarray(prefer, np.int64)]
+            pools.append(np.flatnonzero(~self.is_h))
+            for pool in pools:
+                pool = pool[~self.is_h[pool]]
+                for i in rng.permutation(pool).tolist():
+                    if nbytes >= limit:
+                        break
+                    if nbytes + sizes[i] > self.l_capacity:
+                        continue
+                    taken = i in self._l or i in self._h or i in self._served
+                    if not taken and i not in skip:
+                        out.append(i)
+                        nbytes += sizes[i]
+                        skip.add(i)
+        return np.array(out, np.int64)
+
+    def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """Reserve L space for a package of ``ids``: returns the L residents to delete
+        from the store first (used ones first, the longest-used first) and the ids that
+        fit (all, unless the L-cache shrank since the package was composed)."""
+        ids = np.asarray(ids, np.int64)
+        sizes = self._sizes
+        fit = np.cumsum([sizes[i] for i in ids.tolist()]) <= self.l_capacity
+        accepted = ids[fit] if ids.size else ids
+        need = sum(sizes[i] for i in accepted.tolist())
+        victims = []
+        for used_first in (True, False):
+            for i, used in list(self._l.items()):
+                if self.l_used + need <= self.l_capacity:
+                    break
+                if used == used_first:
+                    del self._l[i]
+                    self.l_used -= sizes[i]
+                    victims.append(i)
+        self.l_used += need
+        self.loading += 1
+        self.used = self.h_used + self.l_used
+        return np.array(victims, np.int64), accepted
+
+    def l_commit(self, ids, loaded=None) -> None:
+        """The package is in the store: ``loaded`` lists the ids that made it (default:
+        all); the reservation of the others is released."""
+        self.loading -= 1
+        ids = np.asarray(ids, np.int64).tolist()
+        ok = set(ids) if loaded is None else set(np.asarray(loaded, np.int64).tolist())
+        for i in ids:
+            if i in ok and i not in self._l and i not in self._h:
+                used = i in self._served  # served this epoch already: not a substitute
+                self._l[i] = used
+                self._queue.pop(i, None)
+                if not used and not self.is_h[i]:
+                    self._fresh.append(i)
+            else:
+                self.l_used -= self._sizes[i]
+        self.used = self.h_used + self.l_used

@@ -1,0 +1,125 @@
+"""SpiderCache's semantic-aware cache (ICPP'25 section 4.2, Algorithm 1 lines 4-13, 22).
+
+* **Importance Cache**: a min-heap by graph importance score (a ``pq`` policy inside);
+  it changes only on a double miss: the sample read from storage is admitted if its
+  score exceeds the top's, which is evicted (Figure 9, cases 2 and 4).
+* **Homophily Cache**: a FIFO of high-degree nodes, each with its neighbour-id list
+  (the sampler's hints, one node per scored batch). A request for a listed neighbour
+  that misses the Importance Cache is served the cached node (case 3); the planner puts
+  a new node into the store with the next batch (``fetch``).
+
+The caches are exclusive: a node already held by one is not added to the other. The
+split between them is ``imp_ratio`` (the elastic manager's hint, section 4.3).
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.policy.base import AccessResult, Policy, register_policy
+from hotset.policy.priority import PriorityPolicy
+
+
+@register_policy
+class SpiderPolicy(Policy):
+    name = "spider"
+    needs_scores = True
+
+    def __init__(self, capacity_bytes, sizes, seed: int = 0, imp_ratio: float = 0.9) -> None:
+        super().__init__(capacity_bytes, sizes, seed)
+        self.importance = PriorityPolicy(int(capacity_bytes * imp_ratio), sizes, seed)
+        self.homophily: dict[int, np.ndarray] = {}  # node -> neighbour ids, FIFO order
+        self.owner = np.full(self.num_samples, -1, np.int64)  # neighbour -> its node
+        self.hom_used = 0
+        self._fetch: list[int] = []
+        self._evicted: list[int] = []
+        self.set_ratio(imp_ratio)
+
+    @property
+    def _resident(self):
+        return ChainMap(self.importance._key, self.homophily)
+
+    def attach_scores(self, board) -> None:
+        self.importance.attach_scores(board)
+
+    def scores_updated(self, ids: np.ndarray) -> None:
+        """Nothing: the Importance Cache is keyed at admission, updated on double misses."""
+
+    # -- the elastic split and the homophily candidates ----------------------------------
+    def set_ratio(self, imp_ratio: float) -> None:
+        if not 0.0 <= imp_ratio <= 1.0:
+            raise ConfigError(f"imp_ratio must be in [0, 1], got {imp_ratio}")
+        self.imp_ratio = float(imp_ratio)
+        imp_cap = int(self.capacity_bytes * imp_ratio)
+        self.hom_capacity = self.capacity_bytes - imp_cap
+        self._evicted += self.importance.shrink_to(imp_cap)
+        self.importance.capacity_bytes = imp_cap
+        while self.hom_used > self.hom_capacity:
+            self._drop_node(next(iter(self.homophily)))
+
+    def _drop_node(self, node: int) -> None:
+        nbrs = self.homophily.pop(node)
+        mine = nbrs[self.owner[nbrs] == node]
+        self.owner[mine] = -1
+        self.hom_used -= self._sizes[node]
+        self._evicted.append(node)
+
+    def add_node(self, node: int, neighbours: np.ndarray) -> bool:
+        """Line 22: the batch's highest-degree node joins the FIFO (oldest out)."""
+        s = self._sizes[node]
+        if node in self.importance._key or node in self.homophily or s > self.hom_capacity:
+            return False
+        while self.hom_used + s > self.hom_capacity:
+            self._drop_node(next(iter(self.homophily)))
+        nbrs = np.asarray(neighbours, np.int64)
+        self.homophily[node] = nbrs
+        self.owner[nbrs] = node
+        self.hom_used += s
+        self._fetch.append(node)
+        return True
+
+    def apply_hints(self, hints: dict) -> None:
+        if "imp_ratio" in hints:
+            self.set_ratio(hints["imp_ratio"])
+        for node, neighbours in hints.get("homophily", ()):
+            self.add_node(int(node), neighbours)
+
+    # -- accesses ----------------------------------------------------------------------
+    def access(self, ids) -> AccessResult:
+        ids_list = np.asarray(ids, np.int64).tolist()
+        n = len(ids_list)
+        served, hits, sub = list(ids_list), [False] * n, [False] * n
+        imp_key, hom, owner = self.importance._key, self.homophily, self.owner
+        rest, rest_pos = [], []
+        for p, i in enumerate(ids_list):
+            if i in imp_key:
+                pass  # line 5: an Importance Cache hit (the inner policy reports it)
+            elif i in hom:
+                hits[p] = True  # the node itself
+                continue
+            elif owner[i] >= 0:  # line 7: a listed neighbour gets the cached node
+                served[p], hits[p], sub[p] = int(owner[i]), True, True
+                continue
+            rest.append(i)
+            rest_pos.append(p)
+        inner_hits: list[bool] = []
+        admitted: list[int] = []
+        self.importance._access(rest, inner_hits, admitted, self._evicted)  # line 10
+        for p, h in zip(rest_pos, inner_hits, strict=True):
+            hits[p] = h
+        self.used = self.importance.used + self.hom_used
+        resident = self._resident
+        evicted = [i for i in dict.fromkeys(self._evicted) if i not in resident]
+        fetch = [i for i in dict.fromkeys(self._fetch) if i in hom]
+        self._evicted, self._fetch = [], []
+        return AccessResult(
+            hits=np.array(hits, bool),
+            admitted=np.array([i for i in dict.fromkeys(admitted) if i in imp_key], np.int64),
+            evicted=np.array(evicted, np.int64),
+            served=np.array(served, np.int64),
+            substituted=np.array(sub, bool),
+            fetch=np.array(fetch, np.int64),
+        )

@@ -1,0 +1,104 @@
+"""iCACHE's I/O-oriented importance sampling (IIS, HPCA'23 section III-A).
+
+Before each epoch IIS chooses the subset of samples to train on from their historical
+importance, so unselected samples are never fetched. Importance is loss-based (the
+paper's choice, its ref. [18]): a sample's latest loss, turned into its percentile
+``p`` among the scored samples (never-scored samples count as the most important). A
+sample is kept with probability ``p ** keep_exponent``; the kept ones are shuffled.
+
+Warm-up epochs (``warmup_epochs``) and every ``full_every``-th epoch are full passes.
+The H-list is every sample whose percentile is in the top ``h_fraction``; the sampler
+hands it, with the percentiles as importance values, to the cache at each epoch start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.importance import ScoreBoard
+from hotset.sampling.base import Sampler, register_sampler
+
+
+@register_sampler
+class IISSampler(Sampler):
+    name = "iis"
+    order_known_ahead = False
+
+    def __init__(
+        self,
+        num_samples: int,
+        warmup_epochs: int = 1,
+        full_every: int = 0,
+        keep_exponent: float = 0.33,
+        h_fraction: float = 0.7,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_samples, **kwargs)
+        if warmup_epochs < 1:
+            raise ConfigError(
+                f"warmup_epochs must be >= 1 (nothing is scored before), got {warmup_epochs}"
+            )
+        if full_every < 0:
+            raise ConfigError(f"full_every must be >= 0 (0: never), got {full_every}")
+        if keep_exponent < 0:
+            raise ConfigError(f"keep_exponent must be >= 0, got {keep_exponent}")
+        if not 0.0 <= h_fraction <= 1.0:
+            raise ConfigError(f"h_fraction must be in [0, 1], got {h_fraction}")
+        self.warmup_epochs = int(warmup_epochs)
+        self.full_every = int(full_every)
+        self.keep_exponent = float(keep_exponent)
+        self.h_fraction = float(h_fraction)
+        self.board = ScoreBoard(num_samples)
+        self._orders: dict[int, np.ndarray] = {}
+        self._hints: dict[int, dict] = {}
+
+    def feedback(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """The losses of a served batch: the samples' new importance values."""
+        ids = np.asarray(ids, np.int64)
+        losses = np.asarray(losses, np.float64)
+        if ids.shape != losses.shape:
+            raise ConfigError(f"feedback: {ids.size} ids but {losses.size} losses")
+        self.board.update(ids, losses, losses)
+
+    def percentiles(self) -> np.ndarray:
+        """Each sample's importance as its loss percentile in [0, 1] (unscored: 1)."""
+        seen = self.board.seen
+        pct = np.ones(self.num_samples)
+        n = int(seen.sum())
+        if n > 1:
+            loss = self.board.loss[seen]
+            pct[seen] = np.argsort(np.argsort(loss, kind="stable"), kind="stable") / (n - 1)
+        return pct
+
+    def full_pass(self, epoch: int) -> bool:
+        return (
+            epoch < self.warmup_epochs
+            or not self.board.seen.any()
+            or (self.full_every > 0 and epoch % self.full_every == 0)
+        )
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:  # decided once per epoch, at its start
+            rng = np.random.default_rng([self.seed, epoch])
+            pct = self.percentiles()
+            if self.full_pass(epoch):
+                selected = np.arange(self.num_samples)
+            else:
+                keep = rng.random(self.num_samples) < pct**self.keep_exponent
+                selected = np.flatnonzero(keep)
+            if self.board.seen.any():
+                hot = pct >= 1.0 - self.h_fraction
+            else:  # nothing known yet: every sample is an H-sample
+                hot = np.ones(self.num_samples, bool)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = rng.permutation(selected)
+            self._hints = {epoch: {"hot": hot, "importance": pct, "epoch": epoch}}
+        return self._orders[epoch]
+
+    def cache_hints(self, epoch: int) -> dict:
+        self.global_order(epoch)
+        return self._hints.get(epoch, {})
+
+    def __len__(self) -> int:
+        return int(self.epoch_order().size)

@@ -1,0 +1,209 @@
+"""iCACHE: IIS, the H-cache heap with its shadow, L-cache packages and substitution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset import make_policy
+from hotset.errors import CorruptSampleError
+from hotset.loader import make_loader
+from hotset.models import TinyCNN
+from hotset.packages import InstantPackages, Packager, read_package
+from hotset.plan import Planner
+from hotset.sampling import make_sampler
+from hotset.storage import FileStorage
+from hotset.store import make_store
+from hotset.training import train_epoch
+
+
+def hints(hot, importance):
+    return {"hot": np.asarray(hot, bool), "importance": np.asarray(importance, float)}
+
+
+def test_iis_selects_by_importance_after_warmup_and_hands_over_the_h_list():
+    n = 2000
+    s = make_sampler("iis", n, warmup_epochs=2, full_every=5, seed=1)
+    assert np.array_equal(np.sort(s.global_order(0)), np.arange(n))  # nothing known
+    assert s.cache_hints(0)["hot"].all()
+    losses = np.linspace(0.0, 1.0, n)  # id i has the i-th smallest loss
+    s.feedback(np.arange(n), losses)
+    assert np.array_equal(np.sort(s.global_order(1)), np.arange(n))  # warm-up: full pass
+    kept = np.zeros(n)
+    for e in (2, 3, 4, 6):
+        order = s.global_order(e)
+        assert np.unique(order).size == order.size  # each selected id once
+        kept[order] += 1
+    assert np.array_equal(np.sort(s.global_order(5)), np.arange(n))  # the periodic full pass
+    pct = np.arange(n) / (n - 1)
+    expect = 4 * pct**0.33
+    assert abs(kept.sum() - expect.sum()) < 0.03 * expect.sum()
+    assert kept[: n // 10].mean() < 0.6 * kept[-n // 10 :].mean()  # unimportant: rarer
+    h = s.cache_hints(2)
+    assert np.array_equal(h["hot"], pct >= 0.3)  # the top 70% are H-samples
+    s.set_epoch(2)
+    assert len(s) == s.global_order(2).size < n  # the loader's length follows the subset
+
+
+def test_h_cache_follows_algorithm_1():
+    p = make_policy("icache", 4, num_samples=10, h_share=1.0, package_bytes=1)
+    assert p.h_capacity == 2 and p.l_capacity == 2  # never below one package (+ 1 sample)
+    p.apply_hints(hints(np.ones(10), np.arange(10) / 10))
+    r = p.access([5, 6])  # room: both admitted (lines 9-10)
+    assert list(r.admitted) == [5, 6]
+    r = p.access([2])  # 0.2 < top's 0.5: not admitted (line 14)
+    assert not r.admitted.size and 2 not in p
+    r = p.access([9])  # 0.9 > 0.5: the top (5) is evicted (line 15)
+    assert list(r.admitted) == [9] and list(r.evicted) == [5]
+    assert p.access([6, 9]).hits.all()
+
+
+def test_the_old_heap_serves_evictions_until_the_shadow_is_rebuilt():
+    p = make_policy("icache", 5, num_samples=10, h_share=1.0, package_bytes=1, rebuild_per_batch=1)
+    p.apply_hints(hints(np.ones(10), np.arange(10) / 10))
+    p.access([1, 2, 3])
+    # New values turn the order around: 3 is now the least important.
+    p.apply_hints(hints(np.ones(10), 1 - np.arange(10) / 10))
+    assert p.shadow is not None and p.swaps == 0
+    r = p.access([0])  # 1.0 beats the old top: the old heap evicts 1 (old value 0.1),
+    assert list(r.evicted) == [1]  # not 3, the minimum by the new values
+    assert p.shadow is not None  # one id re-inserted per batch: not complete yet
+    p.access([])
+    p.access([])
+    assert p.shadow is None and p.swaps == 1
+    r = p.access([4])  # against the new heap: 4 (0.6) is below every resident (3: 0.7)
+    assert not r.admitted.size
+    r = p.access([0, 0])
+    assert r.hits.all()
+
+
+def test_l_misses_are_substituted_by_unused_l_samples_never_for_h_requests():
+    n = 100
+    p = make_policy("icache", 30, num_samples=n, h_share=0.5, package_bytes=10, seed=3)
+    hot = np.arange(n) >= 50
+    p.apply_hints(hints(hot, np.arange(n) / n))
+    feeder = InstantPackages(p)
+    feeder.poll()
+    assert feeder.packages_loaded >= 1 and p.l_fresh() > 0
+    cached_l = {i for i in p._l}
+    assert cached_l and all(not hot[i] for i in cached_l)
+    served_subs = []
+    for ids in np.array_split(np.random.default_rng(0).permutation(n), 10):
+        r = p.access(ids)
+        req_h = hot[ids]
+        assert not r.substituted[req_h].any()  # an H-request is never substituted
+        assert np.array_equal(r.served[req_h], ids[req_h])
+        subs = r.served[r.substituted]
+        assert not hot[subs].any()  # substitutes are L-samples
+        served_subs += subs.tolist()
+        feeder.poll()
+    assert served_subs and len(served_subs) == len(set(served_subs))  # once per epoch
+    assert p.used <= p.capacity_bytes
+
+
+def test_h_l_split_follows_access_frequencies():
+    p = make_policy("icache", 100, num_samples=1000, package_bytes=5)
+    assert p.h_capacity == 90  # the initial 9:1
+    hot = np.arange(1000) < 700
+    p.apply_hints(hints(hot, np.arange(1000) / 1000))
+    p.access(np.r_[np.arange(600), np.arange(700, 900)])  # 600 H, 200 L accesses
+    p.apply_hints(hints(hot, np.arange(1000) / 1000))
+    assert p.h_capacity == 75 and p.l_capacity == 25  # 100 * 600 / 800
+    p.access(np.arange(700))  # only H accesses: the L-cache keeps one package
+    p.apply_hints(hints(hot, np.arange(1000) / 1000))
+    assert p.l_capacity == 6 and p.h_capacity == 94
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.integers(5, 60),
+    st.integers(1, 12),
+    st.floats(0.0, 1.0),
+)
+def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, pkg, h_frac):
+    n = 80
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n)
+    p = make_policy("icache", cap, sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
+    feeder = InstantPackages(p)
+    for _ in range(4):
+        p.apply_hints(hints(rng.random(n) < h_frac, rng.random(n)))
+        feeder.epoch_started()
+        for _ in range(5):
+            r = p.access(rng.integers(0, n, 16))
+            assert all(i in p for i in r.served[r.hits].tolist() if i not in r.evicted)
+            assert p.h_used <= p.h_capacity and p.used <= p.capacity_bytes
+            assert set(r.admitted.tolist()) <= set(p._h)
+            feeder.poll()
+            assert p.used <= p.capacity_bytes
+
+
+def test_a_package_file_holds_the_samples_it_claims(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = make_store("memory", 10**6)
+    policy = make_policy("icache", 100_000, sizes=storage.sizes, package_bytes=20_000)
+    hot = np.arange(len(storage)) % 2 == 0
+    policy.apply_hints(hints(hot, np.linspace(0, 1, len(storage))))
+    planner = Planner(make_sampler("uniform", len(storage)), policy, 32)
+    packager = Packager(storage, store, policy, planner.lock, tmp_path / "pk")
+    try:
+        planner.feeder = packager
+        packager.poll()
+        for _ in range(200):
+            if packager.counters["packages_loaded"]:
+                break
+            import time
+
+            time.sleep(0.05)
+        files = sorted((tmp_path / "pk").glob("pkg-*.bin"))
+        assert files and packager.counters["packages_loaded"] >= 1
+        entries = read_package(files[0])
+        assert sum(len(d) for _, _, d in entries) >= 20_000  # >= the package size
+        for i, key, data in entries:
+            assert not hot[i]  # L-samples only
+            assert key == storage.keys[i] and data == storage.read(i)  # bytes compared
+        loaded = [i for i in policy._l]
+        got = store.get_many([storage.keys[i] for i in loaded])
+        assert all(g == storage.read(i) for i, g in zip(loaded, got, strict=True))
+        blob = bytearray(files[0].read_bytes())
+        blob[-1] ^= 0xFF  # a flipped byte in the last sample
+        files[0].write_bytes(bytes(blob))
+        with pytest.raises(CorruptSampleError, match="does not match"):
+            read_package(files[0])
+    finally:
+        packager.close()
+
+
+@pytest.mark.slow
+def test_icache_trains_with_two_workers_and_serves_substitutes(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(
+        storage, batch_size=50, policy="icache", sampler="iis", cache_fraction=0.3,
+        num_workers=2, policy_options={"package_bytes": 20_000}, package_dir=str(tmp_path),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = TinyCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    seen_subs = 0
+    try:
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            n_served = 0
+            for _, y, ids in loader:
+                assert np.array_equal(y.numpy(), storage.labels[ids.numpy()])
+                n_served += len(ids)
+            if epoch >= 1:
+                assert n_served < len(storage)  # IIS: unselected samples are not read
+            train_epoch(loader, model, opt)
+            seen_subs = loader.counters()["substitute_hits"]
+        c = loader.counters()
+    finally:
+        loader.close()
+        loader.dataset.store.close(destroy=True)
+    assert c["packages_loaded"] >= 1 and c["packages_written"] >= 1
+    assert seen_subs > 0 and c["exact_hits"] > 0
+    assert c["hits"] == c["exact_hits"] + c["substitute_hits"]

@@ -1,0 +1,173 @@
+"""SpiderCache: graph importance, the importance + homophily caches, the ratio controller."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.signal import savgol_filter
+
+from hotset import make_policy
+from hotset.errors import ConfigError
+from hotset.importance import ScoreBoard
+from hotset.importance.elastic import RatioController
+from hotset.importance.graph import GraphImportance
+from hotset.loader import make_loader
+from hotset.models import TinyCNN
+from hotset.sampling import make_sampler
+from hotset.storage import FileStorage
+from hotset.training import train_epoch
+
+
+def test_graph_scores_follow_eq_1_to_4():
+    # Class 0 near the origin, class 1 near (10, 0); id 5 is a class-0 sample sitting in
+    # class 1's cluster (misclassified); id 6 is far from everything (isolated).
+    emb = np.array(
+        [[0, 0], [0.5, 0], [0, 0.5], [10, 0], [10.5, 0], [10, 0.5], [500, 500]], np.float32
+    )
+    labels = np.array([0, 0, 0, 1, 1, 1, 0])
+    labels_with_intruder = np.r_[labels[:5], 0, labels[6]]
+    g = GraphImportance(labels_with_intruder, lam=0.01, alpha=0.98, k=6, neighbor_max=6)
+    ids, scores, best, nbrs = g.score_batch(np.arange(7), emb)
+    # Edges: exp(-0.01 d) > 0.98  <=>  d < 2.02, so only within each cluster.
+    x_same = np.array([2, 2, 2, 1, 1, 0, 0])
+    x_other = np.array([0, 0, 0, 1, 1, 2, 0])
+    expect = np.log(1 / np.maximum(x_same, 1) + x_other / 6 + 1)
+    assert np.allclose(scores, expect)
+    assert scores[5] == scores.max()  # the misclassified sample matters most
+    assert scores[0] < scores[3] < scores[5]
+    assert best == 0 and set(nbrs.tolist()) == {1, 2}  # the highest x_same, its neighbours
+
+
+def small_spider(cap=6, n=20, imp_ratio=0.5):
+    p = make_policy("spider", cap, num_samples=n, imp_ratio=imp_ratio)
+    board = ScoreBoard(n)
+    board.score[:] = np.arange(n) / n
+    p.attach_scores(board)
+    return p
+
+
+def test_homophily_serves_only_listed_neighbours_first_in_first_out():
+    p = small_spider()
+    assert p.add_node(3, np.array([4, 5]))
+    assert list(p.access([9]).fetch) == [3]  # the node is read and cached with a batch
+    r = p.access([4, 7, 3])
+    assert list(r.served) == [3, 7, 3] and list(r.substituted) == [True, False, False]
+    assert r.hits.tolist() == [True, False, True]
+    p.add_node(10, np.array([11]))
+    p.add_node(12, np.array([13]))
+    p.add_node(14, np.array([15]))
+    r = p.access([5])  # the FIFO dropped node 3 (capacity 3): 5 is no longer listed
+    assert 3 in r.evicted and not r.substituted.any() and list(r.served) == [5]
+    # exclusive: a node in the Importance Cache does not enter the Homophily Cache
+    q = small_spider()
+    q.access([19])
+    assert 19 in q.importance._key and not q.add_node(19, np.array([1]))
+
+
+def test_importance_cache_changes_only_on_a_double_miss():
+    p = small_spider(cap=4, imp_ratio=0.5)  # importance cache: 2 items
+    p.add_node(0, np.array([1, 2]))
+    p.access([10, 11])
+    assert set(p.importance._key) == {10, 11}
+    r = p.access([1])  # a homophily hit: no change to the importance cache
+    assert r.substituted.all() and set(p.importance._key) == {10, 11}
+    r = p.access([15])  # double miss, 0.75 > top's 0.5: evicts 10 (case 4)
+    assert list(r.admitted) == [15] and list(r.evicted) == [10]
+    r = p.access([5])  # double miss, 0.25 < top: not admitted (case 2)
+    assert not r.admitted.size
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 30), st.floats(0.0, 1.0))
+def test_spider_never_exceeds_capacity(seed, cap, ratio):
+    n = 40
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n)
+    p = make_policy("spider", cap, sizes=sizes, imp_ratio=ratio)
+    board = ScoreBoard(n)
+    p.attach_scores(board)
+    for _ in range(20):
+        board.score[:] = rng.random(n)
+        hints = {"homophily": [(int(rng.integers(n)), rng.integers(0, n, 5))]}
+        if rng.random() < 0.2:
+            hints["imp_ratio"] = float(rng.random())
+        p.apply_hints(hints)
+        r = p.access(rng.integers(0, n, 8))
+        assert p.used <= p.capacity_bytes
+        assert p.importance.used <= p.importance.capacity_bytes
+        assert p.hom_used <= p.hom_capacity
+        assert not set(p.importance._key) & set(p.homophily)  # exclusive
+        for i, sub in zip(r.served.tolist(), r.substituted.tolist(), strict=True):
+            if sub:
+                assert i in p.homophily
+
+
+def test_ratio_controller_follows_eq_5_to_8():
+    T = 20
+    c = RatioController(total=T, r_start=0.9, r_end=0.8, gamma=0.01, window=5)
+    acc = 0.9 - 0.5 * np.exp(-np.arange(12) / 3) + 0.003 * (-1) ** np.arange(12)
+    for a in acc:
+        c.observe_accuracy(a)
+    c.observe_scores(np.array([0.0, 2.0]))  # std 1
+    assert c.beta() == 0 and c.ratio(10) == 0.9  # std not falling yet: stay at r_start
+    c.observe_scores(np.array([0.0, 1.0]))  # std 0.5: falling
+    smooth = savgol_filter(acc, 5, 2)
+    delta = np.mean(np.diff(smooth)[-5:])
+    u = delta / (0.01 + delta)
+    for t in (0, 5, 10, 20):
+        assert c.ratio(t) == pytest.approx(0.9 - 0.1 * (t / T) ** (1 + u))
+    assert c.ratio(40) == pytest.approx(0.8)  # t beyond T: r_end
+    flat = RatioController(total=T)
+    for a in [0.9] * 8:
+        flat.observe_accuracy(a)
+    flat.observe_scores(np.array([0.0, 2.0]))
+    flat.observe_scores(np.array([0.0, 1.0]))
+    assert flat.u() == 0 and flat.ratio(10) == pytest.approx(0.9 - 0.1 * 0.5)
+
+
+def test_background_scoring_lands_on_the_served_ids_and_drops_when_behind():
+    n = 64
+    labels = np.arange(n) % 2
+    s = make_sampler("spider", n, labels=labels, k=4, max_pending=2)
+    try:
+        with pytest.raises(ConfigError, match="embeddings"):
+            s.feedback(np.arange(4), np.zeros(4))
+        rng = np.random.default_rng(0)
+        for lo in range(0, n, 8):
+            ids = np.arange(lo, lo + 8)
+            s.feedback(ids, np.zeros(8), rng.normal(size=(8, 3)))
+        s.drain()
+        assert s.scored + s.dropped == n
+        assert s.board.seen.sum() == s.scored
+        assert s.take_hints()["homophily"]  # one candidate node per scored batch
+        assert s.take_hints() == {}
+    finally:
+        s.close()
+
+
+@pytest.mark.slow
+def test_spider_trains_with_two_workers_and_serves_neighbours(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(
+        storage, batch_size=50, policy="spider", sampler="spider", cache_fraction=0.3,
+        num_workers=2, sampler_options={"total_epochs": 3},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = TinyCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    try:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            train_epoch(loader, model, opt)
+            loader.planner.sampler.drain()
+        c = loader.counters()
+        policy = loader.planner.policy
+    finally:
+        loader.close()
+        loader.dataset.store.close(destroy=True)
+    assert loader.planner.sampler.scored > 0 and policy.homophily
+    assert c["substitute_hits"] > 0 and c["exact_hits"] > 0 and c["prefetched"] > 0
+    assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
