@@ -221,8 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--systems",
         type=_csv(str),
-        default=["lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade"],
-    )
+        default=["lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade",
+                 "icache", "spider"],
+    )  # fmt: skip
     sw.add_argument("--cache-fractions", type=_csv(float), default=[0.1, 0.25, 0.5, 0.75])
     sw.add_argument("--epochs", type=int, default=None, help="default: the oracle's")
     sw.add_argument("--batch-size", type=int, default=128)

@@ -3,15 +3,19 @@ and plot of SHADE's Figure 7 (hit ratio vs cache size per policy)."""
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 
 import numpy as np
 
+from hotset.errors import ConfigError
 from hotset.sim.oracle import LossOracle
+from hotset.storage import FileStorage
 from hotset.sim.simulate import simulate
 from hotset.systems import resolve_system
 
 FIGURE7 = ("lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade")
+SYSTEMS = (*FIGURE7, "icache", "spider")
 FRACTIONS = (0.1, 0.25, 0.5, 0.75)
 
 
@@ -23,7 +27,12 @@ def sweep(
     batch_size: int = 128,
     seed: int = 0,
 ) -> list[dict]:
-    """One simulated run per system and cache fraction over the oracle's dataset."""
+    """One simulated run per system and cache fraction over the oracle's dataset.
+
+    Sample sizes come from the recorded dataset's manifest when it is at hand (iCACHE's
+    packages are counted in bytes), else all samples count alike.
+    """
+    sizes = _dataset_sizes(oracle)
     rows = []
     for name in systems:
         system = resolve_system(name)
@@ -38,6 +47,7 @@ def sweep(
                 seed=seed,
                 sampler_options=system.sampler_options,
                 oracle=oracle if system.sampler != "uniform" else None,
+                sizes=sizes,
             )
             rows.append(
                 {
@@ -45,10 +55,21 @@ def sweep(
                     "cache_fraction": f,
                     "hit_ratio": r["hit_ratio"],
                     "steady_hit_ratio": r["steady_hit_ratio"],
+                    "substitute_hits": r["substitute_hits"],
+                    "accesses": r["accesses"],
                     "accesses_per_s": r["accesses_per_s"],
                 }
             )
     return rows
+
+
+def _dataset_sizes(oracle: LossOracle) -> np.ndarray | None:
+    data = oracle.meta.get("data")
+    try:
+        sizes = FileStorage(posixpath.join(data, "train")).sizes if data else None
+    except ConfigError:
+        return None
+    return sizes if sizes is not None and sizes.size == oracle.num_samples else None
 
 
 def format_sweep(rows: list[dict]) -> str:
