@@ -27,7 +27,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import report  # noqa: E402
-
 from hotset.codecs import decode_sample  # noqa: E402
 from hotset.compare import IMAGE_SIZE, load_split  # noqa: E402
 from hotset.feedback import per_sample_loss  # noqa: E402

@@ -10,8 +10,8 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.sim.oracle import LossOracle
-from hotset.storage import FileStorage
 from hotset.sim.simulate import simulate
+from hotset.storage import FileStorage
 from hotset.systems import resolve_system
 
 FIGURE7 = ("lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade")
