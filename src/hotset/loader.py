@@ -134,12 +134,14 @@ class CachedDataset(Dataset):
             if v is not None:
                 got[i] = v
         stats.store_s += time.perf_counter() - t
-        stats.hits = len(got)
+        # per position: a batch may serve one id several times (sampling with
+        # replacement, or one substitute for several requests)
+        stats.hits = sum(1 for i in hit_ids if i in got)
         if plan.sub is not None:
             subs = plan.ids[plan.sub & plan.hit].tolist()
             stats.substitute_hits = sum(1 for i in subs if i in got)
         stats.bytes_from_store = sum(len(v) for v in got.values())
-        stats.late_misses = len(hit_ids) - len(got)
+        stats.late_misses = len(hit_ids) - stats.hits
         stats.misses = len(ids) - len(hit_ids)
 
         missing = [i for i in ids if i not in got]
@@ -355,6 +357,10 @@ def make_loader(
     smp = make_sampler(
         sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed, **sampler_options
     )
+    if hasattr(pol, "activation_delay"):
+        # plans in flight at once: a newly cached sample is surely there after them
+        prefetch = dataloader_kwargs.get("prefetch_factor") or (2 if num_workers else 0)
+        pol.activation_delay = prefetch * num_workers
     planner = Planner(smp, pol, batch_size, drop_last=drop_last)
     if pol.needs_feeder:
         planner.feeder = Packager(storage, store, pol, planner.lock, package_dir)

@@ -10,7 +10,9 @@ With ``x_same`` / ``x_other`` the neighbours of the same / another class:
 
 An isolated sample (``x_same = 0``) takes ``1 / x_same = 1``, the largest value the
 term has otherwise. The batch's node with the most same-class neighbours is returned
-with its neighbour ids: the Homophily Cache's candidate (lines 17-22).
+with its neighbour ids: the Homophily Cache's candidate (lines 17-22). Scores use the
+``k`` nearest neighbours (a small ``k`` keeps the per-batch query cheap); the chosen
+node's own list is queried once more with ``homophily_k`` (the paper's 500).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class GraphImportance:
         alpha: float = 0.98,
         k: int = 32,
         neighbor_max: int | None = None,
+        homophily_k: int = 500,
         M: int = 8,
         ef_construction: int = 100,
         threads: int = 1,
@@ -45,6 +48,7 @@ class GraphImportance:
         self.num_samples = int(self.labels.size)
         self.lam, self.alpha, self.k = float(lam), float(alpha), int(k)
         self.neighbor_max = int(neighbor_max or k)
+        self.homophily_k = int(homophily_k)
         self.M, self.ef_construction, self.threads, self.seed = M, ef_construction, threads, seed
         self.index = None
         self.indexed = np.zeros(self.num_samples, bool)
@@ -89,4 +93,12 @@ class GraphImportance:
         inv = 1.0 / np.maximum(x_same, 1)  # x_same = 0: an isolated sample, 1/x_same := 1
         scores = np.log(inv + x_other / self.neighbor_max + 1.0)  # Eq. 4
         best = int(np.argmax(x_same))
-        return ids, scores, int(ids[best]), nbr[best][edge[best]]
+        neighbours = nbr[best][edge[best]]
+        if self.homophily_k > k and x_same[best] > 0:
+            kh = min(self.homophily_k, count)
+            self.index.set_ef(kh)
+            hn, hsq = self.index.knn_query(emb[best : best + 1], k=kh)
+            hn = hn[0].astype(np.int64)
+            near = np.exp(-self.lam * np.sqrt(np.maximum(hsq[0], 0.0))) > self.alpha
+            neighbours = hn[near & (hn != ids[best])]
+        return ids, scores, int(ids[best]), neighbours

@@ -87,6 +87,7 @@ class ICachePolicy(Policy):
         self.rebuild_per_batch = int(rebuild_per_batch)
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
+        self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
         self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
         self._h: dict[int, None] = {}  # H-cache residents
         self.heap = KeyedHeap(self._bits)
@@ -144,6 +145,7 @@ class ICachePolicy(Policy):
         self.freq_h = self.freq_l = 0
         self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
         self.is_h = hot
+        self._hot = hot.tolist()
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
         if self._h:  # the heap turns read-only; the shadow gets the new values
             self.shadow = KeyedHeap(self._bits)
@@ -217,7 +219,7 @@ class ICachePolicy(Policy):
     # -- accesses --------------------------------------------------------------------
     def _pop_fresh(self) -> int | None:
         """A random L-cache resident not used this epoch that is still an L-sample."""
-        fresh, l_res, is_h, rng = self._fresh, self._l, self.is_h, self._rng
+        fresh, l_res, is_h, rng = self._fresh, self._l, self._hot, self._rng
         while fresh:
             k = rng.randrange(len(fresh))
             fresh[k], fresh[-1] = fresh[-1], fresh[k]
@@ -232,9 +234,9 @@ class ICachePolicy(Policy):
     def access(self, ids) -> AccessResult:
         ids_list = np.asarray(ids, np.int64).tolist()
         served, hits, sub, admitted = [], [], [], []
-        h, l_res, is_h = self._h, self._l, self.is_h
+        h, l_res, is_h = self._h, self._l, self._hot
         for i in ids_list:
-            hot = bool(is_h[i])
+            hot = is_h[i]
             if hot:
                 self.freq_h += 1
             else:

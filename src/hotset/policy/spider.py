@@ -10,6 +10,11 @@
 
 The caches are exclusive: a node already held by one is not added to the other. The
 split between them is ``imp_ratio`` (the elastic manager's hint, section 4.3).
+
+A new node serves its neighbours only ``activation_delay`` batches after the batch
+that fetches it: DataLoader workers run up to ``prefetch_factor * num_workers`` plans
+at once, so by then the fetch has landed and a substitute is a real store hit, not a
+late miss (the loader sets the delay; the simulator has no such window).
 """
 
 from __future__ import annotations
@@ -28,8 +33,18 @@ class SpiderPolicy(Policy):
     name = "spider"
     needs_scores = True
 
-    def __init__(self, capacity_bytes, sizes, seed: int = 0, imp_ratio: float = 0.9) -> None:
+    def __init__(
+        self,
+        capacity_bytes,
+        sizes,
+        seed: int = 0,
+        imp_ratio: float = 0.9,
+        activation_delay: int = 0,
+    ) -> None:
         super().__init__(capacity_bytes, sizes, seed)
+        self.activation_delay = int(activation_delay)
+        self._batch = 0
+        self._pending: dict[int, int] = {}  # node -> the batch from which it serves
         self.importance = PriorityPolicy(int(capacity_bytes * imp_ratio), sizes, seed)
         self.homophily: dict[int, np.ndarray] = {}  # node -> neighbour ids, FIFO order
         self.owner = np.full(self.num_samples, -1, np.int64)  # neighbour -> its node
@@ -61,6 +76,7 @@ class SpiderPolicy(Policy):
             self._drop_node(next(iter(self.homophily)))
 
     def _drop_node(self, node: int) -> None:
+        self._pending.pop(node, None)
         nbrs = self.homophily.pop(node)
         mine = nbrs[self.owner[nbrs] == node]
         self.owner[mine] = -1
@@ -76,7 +92,7 @@ class SpiderPolicy(Policy):
             self._drop_node(next(iter(self.homophily)))
         nbrs = np.asarray(neighbours, np.int64)
         self.homophily[node] = nbrs
-        self.owner[nbrs] = node
+        self._pending[node] = self._batch + 1 + self.activation_delay
         self.hom_used += s
         self._fetch.append(node)
         return True
@@ -88,7 +104,16 @@ class SpiderPolicy(Policy):
             self.add_node(int(node), neighbours)
 
     # -- accesses ----------------------------------------------------------------------
+    def _activate(self) -> None:
+        due = [n for n, b in self._pending.items() if b <= self._batch]
+        for node in due:
+            del self._pending[node]
+            self.owner[self.homophily[node]] = node
+
     def access(self, ids) -> AccessResult:
+        self._activate()
+        self._batch += 1
+        pending = self._pending
         ids_list = np.asarray(ids, np.int64).tolist()
         n = len(ids_list)
         served, hits, sub = list(ids_list), [False] * n, [False] * n
@@ -98,7 +123,7 @@ class SpiderPolicy(Policy):
             if i in imp_key:
                 pass  # line 5: an Importance Cache hit (the inner policy reports it)
             elif i in hom:
-                hits[p] = True  # the node itself
+                hits[p] = i not in pending  # the node itself (from storage until fetched)
                 continue
             elif owner[i] >= 0:  # line 7: a listed neighbour gets the cached node
                 served[p], hits[p], sub[p] = int(owner[i]), True, True

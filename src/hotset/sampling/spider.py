@@ -50,6 +50,7 @@ class SpiderSampler(Sampler):
         alpha: float = 0.98,
         k: int = 32,
         neighbor_max: int | None = None,
+        homophily_k: int = 500,
         M: int = 8,
         ef_construction: int = 100,
         background: bool = True,
@@ -65,7 +66,8 @@ class SpiderSampler(Sampler):
         if labels is None or len(labels) != num_samples:
             raise ConfigError(f"sampler 'spider' needs labels= for its {num_samples} samples")
         self.graph = GraphImportance(
-            labels, lam=lam, alpha=alpha, k=k, neighbor_max=neighbor_max, M=M,
+            labels, lam=lam, alpha=alpha, k=k, neighbor_max=neighbor_max,
+            homophily_k=homophily_k, M=M,
             ef_construction=ef_construction, seed=self.seed,
         )  # fmt: skip
         self.controller = RatioController(total_epochs, r_start, r_end, gamma, window)
