@@ -34,7 +34,7 @@ from hotset.models import TinyCNN  # noqa: E402
 from hotset.sampling import make_sampler  # noqa: E402
 
 
-def run(mode: str, x, y, steps: int, batch: int, seed: int) -> dict:
+def run(mode: str, x, y, steps: int, batch: int, seed: int, options: dict) -> dict:
     torch.manual_seed(seed)
     model = TinyCNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -42,7 +42,7 @@ def run(mode: str, x, y, steps: int, batch: int, seed: int) -> dict:
     sampler = None
     if mode != "plain":
         sampler = make_sampler(
-            "spider", n, labels=y.numpy(), background=(mode == "spider (background)")
+            "spider", n, labels=y.numpy(), background=(mode == "spider (background)"), **options
         )
     rng = np.random.default_rng(seed)
     times = []
@@ -79,7 +79,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ef-construction", type=int, default=None)
+    ap.add_argument("--k", type=int, default=None)
     args = ap.parse_args()
+    options = {
+        k: v for k, v in (("ef_construction", args.ef_construction), ("k", args.k)) if v
+    }
     split = load_split(args.data, "train", partial(decode_sample, size=IMAGE_SIZE))
     if split is None:
         sys.exit(f"no prepared data in {args.data}: run `hotset prepare fashion-mnist {args.data}`")
@@ -88,7 +93,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):  # interleaved: the machine's noise hits all modes alike
         for m in modes:
-            runs[m].append(run(m, x, y, args.steps, args.batch, seed=r))
+            runs[m].append(run(m, x, y, args.steps, args.batch, seed=r, options=options))
     base = np.median([d["step_ms"] for d in runs["plain"]])
     rows = []
     for m in modes:
@@ -107,7 +112,7 @@ def main() -> None:
         rows,
         [("mode", "s"), ("step_ms", ".2f"), ("overhead", "+.1%"), ("coverage", ".2f"),
          ("graph_ms_per_batch", ".2f")],
-        {"steps": args.steps, "batch": args.batch, "target_overhead": 0.10},
+        {"steps": args.steps, "batch": args.batch, "target_overhead": 0.10, "options": options},
     )  # fmt: skip
 
 

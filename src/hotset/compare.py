@@ -113,7 +113,11 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
                 accs.append(accuracy(model, *test))
                 loader.report_accuracy(accs[-1])
         c = loader.counters()
-        guard = getattr(loader.planner.sampler, "guard_epochs", [])
+        smp = loader.planner.sampler
+        guard = getattr(smp, "guard_epochs", [])
+        if hasattr(smp, "scored"):  # graph importance: how much the worker kept up with
+            smp.drain()
+            c["graph_scored"], c["graph_dropped"] = smp.scored, smp.dropped
     finally:
         if loader is not None:
             loader.close()

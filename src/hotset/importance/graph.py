@@ -32,7 +32,7 @@ class GraphImportance:
         neighbor_max: int | None = None,
         homophily_k: int = 500,
         M: int = 8,
-        ef_construction: int = 100,
+        ef_construction: int = 40,
         threads: int = 1,
         seed: int = 0,
     ) -> None:

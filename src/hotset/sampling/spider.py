@@ -52,7 +52,7 @@ class SpiderSampler(Sampler):
         neighbor_max: int | None = None,
         homophily_k: int = 500,
         M: int = 8,
-        ef_construction: int = 100,
+        ef_construction: int = 40,
         background: bool = True,
         max_pending: int = 8,
         total_epochs: float = 10,
@@ -127,7 +127,7 @@ class SpiderSampler(Sampler):
     def _work(self) -> None:
         # a background job: the training threads come first (Linux thread niceness)
         with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
