@@ -71,7 +71,7 @@ class Policy(ABC):
     ) -> None:
         """Process ``ids`` in order, appending a hit flag per id and the admitted/evicted
         ids. (A substituting policy overrides ``access`` instead.)"""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} must override _access or access")
 
     def access(self, ids: np.ndarray | Sequence[int]) -> AccessResult:
         """Access ``ids`` in order; returns hits and the net store changes of the batch."""
