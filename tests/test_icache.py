@@ -80,6 +80,22 @@ def test_the_old_heap_serves_evictions_until_the_shadow_is_rebuilt():
     assert r.hits.all()
 
 
+def test_a_resident_in_both_heaps_during_a_rebuild_is_evicted_once():
+    sizes = np.ones(10, np.int64)
+    sizes[9] = 3  # needs the whole H-cache
+    p = make_policy("icache", 7, sizes=sizes, h_share=1.0, package_bytes=1, rebuild_per_batch=1)
+    assert p.h_capacity == 3
+    imp = np.arange(10) / 10
+    p.apply_hints(hints(np.ones(10), imp))
+    p.access([1, 2])
+    p.apply_hints(hints(np.ones(10), imp))  # a rebuild starts: the old heap is read-only
+    r = p.access([5])  # admitted into the shadow; one resident (2) re-inserted there too
+    assert list(r.admitted) == [5] and 2 in p.heap.live and 2 in p.shadow.live
+    r = p.access([9])  # drains the old heap (1, 2), then the shadow (2 again, then 5)
+    assert sorted(r.evicted.tolist()) == [1, 2, 5] and list(r.admitted) == [9]
+    assert p.h_used == 3 and set(p._h) == {9}
+
+
 def test_l_misses_are_substituted_by_unused_l_samples_never_for_h_requests():
     n = 100
     p = make_policy("icache", 30, num_samples=n, h_share=0.5, package_bytes=10, seed=3)

@@ -196,20 +196,26 @@ class ICachePolicy(Policy):
         if s > cap:
             return False
         q = int(self._level[i])
-        victims: list[tuple[KeyedHeap, int, int]] = []
+        # during a rebuild a resident can sit in both heaps: pop it once from each, count
+        # its bytes once, and put back every popped entry if no room could be made
+        popped: list[tuple[KeyedHeap, int, int]] = []
+        victims: dict[int, None] = {}
         while self.h_used + s > cap:
             src = self._src()
             top = src.peek()
             if top is None or top[1] >= q:
                 break
-            victims.append((src, src.pop(), top[1]))
-            self.h_used -= sizes[top[0]]
+            j = src.pop()
+            popped.append((src, j, top[1]))
+            if j not in victims:
+                victims[j] = None
+                self.h_used -= sizes[j]
         if self.h_used + s > cap:  # could not make room: put them back
-            for src, j, level in victims:
+            for src, j, level in popped:
                 src.push(j, level)
-                self.h_used += sizes[j]
+            self.h_used += sum(sizes[j] for j in victims)
             return False
-        for _, j, _ in victims:
+        for j in victims:
             self._evicted(j)
         self._h[i] = None
         self.h_used += s
