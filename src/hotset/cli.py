@@ -1,4 +1,4 @@
-"""The `hotset` command: prepare, simulate, compare, record, sweep."""
+"""The `hotset` command: prepare, simulate, compare, record, sweep, simulate-jobs."""
 
 from __future__ import annotations
 
@@ -155,6 +155,29 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'sweep.json'} and {out / 'sweep.png'}")
 
 
+def cmd_simulate_jobs(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from hotset.sim.jobs import format_jobs_table, plot_jobs, sweep_jobs, table2_cases
+
+    cases = table2_cases(args.seed)
+    if args.cases:
+        unknown = sorted(set(args.cases) - set(cases))
+        if unknown:
+            raise HotsetError(f"unknown case(s) {unknown}; choose from: {', '.join(cases)}")
+        cases = {c: cases[c] for c in args.cases}
+    speeds = None
+    if args.speeds:
+        speeds = {c: args.speeds for c, d in cases.items() if len(d) == len(args.speeds)}
+    rows = sweep_jobs(cases, args.samplers, args.policies, args.capacities, args.seed, speeds)
+    print(format_jobs_table(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jobs.json").write_text(json.dumps(rows, indent=2))
+    plot_jobs(rows, out / "jobs.png")
+    print(f"wrote {out / 'jobs.json'} and {out / 'jobs.png'}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -230,6 +253,23 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", default="out")
     sw.set_defaults(func=cmd_sweep)
+
+    sj = sub.add_parser(
+        "simulate-jobs", help="several jobs, one cache: JOADER's Table 2 cases, misses per size"
+    )
+    sj.add_argument("--cases", type=_csv(str), default=None, help="default: all of Table 2")
+    sj.add_argument("--samplers", type=_csv(str), default=["isa", "dsa"])
+    sj.add_argument("--policies", type=_csv(str), default=["lru", "fifo", "random", "refcnt"])
+    sj.add_argument(
+        "--capacities", type=_csv(int), default=[1, 1000, 2500, 5000, 7500, 10000, 12500]
+    )
+    sj.add_argument(
+        "--speeds", type=_csv(float), default=None,
+        help="rounds per round of the fastest job, one per job (cases with that many jobs)",
+    )  # fmt: skip
+    sj.add_argument("--seed", type=int, default=0)
+    sj.add_argument("--out", default="out/jobs")
+    sj.set_defaults(func=cmd_simulate_jobs)
     return p
 
 

@@ -10,6 +10,7 @@ from hotset.policy import (  # noqa: F401 - register
     minio,
     priority,
     random_evict,
+    refcnt,
     spider,
 )
 from hotset.policy.base import POLICIES, AccessResult, Policy, make_policy, register_policy

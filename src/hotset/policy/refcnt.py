@@ -1,0 +1,85 @@
+"""RefCnt (JOADER 3.2): evict the element that the fewest jobs will still read.
+
+``refs[i]`` counts the future reads of ``i``: whoever schedules the jobs adds one per
+job that will read ``i`` (``add_references`` at each job's epoch start) and takes back
+the references of a job that leaves; every access is a read and consumes one. A miss is
+admitted by evicting the residents with the lowest counts, as long as each has fewer
+references than the newcomer or as many (ties go to the newcomer, the more recent): an
+element nobody reads again is never cached, and never displaces one that somebody will.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotset.policy.base import Policy, register_policy
+
+
+@register_policy
+class RefCntPolicy(Policy):
+    name = "refcnt"
+
+    def __init__(self, capacity_bytes, sizes, seed: int = 0):
+        super().__init__(capacity_bytes, sizes, seed)
+        self.refs = np.zeros(self.num_samples, np.int64)
+        self._pos: dict[int, int] = {}  # id -> index in _ids
+        self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
+
+    @property
+    def _resident(self):
+        return self._pos
+
+    def add_references(self, ids, delta: int = 1) -> None:
+        """``delta`` future reads of each of ``ids`` (negative: a job left)."""
+        np.add.at(self.refs, np.asarray(ids, np.int64), int(delta))
+        np.maximum(self.refs, 0, out=self.refs)
+
+    def _evict(self, k: int) -> int:
+        pos, res = self._pos, self._ids
+        j = int(res[k])
+        last = len(pos) - 1
+        if k != last:
+            res[k] = res[last]
+            pos[int(res[k])] = k
+        del pos[j]
+        return j
+
+    def _access(self, ids, hits, admitted, evicted):
+        pos, res, refs, sizes, cap = (
+            self._pos,
+            self._ids,
+            self.refs,
+            self._sizes,
+            self.capacity_bytes,
+        )
+        used = self.used
+        for i in ids:
+            r = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
+            refs[i] = r
+            if i in pos:
+                hits.append(True)
+                continue
+            hits.append(False)
+            s = sizes[i]
+            if r <= 0 or s > cap:
+                continue
+            victims: list[int] = []
+            while used + s > cap:
+                k = int(np.argmin(refs[res[: len(pos)]]))
+                if refs[res[k]] > r:  # ties go to the newcomer, the more recent
+                    break
+                j = self._evict(k)
+                victims.append(j)
+                used -= sizes[j]
+            if used + s > cap:  # the rest is worth more than i: put the victims back
+                for j in victims:
+                    pos[j] = len(pos)
+                    res[pos[j]] = j
+                    used += sizes[j]
+                continue
+            evicted.extend(victims)
+            pos[i] = len(pos)
+            res[pos[i]] = i
+            used += s
+            admitted.append(i)
+        self.used = used

@@ -1,0 +1,236 @@
+"""JOADER's dependent sampling (DSA) for several jobs on overlapping datasets.
+
+Each element of the id universe carries a *need mask*: the jobs that still have to read
+it this epoch. Elements are grouped by mask (one bucket per distinct mask, with O(1)
+swap-remove), and the dependent sampling tree of Definition 1 is read off the buckets
+for the jobs sorted by what they have left: with the jobs J_1..J_m in ascending order
+and G_l = {J_l..J_m}, vertex V_l (the intersection of the l-th recursion) holds the
+elements whose mask contains G_l but not G_{l-1}, and J_k's leaf (its difference) the
+elements J_k needs whose mask does not contain G_k.
+
+* **Sampling** (Algorithm 1 and 2, appendix C): a round walks the rightmost path; the
+  first undecided job takes the intersection I (one or several vertices) with
+  probability |I| / (|R_k| - |S|), each next job with (|R_{k-1}| - |S|) / (|R_k| - |S|);
+  the jobs that took I share one uniform element of it; if none took it, the first
+  takes a uniform element of its difference. Every job's pick stays uniform over what
+  it has left (Theorem 2), and each job reads each of its elements once per epoch.
+* **Compensation** (appendix C): an element read by some of the jobs that share it only
+  loses their bits, so it moves to the vertex of the jobs that still need it.
+* **Insertion and deletion** (4.2): a job's bit is set on (or cleared from) its ids in
+  one vectorised pass and the buckets are regrouped; the tree follows, with its
+  vertices merged or split as Definition 1 requires.
+* **Partial sampling** (appendix C): a round may name only some jobs (the fast ones);
+  the tree is re-sorted by what the named jobs have left, every round.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+MAX_JOBS = 64  # one bit of a uint64 need mask per job
+
+
+@dataclass(frozen=True)
+class Vertex:
+    """A vertex of the dependent sampling tree: ``jobs`` sample from ``ids``."""
+
+    kind: str  # "intersection" (on the rightmost path) or "difference" (a leaf)
+    jobs: tuple[Hashable, ...]
+    ids: np.ndarray
+
+
+class DependentSampling:
+    """DSA over jobs whose datasets are id sets of one universe ``0 .. universe - 1``."""
+
+    def __init__(self, universe: int, seed: int = 0) -> None:
+        if universe <= 0:
+            raise ConfigError(f"universe must be > 0, got {universe}")
+        self.universe = int(universe)
+        self.mask = np.zeros(self.universe, np.uint64)
+        self.pos = np.zeros(self.universe, np.int64)  # index in its bucket
+        self.buckets: dict[int, list[int]] = {}  # need mask -> ids (no empty buckets)
+        self.datasets: dict[Hashable, np.ndarray] = {}
+        self.bit: dict[Hashable, int] = {}
+        self.left: dict[Hashable, int] = {}  # |R_j|: what job j still reads this epoch
+        self._rng = random.Random(seed)
+
+    # -- jobs --------------------------------------------------------------------------
+    def add_job(self, job: Hashable, ids: Iterable[int] | np.ndarray) -> None:
+        """Insert ``job`` with its dataset (global ids) and start its first epoch."""
+        if job in self.bit:
+            raise ConfigError(f"job {job!r} is already registered")
+        free = sorted(set(range(MAX_JOBS)) - set(self.bit.values()))
+        if not free:
+            raise ConfigError(f"at most {MAX_JOBS} jobs can sample together")
+        ids = np.unique(np.asarray(ids, np.int64))
+        if ids.size == 0:
+            raise ConfigError(f"job {job!r}: the dataset is empty")
+        if ids[0] < 0 or ids[-1] >= self.universe:
+            raise ConfigError(f"job {job!r}: ids must lie in [0, {self.universe})")
+        self.bit[job] = free[0]
+        self.datasets[job] = ids
+        self.left[job] = 0
+        self.start_epoch(job)
+
+    def remove_job(self, job: Hashable) -> np.ndarray:
+        """Delete ``job``: its bit leaves every mask (vertices merge). Returns the ids it
+        still needed, whose references the cache should release."""
+        b = self._bit(job)
+        needed = np.flatnonzero(self.mask & np.uint64(1 << b))
+        self.mask[needed] &= ~np.uint64(1 << b)
+        del self.bit[job], self.datasets[job], self.left[job]
+        self._regroup()
+        return needed
+
+    def start_epoch(self, job: Hashable) -> None:
+        """The job needs its whole dataset again (what it had left is dropped)."""
+        bit = np.uint64(1 << self._bit(job))
+        self.mask &= ~bit
+        self.mask[self.datasets[job]] |= bit
+        self.left[job] = int(self.datasets[job].size)
+        self._regroup()
+
+    def _bit(self, job: Hashable) -> int:
+        try:
+            return self.bit[job]
+        except KeyError:
+            raise ConfigError(f"unknown job {job!r}") from None
+
+    def _regroup(self) -> None:
+        """Rebuild the buckets from the masks (after an insertion, deletion or epoch)."""
+        self.buckets = {}
+        live = np.flatnonzero(self.mask)
+        if not live.size:
+            return
+        masks = self.mask[live]
+        order = np.argsort(masks, kind="stable")
+        live, masks = live[order], masks[order]
+        cuts = np.flatnonzero(np.diff(masks)) + 1
+        for seg_ids, m in zip(np.split(live, cuts), masks[np.r_[0, cuts]], strict=True):
+            self.buckets[int(m)] = seg_ids.tolist()
+            self.pos[seg_ids] = np.arange(seg_ids.size)
+
+    def _clear(self, e: int, bits: int) -> None:
+        """Element ``e`` was read by the jobs of ``bits``: move it to its new bucket."""
+        old = int(self.mask[e])
+        lst = self.buckets[old]
+        k = int(self.pos[e])
+        last = lst.pop()
+        if last != e:
+            lst[k] = last
+            self.pos[last] = k
+        if not lst:
+            del self.buckets[old]
+        new = old & ~bits
+        self.mask[e] = new
+        if new:
+            dst = self.buckets.setdefault(new, [])
+            self.pos[e] = len(dst)
+            dst.append(e)
+
+    # -- the tree ------------------------------------------------------------------------
+    def _sorted(self, jobs: Iterable[Hashable] | None) -> list[Hashable]:
+        names = list(self.bit) if jobs is None else list(dict.fromkeys(jobs))
+        for j in names:
+            self._bit(j)
+        live = (j for j in names if self.left[j] > 0)
+        return sorted(live, key=lambda j: (self.left[j], self.bit[j]))
+
+    def _levels(self, order: list[Hashable]) -> tuple[list[int], list[list[int]], list[list[int]]]:
+        """For jobs in ``order``: the job bits, and per level l the buckets of vertex V_l
+        and of J_l's leaf (bucket masks)."""
+        bits = [1 << self.bit[j] for j in order]
+        m = len(order)
+        suffix = [0] * (m + 1)
+        for k in range(m - 1, -1, -1):
+            suffix[k] = suffix[k + 1] | bits[k]
+        part = suffix[0]
+        vertex: list[list[int]] = [[] for _ in range(m)]
+        leaf: list[list[int]] = [[] for _ in range(m)]
+        for mask in self.buckets:
+            c = mask & part
+            if not c:
+                continue
+            t = m  # the first level l whose group G_l the mask contains
+            for k in range(m):
+                if c & suffix[k] == suffix[k]:
+                    t = k
+                    break
+            if t < m:
+                vertex[t].append(mask)
+            for k in range(min(t, m)):  # J_k needs it but does not share it with all of G_k
+                if c & bits[k]:
+                    leaf[k].append(mask)
+        return bits, vertex, leaf
+
+    def vertices(self, jobs: Iterable[Hashable] | None = None) -> list[Vertex]:
+        """Definition 1's tree for ``jobs`` (default: all with something left), as the
+        rightmost path (intersections) followed by the leaves (differences)."""
+        order = self._sorted(jobs)
+        _, vertex, leaf = self._levels(order)
+        out = []
+        for kind, groups in (("intersection", vertex), ("difference", leaf)):
+            for k, masks in enumerate(groups):
+                ids = [i for mk in masks for i in self.buckets[mk]]
+                jobs_k = tuple(order[k:]) if kind == "intersection" else (order[k],)
+                out.append(Vertex(kind, jobs_k, np.sort(np.array(ids, np.int64))))
+        return out
+
+    def _pick(self, masks: list[int]) -> int:
+        """A uniform element of the union of the buckets ``masks``."""
+        buckets = self.buckets
+        r = self._rng.randrange(sum(len(buckets[m]) for m in masks))
+        for m in masks:
+            lst = buckets[m]
+            if r < len(lst):
+                return lst[r]
+            r -= len(lst)
+        raise AssertionError("unreachable")
+
+    # -- sampling ------------------------------------------------------------------------
+    def round(self, jobs: Iterable[Hashable] | None = None) -> dict[Hashable, int]:
+        """One element for each of ``jobs`` (default: all) that has something left this
+        epoch (Algorithm 1 then 2). Jobs that took the same intersection get the same id."""
+        order = self._sorted(jobs)
+        if not order:
+            return {}
+        bits, vertex, leaf = self._levels(order)
+        buckets, left, rand = self.buckets, self.left, self._rng.random
+        sizes = [sum(len(buckets[mk]) for mk in ms) for ms in vertex]
+        out: dict[Hashable, int] = {}
+        reads: list[tuple[int, int]] = []  # (element, bits of the jobs that took it)
+        k, s, s_level, m = 0, 0, 0, len(order)  # first undecided job; S = V_0..V_{s_level-1}
+        while k < m:
+            c = sum(sizes[s_level : k + 1])  # |I|, I = V_{s_level} .. V_k
+            took = k
+            while took < m:  # line 9: J takes I with probability c / (|R_J| - |S|)
+                denom = left[order[took]] - s
+                if rand() * denom >= c:
+                    break
+                c = denom  # line 13
+                took += 1
+            if took > k:  # J_k .. J_{took-1} share one element of I (Algorithm 2)
+                e = self._pick([mk for ms in vertex[s_level : k + 1] for mk in ms])
+                group = 0
+                for q in range(k, took):
+                    out[order[q]] = e
+                    group |= bits[q]
+                reads.append((e, group))
+            else:  # nobody took I: J_k samples its own difference (lines 16-19)
+                e = self._pick(leaf[k])
+                out[order[k]] = e
+                reads.append((e, bits[k]))
+                took = k + 1
+            s = sum(sizes[: k + 1])  # line 20: S = S + I
+            s_level, k = k + 1, took
+        for e, group in reads:  # after the round: the tree stays fixed while it is walked
+            self._clear(e, group)
+        for j in out:
+            left[j] -= 1
+        return out

@@ -1,0 +1,232 @@
+"""JOADER: dependent sampling (DSA) and its tree, RefCnt, and the Table 2 replays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+from hotset import ConfigError, make_policy
+from hotset.sampling.dsa import MAX_JOBS, DependentSampling
+from hotset.sim.jobs import access_sequence, replay, table2_cases
+
+
+def reference_tree(remaining: list[set[int]]) -> tuple[list[set[int]], list[set[int]]]:
+    """Definition 1 by sets: root = the intersection, the smallest dataset's difference
+    a leaf, the tree of the others' differences below. Returns (intersections, leaves)."""
+    inters, leaves = [], []
+    while remaining:
+        inter = set.intersection(*remaining)
+        inters.append(inter)
+        leaves.append(remaining[0] - inter if len(remaining) > 1 else set())
+        remaining = [d - inter for d in remaining[1:]]
+    return inters, leaves
+
+
+def check_tree(dsa: DependentSampling, remaining: dict) -> None:
+    order = sorted(
+        (j for j in remaining if remaining[j]), key=lambda j: (len(remaining[j]), dsa.bit[j])
+    )
+    inters, leaves = reference_tree([remaining[j] for j in order])
+    got = dsa.vertices()
+    want = [("intersection", tuple(order[k:]), s) for k, s in enumerate(inters)]
+    want += [("difference", (order[k],), s) for k, s in enumerate(leaves)]
+    assert [(v.kind, v.jobs, set(v.ids.tolist())) for v in got] == want
+    for j in remaining:  # every root-to-leaf path is what the job has left
+        assert dsa.left[j] == len(remaining[j])
+
+
+datasets_st = st.lists(st.sets(st.integers(0, 39), min_size=1), min_size=1, max_size=5)
+ops_st = st.lists(
+    st.tuples(st.sampled_from(["round", "partial", "epoch", "add", "remove"]), st.integers(0, 99)),
+    max_size=120,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(datasets_st, ops_st, st.sets(st.integers(0, 39), min_size=1), st.integers(0, 99))
+def test_each_job_reads_its_dataset_once_per_epoch_and_the_tree_is_definition_1(
+    datasets, ops, extra, seed
+):
+    dsa = DependentSampling(40, seed=seed)
+    data, remaining, read = {}, {}, {}
+    for j, d in enumerate(datasets):
+        dsa.add_job(j, sorted(d))
+        data[j], remaining[j], read[j] = d, set(d), []
+    next_job = len(datasets)
+    for op, arg in ops:
+        if op in ("round", "partial"):
+            jobs = None if op == "round" else [j for j in data if (arg >> (j % 7)) & 1]
+            picks = dsa.round(jobs)
+            expect = {j for j in (data if jobs is None else jobs) if remaining[j]}
+            assert set(picks) == expect  # one pick per named job with something left
+            for j, e in picks.items():
+                assert e in remaining[j]  # never twice in an epoch, never outside D_j
+                remaining[j].discard(e)
+                read[j].append(e)
+                if not remaining[j]:
+                    assert sorted(read[j]) == sorted(data[j])  # the epoch covered D_j once
+        elif op == "epoch" and data:
+            j = sorted(data)[arg % len(data)]
+            dsa.start_epoch(j)
+            remaining[j], read[j] = set(data[j]), []
+        elif op == "add":
+            dsa.add_job(next_job, sorted(extra))  # smaller or larger than the root
+            data[next_job], remaining[next_job], read[next_job] = extra, set(extra), []
+            next_job += 1
+        elif op == "remove" and data:
+            j = sorted(data)[arg % len(data)]
+            needed = dsa.remove_job(j)
+            assert set(needed.tolist()) == remaining[j]  # references to release
+            del data[j], remaining[j], read[j]
+        check_tree(dsa, remaining)
+
+
+def test_picks_stay_uniform_for_every_job_theorem_2():
+    """Chi-square of the first and the fifth pick of each job over many epochs."""
+    rng = np.random.default_rng(0)
+    datasets = [np.arange(12), np.arange(6, 24), np.sort(rng.choice(30, 20, replace=False))]
+    dsa = DependentSampling(30, seed=7)
+    for j, d in enumerate(datasets):
+        dsa.add_job(j, d)
+    first = {j: [] for j in range(3)}
+    fifth = {j: [] for j in range(3)}
+    for _ in range(4000):
+        for j in range(3):
+            dsa.start_epoch(j)
+        for r in range(5):
+            picks = dsa.round()
+            for j, e in picks.items():
+                (first if r == 0 else fifth if r == 4 else {}).setdefault(j, []).append(e)
+    for j, d in enumerate(datasets):
+        for got in (first[j], fifth[j]):
+            counts = np.array([got.count(i) for i in d.tolist()])
+            assert counts.sum() == 4000
+            assert chisquare(counts).pvalue > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("d1", "d2"),
+    [(range(0, 40), range(10, 50)), (range(0, 30), range(0, 40)), (range(0, 40), range(20, 60))],
+)
+def test_two_jobs_pick_the_same_element_with_probability_i_over_max(d1, d2):
+    same = 0
+    dsa = DependentSampling(60, seed=1)
+    dsa.add_job("a", list(d1))
+    dsa.add_job("b", list(d2))
+    trials = 4000
+    for _ in range(trials):
+        dsa.start_epoch("a")
+        dsa.start_epoch("b")
+        picks = dsa.round()
+        same += picks["a"] == picks["b"]
+    p = len(set(d1) & set(d2)) / max(len(d1), len(d2))
+    assert abs(same / trials - p) < 4 * np.sqrt(p * (1 - p) / trials) + 1e-9
+
+
+def test_compensation_keeps_a_partly_read_element_for_the_jobs_that_still_need_it():
+    dsa = DependentSampling(10, seed=0)
+    for j in "abc":
+        dsa.add_job(j, range(10))
+    e = dsa.round(["a"])["a"]  # partial sampling: only the fast job
+    root, below = dsa.vertices()[:2]
+    assert root.jobs == ("a", "b", "c") and e not in root.ids
+    assert below.jobs == ("b", "c") and below.ids.tolist() == [e]  # moved down, not lost
+    picks = dsa.round(["b", "c"])
+    assert picks["b"] == picks["c"]  # equal sizes: they share every pick
+
+
+def test_deletion_merges_and_insertion_of_a_smaller_dataset_makes_a_new_root():
+    dsa = DependentSampling(20, seed=0)
+    dsa.add_job("big", range(20))
+    dsa.add_job("mid", range(10))
+    dsa.add_job("small", range(5, 10))
+    assert [v.ids.tolist() for v in dsa.vertices() if v.kind == "intersection"] == [
+        list(range(5, 10)), list(range(5)), list(range(10, 20))
+    ]  # fmt: skip
+    dsa.remove_job("mid")  # its leaf goes, its vertex merges with its sibling
+    inter = [v for v in dsa.vertices() if v.kind == "intersection"]
+    assert [v.jobs for v in inter] == [("small", "big"), ("big",)]
+    assert inter[1].ids.tolist() == list(range(5)) + list(range(10, 20))
+    dsa.add_job("tiny", [7, 8, 19])
+    root = dsa.vertices()[0]
+    assert root.jobs == ("tiny", "small", "big") and root.ids.tolist() == [7, 8]
+
+
+def test_errors_name_the_job_and_setting():
+    dsa = DependentSampling(10)
+    dsa.add_job("a", [1, 2])
+    with pytest.raises(ConfigError, match="'a' is already registered"):
+        dsa.add_job("a", [3])
+    with pytest.raises(ConfigError, match="unknown job 'zz'"):
+        dsa.round(["zz"])
+    with pytest.raises(ConfigError, match=r"ids must lie in \[0, 10\)"):
+        dsa.add_job("b", [10])
+    with pytest.raises(ConfigError, match="dataset is empty"):
+        dsa.add_job("c", [])
+    for j in range(MAX_JOBS - 1):
+        dsa.add_job(j, [0])
+    with pytest.raises(ConfigError, match=f"at most {MAX_JOBS} jobs"):
+        dsa.add_job("one too many", [0])
+
+
+def test_identical_datasets_reach_the_minimum_misses_with_a_one_slot_cache():
+    for case in ("overlap-100", "overlap-50"):
+        datasets = table2_cases()[case]
+        union = np.unique(np.concatenate(datasets)).size
+        seq = access_sequence(datasets, "dsa", seed=3)
+        assert seq.size == sum(d.size for d in datasets)
+        assert replay(datasets, seq, "lru", 1) == union  # |D1 u D2|: the minimum
+        isa = access_sequence(datasets, "isa", seed=3)
+        assert replay(datasets, isa, "lru", 1) > 0.95 * isa.size  # independent: ~all miss
+
+
+def test_refcnt_evicts_the_lowest_count_and_never_caches_a_dead_element():
+    p = make_policy("refcnt", 2, num_samples=10)
+    p.add_references([1, 1, 1, 2, 3, 3])  # 1 read thrice, 2 once, 3 twice
+    r = p.access([1, 3])  # after the reads: 1 has 2 left, 3 has 1
+    assert r.admitted.tolist() == [1, 3]
+    r = p.access([2])  # its only read: nobody needs it again, not admitted
+    assert not r.admitted.size and 2 not in p
+    p.add_references([5, 5, 5])
+    r = p.access([5])  # 2 left: evicts 3 (1 left), not 1 (2 left: a tie loses to nobody)
+    assert r.evicted.tolist() == [3] and set(p.cached_ids().tolist()) == {1, 5}
+    p.add_references([7])
+    p.access([7, 7])  # 7 has no reads left after its first: evicts nothing
+    assert set(p.cached_ids().tolist()) == {1, 5}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 19), min_size=1, max_size=200),
+    st.lists(st.integers(1, 5), min_size=20, max_size=20),
+    st.integers(0, 40),
+)
+def test_refcnt_capacity_and_counts(seq, sizes, capacity):
+    p = make_policy("refcnt", capacity, sizes=sizes)
+    p.add_references(seq)  # every read announced in advance
+    future = np.bincount(seq, minlength=20)
+    for lo in range(0, len(seq), 7):
+        ids = seq[lo : lo + 7]
+        before = set(p.cached_ids().tolist())
+        r = p.access(ids)
+        np.subtract.at(future, ids, 1)
+        assert np.array_equal(p.refs, future)  # each read consumed one reference
+        after = set(p.cached_ids().tolist())
+        assert after == (before - set(r.evicted.tolist())) | set(r.admitted.tolist())
+        assert p.used == sum(sizes[i] for i in after) <= capacity
+        for i in r.admitted.tolist():  # only what is read again (later, or in this batch)
+            assert future[i] > 0 or ids.count(i) > 1
+
+
+def test_refcnt_has_ten_percent_fewer_misses_than_lru_fifo_random_with_four_jobs():
+    cases = table2_cases()
+    for case in ("overlap-random-x4", "size-x4"):
+        datasets = cases[case]
+        seq = access_sequence(datasets, "dsa", seed=0)
+        for cap in (1000, 2500, 5000):
+            misses = {p: replay(datasets, seq, p, cap) for p in ("lru", "fifo", "random", "refcnt")}
+            others = min(misses["lru"], misses["fifo"], misses["random"])
+            assert misses["refcnt"] <= 0.9 * others, (case, cap, misses)
