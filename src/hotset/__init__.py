@@ -12,6 +12,8 @@ from hotset.errors import (
     HotsetError,
     MissingSampleError,
     SampleError,
+    ServiceError,
+    ServiceUnavailable,
     StorageError,
 )
 from hotset.feedback import per_sample_loss
@@ -20,6 +22,7 @@ from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
 from hotset.plan import BatchPlan, Planner
 from hotset.policy import POLICIES, Policy, make_policy, register_policy
 from hotset.sampling import SAMPLERS, Sampler, UniformSampler, make_sampler, register_sampler
+from hotset.service import connect, start_service
 from hotset.stats import LoaderStats
 from hotset.storage import FileStorage, Manifest, Storage, ThrottledStorage
 from hotset.store import MemoryStore, RedisStore, SharedStore, Store, make_store
@@ -34,5 +37,5 @@ __all__ = [
     "ThrottledStorage", "UniformSampler", "decode_array", "decode_image", "decode_sample",
     "make_loader", "make_policy", "make_sampler", "make_store", "register_policy",
     "register_sampler", "to_tensor", "per_sample_loss", "ScoreBoard", "coarse_importance",
-    "rank_importance",
+    "rank_importance", "ServiceError", "ServiceUnavailable", "connect", "start_service",
 ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The `hotset` command: prepare, simulate, compare, record, sweep, simulate-jobs."""
+"""The `hotset` command: prepare, simulate, compare, record, sweep, simulate-jobs, serve."""
 
 from __future__ import annotations
 
@@ -178,6 +178,23 @@ def cmd_simulate_jobs(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'jobs.json'} and {out / 'jobs.png'}")
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from hotset.service import CacheService
+
+    service = CacheService(
+        args.address, args.capacity_bytes, args.store_path, max_samples=args.max_samples,
+        policy=args.policy, sampling=args.sampling, lookahead=args.lookahead,
+        job_timeout_s=args.job_timeout_s, seed=args.seed,
+    )  # fmt: skip
+    print(f"hotset service on {args.address}, store {service.store.path}", flush=True)
+    try:
+        service.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.close(destroy_store=args.store_path is None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -270,6 +287,19 @@ def build_parser() -> argparse.ArgumentParser:
     sj.add_argument("--seed", type=int, default=0)
     sj.add_argument("--out", default="out/jobs")
     sj.set_defaults(func=cmd_simulate_jobs)
+
+    sv = sub.add_parser("serve", help="the multi-job service: shared sampling and cache")
+    sv.add_argument("--address", default="ipc:///tmp/hotset-service.sock",
+                    help="ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")  # fmt: skip
+    sv.add_argument("--capacity-bytes", type=int, default=1 << 30)
+    sv.add_argument("--store-path", default=None, help="LMDB dir on tmpfs (default: fresh)")
+    sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
+    sv.add_argument("--policy", default="refcnt")
+    sv.add_argument("--sampling", choices=["dsa", "isa"], default="dsa")
+    sv.add_argument("--lookahead", type=int, default=4, help="batches a slow job keeps queued")
+    sv.add_argument("--job-timeout-s", type=float, default=10.0)
+    sv.add_argument("--seed", type=int, default=0)
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

@@ -32,6 +32,14 @@ class SampleError(HotsetError):
         return (type(self), (self.sample_id, self.path, self.reason, self.key))
 
 
+class ServiceError(HotsetError):
+    """The hotset service refused a request; the message is the service's."""
+
+
+class ServiceUnavailable(ServiceError):
+    """The hotset service did not answer in time (it is down, or the address is wrong)."""
+
+
 class MissingSampleError(SampleError):
     """The sample's file does not exist in the storage."""
 

@@ -119,6 +119,22 @@ class CachedDataset(Dataset):
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
+    def _wait_for_peers(self, hit_ids: list[int], got: dict[int, bytes], wait_s: float) -> int:
+        """Poll the store for planned hits another job is still fetching, up to
+        ``wait_s``; returns how many arrived."""
+        deadline = time.perf_counter() + wait_s
+        pending = [i for i in dict.fromkeys(hit_ids) if i not in got]
+        arrived = 0
+        while pending and time.perf_counter() < deadline:
+            time.sleep(0.002)
+            values = self.store.get_many([self.keys[i] for i in pending])
+            for i, v in zip(pending, values, strict=True):
+                if v is not None:
+                    got[i] = v
+                    arrived += 1
+            pending = [i for i in pending if i not in got]
+        return arrived
+
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
             plan = BatchPlan.uncached(plan)
@@ -133,6 +149,8 @@ class CachedDataset(Dataset):
         for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
             if v is not None:
                 got[i] = v
+        if plan.wait_s > 0 and len(got) < len(set(hit_ids)):
+            stats.waited_hits = self._wait_for_peers(hit_ids, got, plan.wait_s)
         stats.store_s += time.perf_counter() - t
         # per position: a batch may serve one id several times (sampling with
         # replacement, or one substitute for several requests)
@@ -153,8 +171,8 @@ class CachedDataset(Dataset):
             stats.prefetched = len(fetched)
 
         t = time.perf_counter()
-        if plan.evict.size:
-            self.store.delete_many([keys[i] for i in plan.evict.tolist()])
+        if plan.evict.size or plan.evict_keys:
+            self.store.delete_many([keys[i] for i in plan.evict.tolist()] + list(plan.evict_keys))
         admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
         admit.update((keys[i], v) for i, v in fetched.items())
         if admit:
@@ -255,6 +273,7 @@ class HotsetLoader:
         """The planner (training process) times its own work; copy it into the stats."""
         self.stats.planning_s = self.planner.planning_s
         self.stats.feedback_s = self.planner.feedback_s
+        self.stats.service_failures = getattr(self.planner, "failures", 0)
 
     @property
     def wants_embeddings(self) -> bool:
@@ -286,8 +305,9 @@ class HotsetLoader:
         return self.stats.as_dict()
 
     def close(self) -> None:
-        """Stop background threads (iCACHE's packager, SpiderCache's graph worker)."""
-        for part in (self.planner.feeder, self.planner.sampler):
+        """Stop background threads (iCACHE's packager, SpiderCache's graph worker) and
+        leave the multi-job service."""
+        for part in (self.planner, self.planner.feeder, self.planner.sampler):
             close = getattr(part, "close", None)
             if close is not None:
                 close()

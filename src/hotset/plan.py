@@ -29,6 +29,10 @@ class BatchPlan:
     With a substituting policy ``ids`` are the samples served, ``requested`` what the
     sampler drew and ``sub`` marks the positions served by a substitute (a cached sample
     in place of a missed one). ``fetch`` lists ids to read and put that nobody requested.
+
+    From the multi-job service: ``evict_keys`` are store keys to delete (they may belong
+    to another job's dataset), and ``wait_s`` how long a worker waits for a planned hit
+    that another job is still fetching (co-operative misses) before reading storage.
     """
 
     epoch: int
@@ -40,6 +44,8 @@ class BatchPlan:
     sub: np.ndarray | None = None  # bool per id: a substitute for the requested id
     requested: np.ndarray | None = None
     fetch: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    evict_keys: tuple[str, ...] = ()
+    wait_s: float = 0.0
 
     def __len__(self) -> int:
         return int(self.ids.size)

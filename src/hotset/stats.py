@@ -14,6 +14,10 @@ class LoaderStats:
     * ``misses``: samples the plan sent to storage.
     * ``late_misses``: planned hits absent from the store (another worker had not written
       them yet, or the store was unreachable), read from storage instead.
+    * ``waited_hits``: planned hits that arrived while the worker waited for another
+      job's fetch (the multi-job service's co-operative misses); counted in ``hits``.
+    * ``service_failures``: plans the multi-job service did not answer; the rest of
+      that epoch was read from storage.
     * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
     * ``refused_puts``: admissions the store refused because they would exceed its budget.
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
@@ -27,6 +31,8 @@ class LoaderStats:
     substitute_hits: int = 0
     misses: int = 0
     late_misses: int = 0
+    waited_hits: int = 0
+    service_failures: int = 0
     store_failures: int = 0
     refused_puts: int = 0
     skipped: int = 0

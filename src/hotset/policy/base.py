@@ -96,6 +96,14 @@ class Policy(ABC):
     def cached_ids(self) -> np.ndarray:
         return np.fromiter(self._resident, dtype=np.int64)  # type: ignore[arg-type]
 
+    def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
+        """Byte sizes of ids registered after construction (a shared service's policy
+        covers ids of datasets that arrive later). A resident's size cannot change."""
+        for i, s in zip(np.asarray(ids).tolist(), np.asarray(sizes).tolist(), strict=True):
+            if self._sizes[i] != s and i in self._resident:
+                raise ConfigError(f"sample {i} is cached with {self._sizes[i]} bytes, not {s}")
+            self._sizes[i] = int(s)
+
     def set_future(self, sequence: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Tell the policy the planned accesses from now on (used by offline policies)."""
 

@@ -41,6 +41,10 @@ class LRUPolicy(Policy):
         self._count = 0
         self._scratch = np.zeros(self.num_samples, np.int64)  # per-batch marks
 
+    def set_sizes(self, ids, sizes) -> None:
+        super().set_sizes(ids, sizes)
+        self._size[np.asarray(ids, np.int64)] = sizes
+
     # -- the recency queue -------------------------------------------------------------
     def _live(self, lo: int, hi: int) -> np.ndarray:
         ids = self._q_id[lo:hi]

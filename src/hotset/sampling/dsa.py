@@ -16,9 +16,10 @@ elements J_k needs whose mask does not contain G_k.
   it has left (Theorem 2), and each job reads each of its elements once per epoch.
 * **Compensation** (appendix C): an element read by some of the jobs that share it only
   loses their bits, so it moves to the vertex of the jobs that still need it.
-* **Insertion and deletion** (4.2): a job's bit is set on (or cleared from) its ids in
-  one vectorised pass and the buckets are regrouped; the tree follows, with its
-  vertices merged or split as Definition 1 requires.
+* **Insertion and deletion** (4.2): insertion sets the job's bit on its ids in one
+  vectorised pass and regroups the buckets; deletion clears the bit, merging each bucket
+  that had it into the one without it. The tree follows, with its vertices split or
+  merged as Definition 1 requires.
 * **Partial sampling** (appendix C): a round may name only some jobs (the fast ones);
   the tree is re-sorted by what the named jobs have left, every round.
 """
@@ -61,8 +62,9 @@ class DependentSampling:
         self._rng = random.Random(seed)
 
     # -- jobs --------------------------------------------------------------------------
-    def add_job(self, job: Hashable, ids: Iterable[int] | np.ndarray) -> None:
-        """Insert ``job`` with its dataset (global ids) and start its first epoch."""
+    def add_job(self, job: Hashable, ids: Iterable[int] | np.ndarray, start: bool = True) -> None:
+        """Insert ``job`` with its dataset (global ids); ``start``: begin its first epoch
+        now (else at ``start_epoch``)."""
         if job in self.bit:
             raise ConfigError(f"job {job!r} is already registered")
         free = sorted(set(range(MAX_JOBS)) - set(self.bit.values()))
@@ -76,23 +78,27 @@ class DependentSampling:
         self.bit[job] = free[0]
         self.datasets[job] = ids
         self.left[job] = 0
-        self.start_epoch(job)
+        if start:
+            self.start_epoch(job)
 
     def remove_job(self, job: Hashable) -> np.ndarray:
         """Delete ``job``: its bit leaves every mask (vertices merge). Returns the ids it
         still needed, whose references the cache should release."""
-        b = self._bit(job)
-        needed = np.flatnonzero(self.mask & np.uint64(1 << b))
-        self.mask[needed] &= ~np.uint64(1 << b)
+        needed = self.end_epoch(job)
         del self.bit[job], self.datasets[job], self.left[job]
-        self._regroup()
         return needed
+
+    def end_epoch(self, job: Hashable) -> np.ndarray:
+        """The job reads nothing more this epoch; returns the ids it had left."""
+        b = 1 << self._bit(job)
+        self.left[job] = 0
+        return self._drop_bit(b)
 
     def start_epoch(self, job: Hashable) -> None:
         """The job needs its whole dataset again (what it had left is dropped)."""
-        bit = np.uint64(1 << self._bit(job))
-        self.mask &= ~bit
-        self.mask[self.datasets[job]] |= bit
+        if self.left[job]:
+            self.end_epoch(job)
+        self.mask[self.datasets[job]] |= np.uint64(1 << self._bit(job))
         self.left[job] = int(self.datasets[job].size)
         self._regroup()
 
@@ -115,6 +121,23 @@ class DependentSampling:
         for seg_ids, m in zip(np.split(live, cuts), masks[np.r_[0, cuts]], strict=True):
             self.buckets[int(m)] = seg_ids.tolist()
             self.pos[seg_ids] = np.arange(seg_ids.size)
+
+    def _drop_bit(self, b: int) -> np.ndarray:
+        """Clear bit ``b`` everywhere: each bucket that has it merges into the bucket
+        without it (Figure 4b's merge), in O(buckets + moved ids). Returns the ids."""
+        moved = []
+        for m in [m for m in self.buckets if m & b]:
+            ids = self.buckets.pop(m)
+            arr = np.array(ids, np.int64)
+            moved.append(arr)
+            if m == b:  # nobody else needs them
+                self.mask[arr] = 0
+                continue
+            dst = self.buckets.setdefault(m & ~b, [])
+            self.mask[arr] = m & ~b
+            self.pos[arr] = np.arange(len(dst), len(dst) + arr.size)
+            dst.extend(ids)
+        return np.sort(np.concatenate(moved)) if moved else np.zeros(0, np.int64)
 
     def _clear(self, e: int, bits: int) -> None:
         """Element ``e`` was read by the jobs of ``bits``: move it to its new bucket."""

@@ -1,0 +1,225 @@
+"""A training job's side of the service: ``hotset.connect(address).make_loader(...)``.
+
+The job registers its dataset by content keys, then its ``batch_sampler`` (a
+:class:`RemotePlanner`) asks the service for each batch's plan; DataLoader workers
+execute the plans against the service's shared store exactly as in the single-job path.
+If the service stops answering, the rest of the epoch is read from storage (each sample
+still once) and the event is counted in ``service_failures``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import zmq
+
+from hotset.codecs import decode_sample
+from hotset.errors import ConfigError, ServiceError, ServiceUnavailable
+from hotset.loader import CachedDataset, HotsetLoader
+from hotset.plan import BatchPlan
+from hotset.service.protocol import Payload, decode, encode
+from hotset.storage.base import Storage
+from hotset.store.shared import SharedStore
+
+log = logging.getLogger(__name__)
+
+
+class ServiceClient:
+    """Request/reply with the service over ZeroMQ, with a timeout on every call."""
+
+    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
+        self.address = address
+        self.timeout_s = float(timeout_s)
+        self._ctx = zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._lock = threading.Lock()
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            s = self._ctx.socket(zmq.REQ)
+            ms = int(self.timeout_s * 1000)
+            for opt, v in ((zmq.RCVTIMEO, ms), (zmq.SNDTIMEO, ms), (zmq.LINGER, 0)):
+                s.setsockopt(opt, v)
+            s.connect(self.address)
+            self._sock = s
+        return self._sock
+
+    def call(self, op: str, header: dict | None = None, payload: Payload | None = None):
+        """Send one request; returns the reply's (header, payload)."""
+        with self._lock:
+            sock = self._socket()
+            try:
+                sock.send_multipart(encode({"op": op, **(header or {})}, payload))
+                frames = sock.recv_multipart()
+            except zmq.Again:
+                sock.close(0)  # a REQ socket that missed its reply cannot be reused
+                self._sock = None
+                raise ServiceUnavailable(
+                    f"hotset service at {self.address} did not answer {op!r} "
+                    f"within {self.timeout_s:g} s"
+                ) from None
+        reply, data = decode(frames)
+        if "error" in reply:
+            raise ServiceError(f"hotset service: {reply['error']}")
+        return reply, data
+
+    def hello(self) -> dict:
+        return self.call("hello")[0]
+
+    def stats(self) -> dict:
+        return self.call("stats")[0]
+
+    def stop(self) -> None:
+        """Ask the service to stop (after answering)."""
+        self.call("stop")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
+
+    def make_loader(
+        self,
+        storage: Storage,
+        *,
+        batch_size: int,
+        name: str | None = None,
+        num_workers: int = 2,
+        decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        on_error: str = "raise",
+        wait_s: float = 0.5,
+        progress: bool = False,
+        **dataloader_kwargs,
+    ) -> HotsetLoader:
+        """A loader for this job, planned by the service, over its shared store.
+        ``wait_s``: how long a worker waits for a sample another job is fetching."""
+        info = self.hello()
+        store = SharedStore(int(info["capacity_bytes"]), path=info["store"])
+        planner = RemotePlanner(self, storage, batch_size, name=name, wait_s=wait_s)
+        dataset = CachedDataset(
+            storage, store, decode=decode, transform=transform, on_error=on_error
+        )
+        return HotsetLoader(
+            dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs
+        )
+
+
+def connect(address: str, timeout_s: float = 10.0) -> ServiceClient:
+    """A client of the ``hotset serve`` at ``address`` (checked with a first request)."""
+    client = ServiceClient(address, timeout_s)
+    client.hello()
+    return client
+
+
+class RemotePlanner:
+    """A ``batch_sampler`` whose plans come from the service (one request per batch)."""
+
+    feeder = None
+    sampler = None
+
+    def __init__(
+        self,
+        client: ServiceClient,
+        storage: Storage,
+        batch_size: int,
+        name: str | None = None,
+        wait_s: float = 0.5,
+        heartbeat_s: float | None = None,
+    ) -> None:
+        self.client = client
+        self.storage = storage
+        self.batch_size = int(batch_size)
+        self.wait_s = float(wait_s)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        keys = list(storage.keys)
+        reply, _ = client.call(
+            "register",
+            {"name": self.name, "batch_size": self.batch_size, "pid": os.getpid(),
+             "host": socket.gethostname()},
+            {"keys": keys, "sizes": np.asarray(storage.sizes, np.int64)},
+        )  # fmt: skip
+        self.job = int(reply["job"])
+        self.samples_per_epoch = int(reply["samples_per_epoch"])
+        self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
+        self.epoch = 0
+        self.planning_s = 0.0
+        self.feedback_s = 0.0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._beat = threading.Thread(
+            target=self._heartbeat,
+            args=(heartbeat_s or client.timeout_s / 4,),
+            name=f"hotset-heartbeat-{self.job}",
+            daemon=True,
+        )
+        self._beat.start()
+
+    def _heartbeat(self, every_s: float) -> None:
+        beat = ServiceClient(self.client.address, self.client.timeout_s)  # its own socket
+        try:
+            while not self._stop.wait(every_s):
+                with contextlib.suppress(ServiceError):  # plan requests report outages
+                    beat.call("heartbeat", {"job": self.job})
+        finally:
+            beat.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return -(-self.samples_per_epoch // self.batch_size)
+
+    def __iter__(self) -> Iterator[BatchPlan]:
+        epoch = self.epoch
+        served = np.zeros(len(self.storage), bool)
+        while True:
+            start = time.perf_counter()
+            try:
+                reply, p = self.client.call("plan", {"job": self.job, "epoch": epoch})
+            except ServiceError as exc:
+                self.failures += 1
+                log.warning("%s; the rest of epoch %d is read from storage", exc, epoch)
+                yield from self._uncached(epoch, served)
+                return
+            finally:
+                self.planning_s += time.perf_counter() - start
+            ids = p["local"]
+            if ids.size == 0:
+                return
+            served[ids] = True
+            yield BatchPlan(
+                epoch, int(reply["index"]), ids, p["hit"], p["admit"], np.empty(0, np.int64),
+                evict_keys=tuple(p["evict_keys"]), wait_s=self.wait_s,
+            )  # fmt: skip
+
+    def _uncached(self, epoch: int, served: np.ndarray) -> Iterator[BatchPlan]:
+        rest = self._mine[~served[self._mine]]
+        rest = np.random.default_rng([self.job, epoch]).permutation(rest)
+        for lo in range(0, rest.size, self.batch_size):
+            yield BatchPlan.uncached(rest[lo : lo + self.batch_size])
+
+    def feedback(self, ids, losses, embeddings=None) -> None:
+        """Importance feedback is not used by the multi-job sampling (yet): ignored."""
+
+    def close(self) -> None:
+        """Leave the service: it releases this job's references."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._beat.join(timeout=1.0)
+        try:
+            self.client.call("leave", {"job": self.job})
+        except ServiceError as exc:
+            log.warning("could not leave the service cleanly: %s", exc)

@@ -1,0 +1,255 @@
+"""The multi-job control plane: what every registered job reads next, and what the one
+shared cache keeps. No sockets here: the server feeds it requests, tests call it directly.
+
+* Datasets register by content key (the manifest's digests), so jobs on overlapping
+  datasets get the same global ids and share cache entries (DESIGN.md, "Rules").
+* Sampling is JOADER's DSA (``sampling="dsa"``) or independent shuffles per job (``"isa"``,
+  what jobs do without the service). DSA runs in rounds over the jobs whose queue of
+  sampled-but-not-yet-planned ids is short: a job far ahead samples alone (JOADER's
+  partial sampling), a slow one keeps up to ``lookahead`` batches queued.
+* The policy is shared (RefCnt by default): each job's epoch start adds one reference to
+  each of its ids, each planned read consumes one, and a job that leaves (or dies) gives
+  back what it had not read.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.policy.base import make_policy
+from hotset.sampling.dsa import DependentSampling
+
+SAMPLING = ("dsa", "isa")
+
+
+@dataclass
+class Job:
+    name: str
+    gids: np.ndarray  # the job's local index -> global id
+    batch_size: int
+    pid: int | None = None
+    host: str = ""
+    unique: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sorted gids
+    local_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    epoch: int = -1  # the epoch being sampled (0 from registration on)
+    queue: deque = field(default_factory=deque)
+    order: list[int] = field(default_factory=list)  # ISA: this epoch's shuffle, unread part
+    planned: int = 0  # ids planned this epoch
+    batches: int = 0
+    last_seen: float = 0.0
+    reads: int = 0
+    hits: int = 0
+
+    def local(self, gids: np.ndarray) -> np.ndarray:
+        """Local indices of ``gids`` (a key listed twice in a manifest maps to its first)."""
+        return self.local_of[np.searchsorted(self.unique, gids)]
+
+
+class JobCoordinator:
+    """Jobs, their sampling and the shared cache policy, over global ids ``0 .. max_samples-1``."""
+
+    def __init__(
+        self,
+        capacity_bytes: int,
+        max_samples: int = 1 << 21,
+        policy: str = "refcnt",
+        sampling: str = "dsa",
+        seed: int = 0,
+        lookahead: int = 4,
+        job_timeout_s: float = 10.0,
+    ) -> None:
+        if sampling not in SAMPLING:
+            raise ConfigError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+        if lookahead < 1:
+            raise ConfigError(f"lookahead must be >= 1 batch, got {lookahead}")
+        self.max_samples = int(max_samples)
+        self.sampling = sampling
+        self.seed = seed
+        self.lookahead = int(lookahead)
+        self.job_timeout_s = float(job_timeout_s)
+        self.gid_of: dict[str, int] = {}
+        self.keys: list[str] = []
+        self.policy = make_policy(
+            policy, capacity_bytes, sizes=np.zeros(self.max_samples, np.int64), seed=seed
+        )
+        self.dsa = DependentSampling(self.max_samples, seed=seed)
+        self.jobs: dict[int, Job] = {}
+        self._next_job = 0
+        self.removed: list[tuple[str, str]] = []  # (job name, why)
+        self.planning_s = 0.0
+
+    # -- registration ------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        keys: list[str],
+        sizes: np.ndarray,
+        batch_size: int,
+        pid: int | None = None,
+        host: str = "",
+    ) -> int:
+        """A job on the dataset whose samples have these content ``keys`` and ``sizes``;
+        returns its job id. Its epoch 0 starts now: it is sampled with the other jobs
+        (and its reads are counted as references) before it asks for its first plan."""
+        sizes = np.asarray(sizes, np.int64)
+        if len(keys) != sizes.size or not keys:
+            raise ConfigError(f"job {name!r}: give one size per key, at least one key")
+        if batch_size < 1:
+            raise ConfigError(f"job {name!r}: batch_size must be >= 1, got {batch_size}")
+        new = [k for k in dict.fromkeys(keys) if k not in self.gid_of]
+        if len(self.keys) + len(new) > self.max_samples:
+            raise ConfigError(
+                f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
+                f"(max_samples); {len(self.keys)} are registered, this dataset adds {len(new)}"
+            )
+        for k in new:
+            self.gid_of[k] = len(self.keys)
+            self.keys.append(k)
+        gids = np.fromiter((self.gid_of[k] for k in keys), np.int64, len(keys))
+        self.policy.set_sizes(gids, sizes)
+        unique, first = np.unique(gids, return_index=True)
+        job_id = self._next_job
+        self._next_job += 1
+        job = Job(name, gids, int(batch_size), pid, host, unique, first.astype(np.int64))
+        job.last_seen = time.monotonic()
+        self.jobs[job_id] = job
+        self.dsa.add_job(job_id, unique, start=False)
+        self._start_epoch(job_id, job, 0)
+        return job_id
+
+    def samples_per_epoch(self, job_id: int) -> int:
+        return int(self._job(job_id).unique.size)
+
+    def _job(self, job_id: int) -> Job:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise ConfigError(f"unknown job {job_id} (it left, or was removed)") from None
+
+    def seen(self, job_id: int) -> None:
+        self._job(job_id).last_seen = time.monotonic()
+
+    # -- epochs and plans --------------------------------------------------------------
+    def _release(self, job_id: int, job: Job, leaving: bool) -> None:
+        """Give back the references of what the job will not read after all."""
+        if self.sampling == "dsa":
+            left = self.dsa.remove_job(job_id) if leaving else self.dsa.end_epoch(job_id)
+        else:
+            left = np.array(job.order, np.int64)
+        unread = np.concatenate([left, np.array(list(job.queue), np.int64)])
+        if unread.size and hasattr(self.policy, "add_references"):
+            self.policy.add_references(unread, -1)
+        job.queue.clear()
+        job.order = []
+
+    def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:
+        if job.epoch >= 0:
+            self._release(job_id, job, leaving=False)
+        job.epoch, job.planned, job.batches = epoch, 0, 0
+        if self.sampling == "dsa":
+            self.dsa.start_epoch(job_id)
+        else:
+            rng = np.random.default_rng([self.seed, job_id, epoch])
+            job.order = rng.permutation(job.unique).tolist()[::-1]  # popped from the end
+        if hasattr(self.policy, "add_references"):
+            self.policy.add_references(job.unique, +1)
+
+    def _behind(self, job_id: int, job: Job) -> bool:
+        """Whether a job takes part in the next round: it has ids left and fewer than
+        ``lookahead`` batches queued (the rest are far enough ahead to wait)."""
+        return self.dsa.left[job_id] > 0 and len(job.queue) < self.lookahead * job.batch_size
+
+    def _fill(self, job_id: int, job: Job) -> None:
+        """Sample until the job has a batch queued (or nothing left this epoch)."""
+        if self.sampling == "isa":
+            while len(job.queue) < job.batch_size and job.order:
+                job.queue.append(job.order.pop())
+            return
+        left = self.dsa.left
+        while len(job.queue) < job.batch_size and left[job_id] > 0:
+            peers = [j for j, other in self.jobs.items() if j == job_id or self._behind(j, other)]
+            for j, e in self.dsa.round(peers).items():
+                self.jobs[j].queue.append(e)
+
+    def plan(self, job_id: int, epoch: int) -> dict:
+        """The job's next batch of ``epoch``: global ids, the hit mask, what to admit, and
+        the keys to evict (of any job's dataset). An empty batch ends the epoch."""
+        start = time.perf_counter()
+        job = self._job(job_id)
+        job.last_seen = time.monotonic()
+        if epoch != job.epoch:
+            if epoch < job.epoch:
+                raise ConfigError(f"job {job.name!r}: epoch {epoch} is before {job.epoch}")
+            self._start_epoch(job_id, job, epoch)
+        self._fill(job_id, job)
+        n = min(job.batch_size, len(job.queue))
+        gids = np.array([job.queue.popleft() for _ in range(n)], np.int64)
+        r = self.policy.access(gids)
+        job.planned += n
+        job.batches += 1
+        job.reads += n
+        job.hits += int(r.hits.sum())
+        self.planning_s += time.perf_counter() - start
+        return {
+            "epoch": epoch,
+            "index": job.batches - 1,
+            "gids": gids,
+            "hit": r.hits,
+            "admit": r.admitted,
+            "evict_keys": [self.keys[g] for g in r.evicted.tolist()],
+        }
+
+    # -- leaving -------------------------------------------------------------------------
+    def leave(self, job_id: int, why: str = "left") -> None:
+        job = self._job(job_id)
+        self._release(job_id, job, leaving=True)
+        del self.jobs[job_id]
+        self.removed.append((job.name, why))
+
+    def reap(self, now: float | None = None) -> list[int]:
+        """Remove jobs silent for longer than ``job_timeout_s``, or whose process on this
+        host is gone; returns their ids."""
+        now = time.monotonic() if now is None else now
+        here = socket.gethostname()
+        dead = []
+        for job_id, job in list(self.jobs.items()):
+            gone = job.pid is not None and job.host == here and not _alive(job.pid)
+            if gone or now - job.last_seen > self.job_timeout_s:
+                self.leave(job_id, "process gone" if gone else "timed out")
+                dead.append(job_id)
+        return dead
+
+    def stats(self) -> dict:
+        return {
+            "jobs": {
+                str(j): {"name": job.name, "epoch": job.epoch, "reads": job.reads, "hits": job.hits}
+                for j, job in self.jobs.items()
+            },
+            "removed": [list(r) for r in self.removed],
+            "registered_samples": len(self.keys),
+            "cached": len(self.policy),
+            "cached_bytes": self.policy.used,
+            "planning_s": self.planning_s,
+        }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (killed, not yet reaped by its parent) is gone for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

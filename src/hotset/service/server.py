@@ -1,0 +1,135 @@
+"""``hotset serve``: one process per machine that every training job registers with.
+
+It owns the node-local shared store (LMDB on tmpfs) and the :class:`JobCoordinator`
+(cross-job sampling and the shared policy), and answers on a ZeroMQ ROUTER socket. All
+control-plane state lives in the one server thread, so no locks are needed; a request
+is one batch (never one sample). Jobs whose process is gone or who fall silent are
+removed between requests, and their references released.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import signal
+import time
+
+import zmq
+
+from hotset.errors import HotsetError
+from hotset.service.coordinator import JobCoordinator
+from hotset.service.protocol import decode, encode
+from hotset.store.shared import SharedStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "ipc:///tmp/hotset-service.sock"
+
+
+class CacheService:
+    """The server: ``CacheService(address, capacity_bytes).serve_forever()``."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        capacity_bytes: int = 1 << 30,
+        store_path: str | None = None,
+        reap_every_s: float = 0.5,
+        **coordinator_options,
+    ) -> None:
+        self.address = address
+        self.store = SharedStore(capacity_bytes, path=store_path)
+        self.coordinator = JobCoordinator(capacity_bytes, **coordinator_options)
+        self.reap_every_s = reap_every_s
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(address)
+        self.stopped = False
+
+    def handle(self, header: dict, payload: dict) -> tuple[dict, dict]:
+        """One request -> one reply (errors become ``{"error": message}``)."""
+        co = self.coordinator
+        op = header.get("op")
+        if op == "hello":
+            return {"store": self.store.path, "capacity_bytes": self.store.capacity_bytes}, {}
+        if op == "register":
+            job = co.register(
+                header["name"], payload["keys"], payload["sizes"], int(header["batch_size"]),
+                header.get("pid"), header.get("host", ""),
+            )  # fmt: skip
+            return {"job": job, "samples_per_epoch": co.samples_per_epoch(job)}, {}
+        if op == "plan":
+            p = co.plan(int(header["job"]), int(header["epoch"]))
+            job = co.jobs[int(header["job"])]
+            out = {
+                "local": job.local(p["gids"]),
+                "hit": p["hit"],
+                "admit": job.local(p["admit"]),
+                "evict_keys": p["evict_keys"],
+            }
+            return {"epoch": p["epoch"], "index": p["index"]}, out
+        if op == "heartbeat":
+            co.seen(int(header["job"]))
+            return {}, {}
+        if op == "leave":
+            co.leave(int(header["job"]))
+            return {}, {}
+        if op == "stats":
+            return co.stats(), {}
+        if op == "stop":
+            self.stopped = True
+            return {}, {}
+        return {"error": f"unknown request {op!r}"}, {}
+
+    def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        last_reap = time.monotonic()
+        log.info("hotset service on %s, store %s", self.address, self.store.path)
+        try:
+            while not self.stopped:
+                if poller.poll(int(self.reap_every_s * 1000)):
+                    ident, empty, *frames = self._sock.recv_multipart()
+                    try:
+                        reply, payload = self.handle(*decode(frames))
+                    except HotsetError as exc:
+                        reply, payload = {"error": str(exc)}, {}
+                    except Exception as exc:  # noqa: BLE001 - a bad request must not stop it
+                        log.exception("request failed")
+                        reply, payload = {"error": f"{type(exc).__name__}: {exc}"}, {}
+                    self._sock.send_multipart([ident, empty, *encode(reply, payload)])
+                if time.monotonic() - last_reap >= self.reap_every_s:
+                    for job in self.coordinator.reap():
+                        log.warning("job %s removed (%s)", job, self.coordinator.removed[-1][1])
+                    last_reap = time.monotonic()
+        finally:
+            self._sock.close(0)
+
+    def close(self, destroy_store: bool = False) -> None:
+        self.store.close(destroy=destroy_store)
+
+
+def _run(address: str, capacity_bytes: int, store_path: str | None, options: dict) -> None:
+    service = CacheService(address, capacity_bytes, store_path, **options)
+    # SIGTERM (``proc.terminate()``) stops the loop, so the store is removed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
+    try:
+        service.serve_forever()
+    finally:
+        service.close(destroy_store=store_path is None)
+
+
+def start_service(
+    address: str = DEFAULT_ADDRESS,
+    capacity_bytes: int = 1 << 30,
+    store_path: str | None = None,
+    **options,
+) -> mp.Process:
+    """``hotset serve`` in a child process (tests, ``compare --jobs``); stop it with
+    ``proc.terminate()`` or a ``stop`` request."""
+    proc = mp.get_context("spawn").Process(
+        target=_run, args=(address, capacity_bytes, store_path, options), daemon=True
+    )
+    proc.start()
+    return proc

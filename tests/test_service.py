@@ -1,0 +1,225 @@
+"""The multi-job service: the coordinator's sampling and references, and a real server
+process with real jobs (DataLoader workers on a shared LMDB store)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import hotset
+from hotset import ConfigError, ServiceError
+from hotset.service import JobCoordinator, start_service
+from hotset.storage import FileStorage
+
+
+def keys(ids) -> list[str]:
+    return [f"k{i:05d}" for i in ids]
+
+
+def drain_epoch(co: JobCoordinator, job: int, epoch: int) -> list[np.ndarray]:
+    plans = []
+    while True:
+        p = co.plan(job, epoch)
+        if not p["gids"].size:
+            return plans
+        plans.append(p)
+
+
+@pytest.mark.parametrize("sampling", ["dsa", "isa"])
+def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
+    co = JobCoordinator(capacity_bytes=80, max_samples=1000, sampling=sampling)
+    a = co.register("a", keys(range(300)), np.ones(300), batch_size=32)
+    b = co.register("b", keys(range(300)), np.ones(300), batch_size=32)
+    misses = shared = 0
+    for _ in range(10):  # the two jobs side by side
+        pa, pb = co.plan(a, 0), co.plan(b, 0)
+        misses += int((~pa["hit"]).sum() + (~pb["hit"]).sum())
+        shared += np.intersect1d(pa["gids"], pb["gids"]).size
+    assert co.policy.refs.sum() == 0  # both read everything
+    if sampling == "dsa":  # the union: the minimum
+        assert misses == 300 and shared >= 9 * 32 * 0.8
+    else:  # independent shuffles: the cache (80 of 300) cannot bridge the two orders
+        assert misses > 1.2 * 300
+
+
+def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace():
+    co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3)
+    a = co.register("a", keys(range(200)), np.ones(200), batch_size=16)
+    b = co.register("b", keys(range(100, 400)), np.ones(300), batch_size=7)
+    c = co.register("c", keys(range(50, 150)) * 2, np.ones(200), batch_size=5)  # dup keys
+    assert co.samples_per_epoch(c) == 100
+    rng = np.random.default_rng(0)
+    seen = {a: [], b: [], c: []}
+    done = set()
+    while len(done) < 3:
+        j = int(rng.choice([j for j in seen if j not in done]))
+        p = co.plan(j, 0)
+        if not p["gids"].size:
+            done.add(j)
+        seen[j] += p["gids"].tolist()
+    for j, expect in ((a, range(200)), (b, range(100, 400)), (c, range(50, 150))):
+        got = [co.keys[g] for g in seen[j]]
+        assert sorted(got) == sorted(keys(expect))  # each once
+    assert co.gid_of["k00150"] == co.gid_of["k00150"]  # one global id per key
+    assert co.policy.refs.sum() == 0  # every reference consumed by a read
+
+
+def unread(co: JobCoordinator) -> int:
+    """References the jobs still hold: what they have left to sample, and their queues."""
+    return sum(co.dsa.left[j] + len(job.queue) for j, job in co.jobs.items())
+
+
+def test_a_second_epoch_and_leaving_release_the_references():
+    co = JobCoordinator(capacity_bytes=20, max_samples=100)
+    a = co.register("a", keys(range(40)), np.ones(40), batch_size=8)
+    b = co.register("b", keys(range(40)), np.ones(40), batch_size=8)
+    co.plan(b, 0)
+    co.plan(a, 0)
+    assert co.policy.refs.sum() == unread(co) == 2 * 40 - 16
+    co.plan(a, 1)  # a moves on early: what it had not read of epoch 0 is given back
+    assert co.policy.refs.sum() == unread(co) == 32 + 32  # b: 40 - 8; a: 40 - 8
+    co.leave(b)
+    assert co.policy.refs.sum() == unread(co) == 32  # a's epoch 1 after its first batch
+    assert co.removed == [("b", "left")]
+    with pytest.raises(ConfigError, match="unknown job"):
+        co.plan(b, 0)
+
+
+def test_a_dead_or_silent_job_is_removed():
+    co = JobCoordinator(capacity_bytes=20, max_samples=100, job_timeout_s=5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    import socket
+
+    a = co.register(
+        "dead", keys(range(10)), np.ones(10), 4, pid=dead.pid, host=socket.gethostname()
+    )
+    b = co.register("quiet", keys(range(10)), np.ones(10), 4)
+    c = co.register(
+        "alive", keys(range(10)), np.ones(10), 4, pid=os.getpid(), host=socket.gethostname()
+    )
+    co.plan(a, 0)
+    assert co.reap() == [a]  # its process is gone
+    assert co.reap(now=time.monotonic() + 6) == [b, c]  # silent past the timeout
+    assert co.removed == [("dead", "process gone"), ("quiet", "timed out"), ("alive", "timed out")]
+    assert co.policy.refs.sum() == 0
+
+
+def test_configuration_errors_name_the_setting():
+    with pytest.raises(ConfigError, match="sampling must be one of"):
+        JobCoordinator(10, sampling="nope")
+    co = JobCoordinator(10, max_samples=5)
+    with pytest.raises(ConfigError, match="at most 5 distinct samples"):
+        co.register("big", keys(range(6)), np.ones(6), 2)
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        co.register("x", keys(range(2)), np.ones(2), 0)
+
+
+# -- a real service, real jobs -----------------------------------------------------------
+
+
+@pytest.fixture
+def service(tmp_path):
+    address = f"ipc://{tmp_path}/svc.sock"
+    proc = start_service(address, capacity_bytes=400_000, job_timeout_s=3.0)
+    client = hotset.connect(address, timeout_s=20)
+    yield address, proc, client
+    if proc.is_alive():
+        proc.terminate()
+    proc.join(10)
+    client.close()
+
+
+def test_two_jobs_share_reads_through_the_service(fmnist_dir, service):
+    address, _, client = service
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loaders = [
+        client.make_loader(storage, batch_size=50, num_workers=2, name=f"job{k}") for k in (0, 1)
+    ]
+    try:
+        for epoch in range(2):
+            served = [[], []]
+            for ld in loaders:
+                ld.set_epoch(epoch)
+            for batches in zip(*loaders, strict=True):  # the two jobs in lockstep
+                for k, (_, y, ids) in enumerate(batches):
+                    assert np.array_equal(y.numpy(), storage.labels[ids.numpy()])
+                    served[k] += ids.tolist()
+            distinct = len(set(storage.keys))
+            for s in served:
+                assert len(s) == len(set(s)) == distinct  # each once per epoch
+        c0, c1 = (ld.counters() for ld in loaders)
+        total = c0["bytes_from_storage"] + c1["bytes_from_storage"]
+        alone = 2 * sum(storage.sizes)  # two epochs of one job
+        assert total < 0.75 * alone  # the second job's reads are mostly the first's
+        assert c1["hits"] + c0["hits"] > 0.5 * 2 * len(storage)
+        stats = client.stats()
+        assert {j["name"] for j in stats["jobs"].values()} == {"job0", "job1"}
+    finally:
+        for ld in loaders:
+            ld.close()
+    assert client.stats()["jobs"] == {}  # both left
+
+
+def _doomed_job(address: str, data: str) -> None:
+    storage = FileStorage(data)
+    loader = hotset.connect(address).make_loader(
+        storage, batch_size=20, num_workers=0, name="doomed"
+    )
+    for _ in loader:
+        time.sleep(60)  # killed while training
+
+
+def test_a_killed_job_is_removed_without_disturbing_the_others(fmnist_dir, service):
+    address, _, client = service
+    data = str(fmnist_dir / "train")
+    proc = mp.get_context("spawn").Process(target=_doomed_job, args=(address, data))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while not any(j["name"] == "doomed" and j["reads"] for j in client.stats()["jobs"].values()):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    loader = client.make_loader(FileStorage(data), batch_size=50, num_workers=0, name="survivor")
+    it = iter(loader)
+    next(it)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    n = 1 + sum(1 for _ in it)  # the survivor finishes its epoch
+    assert n == len(loader)
+    deadline = time.monotonic() + 10
+    while ["doomed", "process gone"] not in client.stats()["removed"]:
+        assert time.monotonic() < deadline, client.stats()
+        time.sleep(0.2)
+    loader.close()
+
+
+def test_the_epoch_finishes_from_storage_when_the_service_goes_away(fmnist_dir, tmp_path):
+    address = f"ipc://{tmp_path}/svc2.sock"
+    proc = start_service(address, capacity_bytes=400_000)
+    storage = FileStorage(str(fmnist_dir / "train"))
+    client = hotset.connect(address, timeout_s=20)
+    loader = client.make_loader(storage, batch_size=50, num_workers=2, name="lonely")
+    client.timeout_s = 1.0
+    client.close()  # reconnect with the short timeout
+    served = []
+    try:
+        for k, (_, y, ids) in enumerate(loader):
+            assert np.array_equal(y.numpy(), storage.labels[ids.numpy()])
+            served += ids.tolist()
+            if k == 3:
+                proc.terminate()
+                proc.join(10)
+        c = loader.counters()
+    finally:
+        loader.close()
+    assert sorted(served) == sorted(set(served)) and len(served) == len(set(storage.keys))
+    assert c["service_failures"] == 1
+    with pytest.raises(ServiceError, match="did not answer"):
+        client.stats()
