@@ -60,6 +60,8 @@ class DependentSampling:
         self.bit: dict[Hashable, int] = {}
         self.left: dict[Hashable, int] = {}  # |R_j|: what job j still reads this epoch
         self._rng = random.Random(seed)
+        self._version = 0  # bumped when the set of buckets changes
+        self._cached_levels: tuple = ((), -1, None)  # (order, version, levels)
 
     # -- jobs --------------------------------------------------------------------------
     def add_job(self, job: Hashable, ids: Iterable[int] | np.ndarray, start: bool = True) -> None:
@@ -70,11 +72,14 @@ class DependentSampling:
         free = sorted(set(range(MAX_JOBS)) - set(self.bit.values()))
         if not free:
             raise ConfigError(f"at most {MAX_JOBS} jobs can sample together")
-        ids = np.unique(np.asarray(ids, np.int64))
+        ids = np.asarray(ids, np.int64).ravel()
         if ids.size == 0:
             raise ConfigError(f"job {job!r}: the dataset is empty")
-        if ids[0] < 0 or ids[-1] >= self.universe:
+        if ids.min() < 0 or ids.max() >= self.universe:
             raise ConfigError(f"job {job!r}: ids must lie in [0, {self.universe})")
+        present = np.zeros(self.universe, bool)  # sorted and unique in O(universe)
+        present[ids] = True
+        ids = np.flatnonzero(present)
         self.bit[job] = free[0]
         self.datasets[job] = ids
         self.left[job] = 0
@@ -111,6 +116,7 @@ class DependentSampling:
     def _regroup(self) -> None:
         """Rebuild the buckets from the masks (after an insertion, deletion or epoch)."""
         self.buckets = {}
+        self._version += 1
         live = np.flatnonzero(self.mask)
         if not live.size:
             return
@@ -126,6 +132,7 @@ class DependentSampling:
         """Clear bit ``b`` everywhere: each bucket that has it merges into the bucket
         without it (Figure 4b's merge), in O(buckets + moved ids). Returns the ids."""
         moved = []
+        self._version += 1
         for m in [m for m in self.buckets if m & b]:
             ids = self.buckets.pop(m)
             arr = np.array(ids, np.int64)
@@ -150,10 +157,14 @@ class DependentSampling:
             self.pos[last] = k
         if not lst:
             del self.buckets[old]
+            self._version += 1
         new = old & ~bits
         self.mask[e] = new
         if new:
-            dst = self.buckets.setdefault(new, [])
+            dst = self.buckets.get(new)
+            if dst is None:
+                dst = self.buckets[new] = []
+                self._version += 1
             self.pos[e] = len(dst)
             dst.append(e)
 
@@ -167,7 +178,10 @@ class DependentSampling:
 
     def _levels(self, order: list[Hashable]) -> tuple[list[int], list[list[int]], list[list[int]]]:
         """For jobs in ``order``: the job bits, and per level l the buckets of vertex V_l
-        and of J_l's leaf (bucket masks)."""
+        and of J_l's leaf (bucket masks). Kept while the order and the buckets stay."""
+        key, version, levels = self._cached_levels
+        if version == self._version and key == tuple(order):
+            return levels
         bits = [1 << self.bit[j] for j in order]
         m = len(order)
         suffix = [0] * (m + 1)
@@ -190,6 +204,7 @@ class DependentSampling:
             for k in range(min(t, m)):  # J_k needs it but does not share it with all of G_k
                 if c & bits[k]:
                     leaf[k].append(mask)
+        self._cached_levels = (tuple(order), self._version, (bits, vertex, leaf))
         return bits, vertex, leaf
 
     def vertices(self, jobs: Iterable[Hashable] | None = None) -> list[Vertex]:
@@ -205,10 +220,12 @@ class DependentSampling:
                 out.append(Vertex(kind, jobs_k, np.sort(np.array(ids, np.int64))))
         return out
 
-    def _pick(self, masks: list[int]) -> int:
-        """A uniform element of the union of the buckets ``masks``."""
+    def _pick(self, masks: list[int], total: int | None = None) -> int:
+        """A uniform element of the union of the buckets ``masks`` (``total`` ids)."""
         buckets = self.buckets
-        r = self._rng.randrange(sum(len(buckets[m]) for m in masks))
+        if total is None:
+            total = sum(len(buckets[m]) for m in masks)
+        r = self._rng.randrange(total)
         for m in masks:
             lst = buckets[m]
             if r < len(lst):
@@ -230,7 +247,7 @@ class DependentSampling:
         reads: list[tuple[int, int]] = []  # (element, bits of the jobs that took it)
         k, s, s_level, m = 0, 0, 0, len(order)  # first undecided job; S = V_0..V_{s_level-1}
         while k < m:
-            c = sum(sizes[s_level : k + 1])  # |I|, I = V_{s_level} .. V_k
+            c = inter = sum(sizes[s_level : k + 1])  # |I|, I = V_{s_level} .. V_k
             took = k
             while took < m:  # line 9: J takes I with probability c / (|R_J| - |S|)
                 denom = left[order[took]] - s
@@ -239,7 +256,7 @@ class DependentSampling:
                 c = denom  # line 13
                 took += 1
             if took > k:  # J_k .. J_{took-1} share one element of I (Algorithm 2)
-                e = self._pick([mk for ms in vertex[s_level : k + 1] for mk in ms])
+                e = self._pick([mk for ms in vertex[s_level : k + 1] for mk in ms], inter)
                 group = 0
                 for q in range(k, took):
                     out[order[q]] = e
