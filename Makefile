@@ -39,6 +39,7 @@ bench: install
 	$(PY) benchmarks/control_plane.py
 	$(PY) benchmarks/store_latency.py
 	$(PY) benchmarks/loader_throughput.py
+	$(PY) benchmarks/dsa_tree.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

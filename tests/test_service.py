@@ -15,8 +15,9 @@ import pytest
 
 import hotset
 from hotset import ConfigError, ServiceError
+from hotset.compare_jobs import JobsConfig, compare_jobs
 from hotset.service import JobCoordinator, start_service
-from hotset.storage import FileStorage
+from hotset.storage import FileStorage, SubsetStorage
 
 
 def keys(ids) -> list[str]:
@@ -49,8 +50,9 @@ def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
         assert misses > 1.2 * 300
 
 
-def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace():
-    co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3)
+@pytest.mark.parametrize("sampling", ["dsa", "isa", "quiver"])
+def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
+    co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3, sampling=sampling)
     a = co.register("a", keys(range(200)), np.ones(200), batch_size=16)
     b = co.register("b", keys(range(100, 400)), np.ones(300), batch_size=7)
     c = co.register("c", keys(range(50, 150)) * 2, np.ones(200), batch_size=5)  # dup keys
@@ -69,6 +71,23 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace():
         assert sorted(got) == sorted(keys(expect))  # each once
     assert co.gid_of["k00150"] == co.gid_of["k00150"]  # one global id per key
     assert co.policy.refs.sum() == 0  # every reference consumed by a read
+
+
+def test_quiver_serves_cached_candidates_first():
+    hits = {}
+    for sampling in ("isa", "quiver"):
+        co = JobCoordinator(100, max_samples=1000, sampling=sampling, policy="lru")
+        a = co.register("a", keys(range(500)), np.ones(500), batch_size=25)
+        b = co.register("b", keys(range(500)), np.ones(500), batch_size=25)
+        hits[sampling] = 0
+        for _ in range(20):
+            p = co.plan(a, 0)
+            hits[sampling] += int(p["hit"].sum())
+            p = co.plan(b, 0)
+            hits[sampling] += int(p["hit"].sum())
+            if sampling == "quiver":  # a substitute is cached, and served first
+                assert p["hit"][: int(p["hit"].sum())].all()
+    assert hits["quiver"] > 2 * hits["isa"]  # with LRU at 20%: 262 against 93
 
 
 def unread(co: JobCoordinator) -> int:
@@ -223,3 +242,30 @@ def test_the_epoch_finishes_from_storage_when_the_service_goes_away(fmnist_dir, 
     assert c["service_failures"] == 1
     with pytest.raises(ServiceError, match="did not answer"):
         client.stats()
+
+
+def test_subset_storage_keeps_the_inner_keys(fmnist_dir):
+    full = FileStorage(str(fmnist_dir / "train"))
+    sub = SubsetStorage(full, [5, 7, 9])
+    assert len(sub) == 3 and sub.keys == [full.keys[i] for i in (5, 7, 9)]
+    assert sub.read(1) == full.read(7) and sub.labels.tolist() == full.labels[[5, 7, 9]].tolist()
+    with pytest.raises(ConfigError, match="subset indices"):
+        SubsetStorage(full, [len(full)])
+
+
+@pytest.mark.slow
+def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
+    cfg = JobsConfig(
+        data=str(fmnist_dir), jobs=2, scenario="overlap", samples=600, epochs=1,
+        batch_size=50, cache_fraction=0.3, num_workers=1, latency_ms=0.5,
+    )  # fmt: skip
+    doc = compare_jobs(cfg, out_dir=str(tmp_path))
+    t = doc["totals"]
+    windows = {r["name"]: r["window"] for r in doc["rows"]}
+    assert windows["job0"] != windows["job1"]  # partly overlapping subsets
+    for r in doc["rows"]:
+        assert r["accesses"] == 420 and r["test_accuracy"] is not None  # 70% of 600 each
+    union = 600  # the two windows cover all samples
+    assert t["service"]["samples_read"] <= union + 20  # each sample from storage ~once
+    assert t["independent"]["samples_read"] > 1.3 * t["service"]["samples_read"]
+    assert (tmp_path / "compare-jobs-overlap.json").exists()

@@ -100,6 +100,21 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 def cmd_compare(args: argparse.Namespace) -> None:
     from hotset.compare import CompareConfig, run_compare
 
+    if args.jobs:
+        from hotset.compare_jobs import JobsConfig, compare_jobs
+
+        jobs = JobsConfig(
+            data=args.data, jobs=args.jobs, scenario=args.scenario, samples=args.samples,
+            epochs=args.epochs, batch_size=args.batch_size,
+            cache_fraction=args.cache_fractions[0], num_workers=args.num_workers,
+            latency_ms=args.latency_ms, concurrency=args.concurrency,
+            stagger_s=args.stagger_s, seed=args.seed,
+        )  # fmt: skip
+        doc = compare_jobs(jobs, out_dir=args.out)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=2)
+        return
     cfg = CompareConfig(
         data=args.data,
         policies=args.policies,
@@ -132,8 +147,6 @@ def cmd_record(args: argparse.Namespace) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-    import json
-    from pathlib import Path
 
     from hotset.sim import LossOracle
     from hotset.sim.sweep import format_sweep, plot_sweep, sweep
@@ -147,17 +160,22 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         seed=args.seed,
     )
-    print(format_sweep(rows))
-    out = Path(args.out)
+    _write_rows(rows, format_sweep, plot_sweep, args.out, "sweep")
+
+
+def _write_rows(rows: list[dict], table, plot, out_dir: str, name: str) -> None:
+    """Print ``table(rows)``, write OUT/NAME.json and plot OUT/NAME.png."""
+    from pathlib import Path
+
+    print(table(rows))
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(rows, indent=2))
-    plot_sweep(rows, out / "sweep.png")
-    print(f"wrote {out / 'sweep.json'} and {out / 'sweep.png'}")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, out / f"{name}.png")
+    print(f"wrote {out / (name + '.json')} and {out / (name + '.png')}")
 
 
 def cmd_simulate_jobs(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from hotset.sim.jobs import format_jobs_table, plot_jobs, sweep_jobs, table2_cases
 
     cases = table2_cases(args.seed)
@@ -170,12 +188,7 @@ def cmd_simulate_jobs(args: argparse.Namespace) -> None:
     if args.speeds:
         speeds = {c: args.speeds for c, d in cases.items() if len(d) == len(args.speeds)}
     rows = sweep_jobs(cases, args.samplers, args.policies, args.capacities, args.seed, speeds)
-    print(format_jobs_table(rows))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "jobs.json").write_text(json.dumps(rows, indent=2))
-    plot_jobs(rows, out / "jobs.png")
-    print(f"wrote {out / 'jobs.json'} and {out / 'jobs.png'}")
+    _write_rows(rows, format_jobs_table, plot_jobs, args.out, "jobs")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -184,7 +197,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     service = CacheService(
         args.address, args.capacity_bytes, args.store_path, max_samples=args.max_samples,
         policy=args.policy, sampling=args.sampling, lookahead=args.lookahead,
-        job_timeout_s=args.job_timeout_s, seed=args.seed,
+        job_timeout_s=args.job_timeout_s, seed=args.seed, substitution=args.substitution,
     )  # fmt: skip
     print(f"hotset service on {args.address}, store {service.store.path}", flush=True)
     try:
@@ -245,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
+    co.add_argument("--jobs", type=int, default=0,
+                    help="run N training jobs at once, through `hotset serve` and independently")
+    co.add_argument("--scenario", default="same", help="--jobs: same|staggered|speeds|overlap")
+    co.add_argument("--samples", type=int, default=20000,
+                    help="--jobs: the first N training samples (0: all)")
+    co.add_argument("--stagger-s", type=float, default=20.0,
+                    help="--jobs staggered: seconds between job starts")  # fmt: skip
     co.set_defaults(func=cmd_compare)
 
     rc = sub.add_parser("record", help="train uniformly and save every sample's loss per epoch")
@@ -295,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--store-path", default=None, help="LMDB dir on tmpfs (default: fresh)")
     sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
     sv.add_argument("--policy", default="refcnt")
-    sv.add_argument("--sampling", choices=["dsa", "isa"], default="dsa")
+    sv.add_argument("--sampling", choices=["dsa", "isa", "quiver"], default="dsa")
+    sv.add_argument("--substitution", type=int, default=4,
+                    help="quiver: batches of candidates looked up per batch")  # fmt: skip
     sv.add_argument("--lookahead", type=int, default=4, help="batches a slow job keeps queued")
     sv.add_argument("--job-timeout-s", type=float, default=10.0)
     sv.add_argument("--seed", type=int, default=0)

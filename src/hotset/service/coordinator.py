@@ -3,10 +3,13 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
 
 * Datasets register by content key (the manifest's digests), so jobs on overlapping
   datasets get the same global ids and share cache entries (DESIGN.md, "Rules").
-* Sampling is JOADER's DSA (``sampling="dsa"``) or independent shuffles per job (``"isa"``,
-  what jobs do without the service). DSA runs in rounds over the jobs whose queue of
-  sampled-but-not-yet-planned ids is short: a job far ahead samples alone (JOADER's
-  partial sampling), a slow one keeps up to ``lookahead`` batches queued.
+* Sampling is JOADER's DSA (``sampling="dsa"``), independent shuffles per job (``"isa"``,
+  what jobs do without the service), or independent shuffles with Quiver's substitutable
+  hits (``"quiver"``: a batch looks ``substitution`` batches ahead in the job's order and
+  serves the cached candidates first, misses for the rest; the others stay next in line).
+* DSA runs in rounds over the jobs whose queue of sampled-but-not-yet-planned ids is
+  short: a job far ahead samples alone (JOADER's partial sampling), a slow one keeps up
+  to ``lookahead`` batches queued.
 * The policy is shared (RefCnt by default): each job's epoch start adds one reference to
   each of its ids, each planned read consumes one, and a job that leaves (or dies) gives
   back what it had not read.
@@ -26,7 +29,7 @@ from hotset.errors import ConfigError
 from hotset.policy.base import make_policy
 from hotset.sampling.dsa import DependentSampling
 
-SAMPLING = ("dsa", "isa")
+SAMPLING = ("dsa", "isa", "quiver")
 
 
 @dataclass
@@ -64,11 +67,15 @@ class JobCoordinator:
         seed: int = 0,
         lookahead: int = 4,
         job_timeout_s: float = 10.0,
+        substitution: int = 4,
     ) -> None:
         if sampling not in SAMPLING:
             raise ConfigError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1 batch, got {lookahead}")
+        if substitution < 1:
+            raise ConfigError(f"substitution must be >= 1 batch, got {substitution}")
+        self.substitution = int(substitution)
         self.max_samples = int(max_samples)
         self.sampling = sampling
         self.seed = seed
@@ -120,7 +127,8 @@ class JobCoordinator:
         job = Job(name, gids, int(batch_size), pid, host, unique, first.astype(np.int64))
         job.last_seen = time.monotonic()
         self.jobs[job_id] = job
-        self.dsa.add_job(job_id, unique, start=False)
+        if self.sampling == "dsa":
+            self.dsa.add_job(job_id, unique, start=False)
         self._start_epoch(job_id, job, 0)
         return job_id
 
@@ -172,11 +180,30 @@ class JobCoordinator:
             while len(job.queue) < job.batch_size and job.order:
                 job.queue.append(job.order.pop())
             return
+        if self.sampling == "quiver":
+            self._substitute(job)
+            return
         left = self.dsa.left
         while len(job.queue) < job.batch_size and left[job_id] > 0:
             peers = [j for j, other in self.jobs.items() if j == job_id or self._behind(j, other)]
             for j, e in self.dsa.round(peers).items():
                 self.jobs[j].queue.append(e)
+
+    def _substitute(self, job: Job) -> None:
+        """Quiver's substitutable hits: of the next ``substitution`` batches of the job's
+        shuffle, the cached ids first, then the earliest misses; each id still once."""
+        need = job.batch_size - len(job.queue)
+        if need <= 0 or not job.order:
+            return
+        w = min(len(job.order), self.substitution * job.batch_size)
+        window = job.order[-w:][::-1]  # reading order
+        del job.order[-w:]
+        cached = [e for e in window if e in self.policy][:need]
+        taken = set(cached)
+        fill = [e for e in window if e not in taken][: need - len(cached)]
+        taken.update(fill)
+        job.order.extend(e for e in reversed(window) if e not in taken)  # next in line
+        job.queue.extend(cached + fill)
 
     def plan(self, job_id: int, epoch: int) -> dict:
         """The job's next batch of ``epoch``: global ids, the hit mask, what to admit, and

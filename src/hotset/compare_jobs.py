@@ -1,0 +1,229 @@
+"""`hotset compare --jobs`: several training jobs at once on one machine, through the
+service (shared DSA sampling, one RefCnt cache) and independently (each its own
+uniform sampler and LRU cache of the same size), side by side.
+
+Scenarios: ``same`` (identical jobs, same start), ``staggered`` (each starts
+``stagger_s`` after the previous), ``speeds`` (models of different widths, so different
+step times) and ``overlap`` (each job on a different 70% window of the samples). Each job
+is its own process with its own DataLoader workers and its own throttled storage.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import posixpath
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+SCENARIOS = ("same", "staggered", "speeds", "overlap")
+MODES = ("service", "independent")
+
+
+@dataclass
+class JobSpec:
+    name: str
+    start_s: float = 0.0  # delay after the first job starts
+    width: int = 16  # TinyCNN width: wider is slower
+    window: tuple[float, float] = (0.0, 1.0)  # the fraction of the samples it trains on
+
+
+@dataclass
+class JobsConfig:
+    data: str
+    jobs: int = 4
+    scenario: str = "same"
+    samples: int = 20_000  # the first N training samples (0: all)
+    epochs: int = 2
+    batch_size: int = 128
+    cache_fraction: float = 0.2
+    num_workers: int = 1
+    latency_ms: float = 2.0
+    concurrency: int = 4
+    stagger_s: float = 20.0
+    seed: int = 0
+    specs: list[JobSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ConfigError(f"--scenario must be one of {SCENARIOS}, got {self.scenario!r}")
+        if not 1 <= self.jobs <= 16:
+            raise ConfigError(f"--jobs must be in [1, 16], got {self.jobs}")
+        if not self.specs:
+            self.specs = scenario_jobs(self.scenario, self.jobs, self.stagger_s)
+
+
+def scenario_jobs(scenario: str, n: int, stagger_s: float) -> list[JobSpec]:
+    jobs = [JobSpec(f"job{k}") for k in range(n)]
+    for k, j in enumerate(jobs):
+        if scenario == "staggered":
+            j.start_s = k * stagger_s
+        elif scenario == "speeds":
+            j.width = (8, 16, 32, 48)[k % 4]
+        elif scenario == "overlap":
+            lo = 0.3 * k / max(1, n - 1)
+            j.window = (lo, lo + 0.7)
+    return jobs
+
+
+def _storage(cfg: JobsConfig, spec: JobSpec):
+    from hotset.storage import FileStorage, SubsetStorage, ThrottledStorage
+
+    full = FileStorage(posixpath.join(cfg.data, "train"))
+    n = min(len(full), cfg.samples) if cfg.samples else len(full)
+    lo, hi = int(spec.window[0] * n), int(spec.window[1] * n)
+    return ThrottledStorage(
+        SubsetStorage(full, np.arange(lo, hi)), cfg.latency_ms, 0.0, cfg.concurrency
+    )
+
+
+def _run_job(
+    cfg: JobsConfig, spec: JobSpec, mode: str, address: str, capacity: int, t0: float, out
+) -> None:
+    """One training job (its own process); puts its row on ``out``."""
+    import torch
+
+    from hotset.codecs import decode_sample
+    from hotset.compare import IMAGE_SIZE, load_split
+    from hotset.loader import make_loader
+    from hotset.models import TinyCNN, accuracy
+    from hotset.service import connect
+    from hotset.training import train_epoch
+
+    torch.set_num_threads(1)  # several jobs share the cores
+    time.sleep(max(0.0, t0 + spec.start_s - time.time()))
+    storage = _storage(cfg, spec)
+    decode = partial(decode_sample, size=IMAGE_SIZE)
+    if mode == "service":
+        loader = connect(address, timeout_s=60).make_loader(
+            storage, batch_size=cfg.batch_size, name=spec.name, num_workers=cfg.num_workers,
+            decode=decode, persistent_workers=cfg.num_workers > 0,
+        )  # fmt: skip
+    else:
+        loader = make_loader(
+            storage, batch_size=cfg.batch_size, policy="lru", capacity_bytes=capacity,
+            store="shared", seed=cfg.seed + hash(spec.name) % 1000, num_workers=cfg.num_workers,
+            decode=decode, persistent_workers=cfg.num_workers > 0,
+        )  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    model = TinyCNN(width=spec.width)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    started = time.time() - t0
+    times = []
+    try:
+        for epoch in range(cfg.epochs):
+            loader.set_epoch(epoch)
+            t = time.perf_counter()
+            train_epoch(loader, model, opt)
+            times.append(time.perf_counter() - t)
+        c = loader.counters()
+    finally:
+        loader.close()
+        if mode == "independent":
+            loader.dataset.store.close(destroy=True)
+    test = load_split(cfg.data, "test", decode)
+    out.put(
+        {
+            **asdict(spec), "mode": mode, "started_s": started, "epoch_times_s": times,
+            "epoch_time_s": float(np.mean(times)), "samples_read": c["misses"] + c["late_misses"],
+            "bytes_from_storage": c["bytes_from_storage"], "accesses": c["accesses"],
+            "hit_ratio": c["hit_ratio"], "waited_hits": c["waited_hits"],
+            "test_accuracy": accuracy(model, *test) if test is not None else None,
+        }
+    )  # fmt: skip
+
+
+def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
+    """All of ``cfg``'s jobs at once, through the service or independently."""
+    from hotset.service import start_service
+
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+    union = set()
+    for spec in cfg.specs:
+        union.update(_storage(cfg, spec).keys)
+    sizes = _storage(cfg, JobSpec("all")).manifest
+    total = int(sum(int(s) for k, s in zip(sizes.keys, sizes.sizes, strict=True) if k in union))
+    capacity = int(cfg.cache_fraction * total)
+    ctx = mp.get_context("spawn")
+    server = None
+    address = f"ipc://{tempfile.mkdtemp(prefix='hotset-jobs-')}/service.sock"
+    if mode == "service":
+        server = start_service(address, capacity_bytes=capacity, seed=cfg.seed, job_timeout_s=60)
+    out = ctx.Queue()
+    t0 = time.time() + 2.0
+    procs = [
+        ctx.Process(target=_run_job, args=(cfg, s, mode, address, capacity, t0, out))
+        for s in cfg.specs
+    ]
+    try:
+        for p in procs:
+            p.start()
+        rows = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        if server is not None:
+            server.terminate()
+            server.join(10)
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
+    """Both modes side by side; returns and writes ``{"config", "rows", "totals"}``."""
+    rows = run_jobs(cfg, "service") + run_jobs(cfg, "independent")
+    totals = {}
+    for mode in MODES:
+        sel = [r for r in rows if r["mode"] == mode]
+        totals[mode] = {
+            "samples_read": sum(r["samples_read"] for r in sel),
+            "bytes_from_storage": sum(r["bytes_from_storage"] for r in sel),
+            "hit_ratio": sum(r["hit_ratio"] * r["accesses"] for r in sel)
+            / max(1, sum(r["accesses"] for r in sel)),
+            "slowest_epoch_s": max(r["epoch_time_s"] for r in sel),
+        }
+    totals["read_ratio"] = totals["service"]["bytes_from_storage"] / max(
+        1, totals["independent"]["bytes_from_storage"]
+    )
+    doc = {"config": asdict(cfg), "rows": rows, "totals": totals}
+    print(format_jobs_compare(doc))
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(out_dir) / f"compare-jobs-{cfg.scenario}.json"
+        path.write_text(json.dumps(doc, indent=2))
+        print(f"wrote {path}")
+    return doc
+
+
+def format_jobs_compare(doc: dict) -> str:
+    head = (
+        f"{'mode':<12} {'job':<6} {'width':>5} {'window':>9} {'start s':>7} {'read':>7} "
+        f"{'hit':>6} {'epoch s':>8} {'test acc':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in doc["rows"]:
+        acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
+        window = f"{r['window'][0]:.2f}-{r['window'][1]:.2f}"
+        lines.append(
+            f"{r['mode']:<12} {r['name']:<6} {r['width']:>5} {window:>9} {r['started_s']:>7.1f} "
+            f"{r['samples_read']:>7d} {r['hit_ratio']:>6.3f} {r['epoch_time_s']:>8.2f} {acc:>8}"
+        )
+    t = doc["totals"]
+    for mode in MODES:
+        lines.append(
+            f"{mode:<12} {'total':<6} read {t[mode]['samples_read']} samples, "
+            f"{t[mode]['bytes_from_storage'] / 1e6:.1f} MB, hit {t[mode]['hit_ratio']:.3f}, "
+            f"slowest epoch {t[mode]['slowest_epoch_s']:.2f} s"
+        )
+    lines.append(f"bytes read through the service / independent: {t['read_ratio']:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""A storage that shows a subset of another one (jobs on overlapping parts of a dataset)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.storage.base import Storage
+from hotset.storage.manifest import Manifest
+
+
+class SubsetStorage(Storage):
+    """Samples ``indices`` of ``inner``, renumbered ``0 .. len(indices) - 1``; keys stay the
+    inner ones, so a cache keyed by content shares entries with the full dataset."""
+
+    def __init__(self, inner: Storage, indices: Sequence[int] | np.ndarray) -> None:
+        idx = np.asarray(indices, np.int64)
+        if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= len(inner):
+            raise ConfigError(f"subset indices must be a non-empty 1-D array in [0, {len(inner)})")
+        m = inner.manifest
+        self.inner, self.indices = inner, idx
+        self.concurrency = inner.concurrency
+        self.manifest = Manifest(
+            [m.paths[i] for i in idx.tolist()], [m.keys[i] for i in idx.tolist()],
+            m.sizes[idx], m.labels[idx], m.classes, f"{m.name}[{idx.size}]",
+        )  # fmt: skip
+
+    def read(self, i: int) -> bytes:
+        return self.inner.read(int(self.indices[i]))
+
+    def describe(self, i: int) -> str:
+        return self.inner.describe(int(self.indices[i]))
+
+    def charge(self, nbytes: int) -> None:
+        self.inner.charge(nbytes)
