@@ -18,19 +18,21 @@ from hotset import ConfigError, ServiceError
 from hotset.compare_jobs import JobsConfig, compare_jobs
 from hotset.service import JobCoordinator, start_service
 from hotset.storage import FileStorage, SubsetStorage
+from hotset.store.sealed import sealed_id
+from hotset.store.shared import _environment
 
 
 def keys(ids) -> list[str]:
     return [f"k{i:05d}" for i in ids]
 
 
-def drain_epoch(co: JobCoordinator, job: int, epoch: int) -> list[np.ndarray]:
-    plans = []
-    while True:
-        p = co.plan(job, epoch)
-        if not p["gids"].size:
-            return plans
-        plans.append(p)
+def unread(co: JobCoordinator) -> int:
+    """References the jobs still hold: what the sampler has left of their epochs, and
+    what is sampled but not yet planned."""
+    return sum(
+        (co.dsa.left[j] if co.sampling == "dsa" else len(job.order)) + job.queued()
+        for j, job in co.jobs.items()
+    )
 
 
 @pytest.mark.parametrize("sampling", ["dsa", "isa"])
@@ -43,7 +45,7 @@ def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
         pa, pb = co.plan(a, 0), co.plan(b, 0)
         misses += int((~pa["hit"]).sum() + (~pb["hit"]).sum())
         shared += np.intersect1d(pa["gids"], pb["gids"]).size
-    assert co.policy.refs.sum() == 0  # both read everything
+    assert co.policy.refs.sum() == unread(co)  # both read everything (DSA: epoch 1 began)
     if sampling == "dsa":  # the union: the minimum
         assert misses == 300 and shared >= 9 * 32 * 0.8
     else:  # independent shuffles: the cache (80 of 300) cannot bridge the two orders
@@ -70,7 +72,7 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
         got = [co.keys[g] for g in seen[j]]
         assert sorted(got) == sorted(keys(expect))  # each once
     assert co.gid_of["k00150"] == co.gid_of["k00150"]  # one global id per key
-    assert co.policy.refs.sum() == 0  # every reference consumed by a read
+    assert co.policy.refs.sum() == unread(co)  # every read consumed its reference
 
 
 def test_quiver_serves_cached_candidates_first():
@@ -88,11 +90,6 @@ def test_quiver_serves_cached_candidates_first():
             if sampling == "quiver":  # a substitute is cached, and served first
                 assert p["hit"][: int(p["hit"].sum())].all()
     assert hits["quiver"] > 2 * hits["isa"]  # with LRU at 20%: 262 against 93
-
-
-def unread(co: JobCoordinator) -> int:
-    """References the jobs still hold: what they have left to sample, and their queues."""
-    return sum(co.dsa.left[j] + len(job.queue) for j, job in co.jobs.items())
 
 
 def test_a_second_epoch_and_leaving_release_the_references():
@@ -128,7 +125,7 @@ def test_a_dead_or_silent_job_is_removed():
     assert co.reap() == [a]  # its process is gone
     assert co.reap(now=time.monotonic() + 6) == [b, c]  # silent past the timeout
     assert co.removed == [("dead", "process gone"), ("quiet", "timed out"), ("alive", "timed out")]
-    assert co.policy.refs.sum() == 0
+    assert co.policy.refs.sum() == unread(co) == 0
 
 
 def test_configuration_errors_name_the_setting():
@@ -269,3 +266,34 @@ def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
     assert t["service"]["samples_read"] <= union + 20  # each sample from storage ~once
     assert t["independent"]["samples_read"] > 1.3 * t["service"]["samples_read"]
     assert (tmp_path / "compare-jobs-overlap.json").exists()
+
+
+def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
+    _, _, client = service
+    full = FileStorage(str(fmnist_dir / "train"))
+    owned = SubsetStorage(full, np.arange(500))
+    loader = client.make_loader(owned, batch_size=50, num_workers=0, name="owner")
+    try:
+        for _ in loader:  # fills the shared cache
+            pass
+        sealed = loader.dataset.store
+        env, data_db, _ = _environment(sealed.inner.path, sealed.inner.map_size)
+        with env.begin(db=data_db) as txn:  # everything another process can list
+            entries = [(k.decode(), bytes(v)) for k, v in txn.cursor()]
+        assert len(entries) > 100
+        plain = {full.read(i) for i in range(500)}
+        for k, v in entries:
+            assert k not in set(owned.keys) and v not in plain  # neither digests nor bytes
+        got = dict(zip(owned.keys, sealed.get_many(owned.keys), strict=True))
+        held = {k: v for k, v in got.items() if v is not None}
+        assert len(held) == len(entries)  # the owner, with the digests, reads them all
+        assert all(held[k] == owned.read(i) for i, k in enumerate(owned.keys) if k in held)
+        victim = next(iter(held))
+        with env.begin(write=True, db=data_db) as txn:  # a flipped byte in one entry
+            sid = sealed_id(victim).encode()
+            raw = bytearray(txn.get(sid))
+            raw[0] ^= 0xFF
+            txn.put(sid, bytes(raw))
+        assert sealed.get_many([victim]) == [None] and sealed.rejected == 1  # never served
+    finally:
+        loader.close()

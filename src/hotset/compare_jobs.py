@@ -135,6 +135,7 @@ def _run_job(
             "epoch_time_s": float(np.mean(times)), "samples_read": c["misses"] + c["late_misses"],
             "bytes_from_storage": c["bytes_from_storage"], "accesses": c["accesses"],
             "hit_ratio": c["hit_ratio"], "waited_hits": c["waited_hits"],
+            "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
             "test_accuracy": accuracy(model, *test) if test is not None else None,
         }
     )  # fmt: skip

@@ -171,8 +171,10 @@ class CachedDataset(Dataset):
             stats.prefetched = len(fetched)
 
         t = time.perf_counter()
-        if plan.evict.size or plan.evict_keys:
-            self.store.delete_many([keys[i] for i in plan.evict.tolist()] + list(plan.evict_keys))
+        if plan.evict.size:
+            self.store.delete_many([keys[i] for i in plan.evict.tolist()])
+        if plan.evict_keys:
+            self.store.delete_store_keys(list(plan.evict_keys))
         admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
         admit.update((keys[i], v) for i, v in fetched.items())
         if admit:

@@ -30,9 +30,10 @@ class BatchPlan:
     sampler drew and ``sub`` marks the positions served by a substitute (a cached sample
     in place of a missed one). ``fetch`` lists ids to read and put that nobody requested.
 
-    From the multi-job service: ``evict_keys`` are store keys to delete (they may belong
-    to another job's dataset), and ``wait_s`` how long a worker waits for a planned hit
-    that another job is still fetching (co-operative misses) before reading storage.
+    From the multi-job service: ``evict_keys`` are entries to delete as the store files
+    them (sealed: they may belong to another job's dataset, whose digests it never
+    sees), and ``wait_s`` how long a worker waits for a planned hit that another job is
+    still fetching (co-operative misses) before reading storage.
     """
 
     epoch: int

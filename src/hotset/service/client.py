@@ -27,6 +27,7 @@ from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
+from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class ServiceClient:
         """A loader for this job, planned by the service, over its shared store.
         ``wait_s``: how long a worker waits for a sample another job is fetching."""
         info = self.hello()
-        store = SharedStore(int(info["capacity_bytes"]), path=info["store"])
+        store = SealedStore(SharedStore(int(info["capacity_bytes"]), path=info["store"]))
         planner = RemotePlanner(self, storage, batch_size, name=name, wait_s=wait_s)
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error

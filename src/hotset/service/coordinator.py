@@ -9,7 +9,9 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
   serves the cached candidates first, misses for the rest; the others stay next in line).
 * DSA runs in rounds over the jobs whose queue of sampled-but-not-yet-planned ids is
   short: a job far ahead samples alone (JOADER's partial sampling), a slow one keeps up
-  to ``lookahead`` batches queued.
+  to ``lookahead`` batches queued. A job's sampling runs on into its next epoch as soon
+  as the current one is sampled (the queue keeps the epochs apart), so jobs in step stay
+  in step across epoch boundaries instead of the first one to finish sampling alone.
 * The policy is shared (RefCnt by default): each job's epoch start adds one reference to
   each of its ids, each planned read consumes one, and a job that leaves (or dies) gives
   back what it had not read.
@@ -41,14 +43,18 @@ class Job:
     host: str = ""
     unique: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sorted gids
     local_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    epoch: int = -1  # the epoch being sampled (0 from registration on)
-    queue: deque = field(default_factory=deque)
+    epoch: int = -1  # the epoch being planned
+    sampling_epoch: int = -1  # the epoch the sampler fills (DSA runs ahead across epochs)
+    queues: dict[int, deque] = field(default_factory=dict)  # epoch -> sampled, not planned
     order: list[int] = field(default_factory=list)  # ISA: this epoch's shuffle, unread part
     planned: int = 0  # ids planned this epoch
     batches: int = 0
     last_seen: float = 0.0
     reads: int = 0
     hits: int = 0
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
 
     def local(self, gids: np.ndarray) -> np.ndarray:
         """Local indices of ``gids`` (a key listed twice in a manifest maps to its first)."""
@@ -145,22 +151,27 @@ class JobCoordinator:
         self._job(job_id).last_seen = time.monotonic()
 
     # -- epochs and plans --------------------------------------------------------------
-    def _release(self, job_id: int, job: Job, leaving: bool) -> None:
-        """Give back the references of what the job will not read after all."""
-        if self.sampling == "dsa":
-            left = self.dsa.remove_job(job_id) if leaving else self.dsa.end_epoch(job_id)
-        else:
-            left = np.array(job.order, np.int64)
-        unread = np.concatenate([left, np.array(list(job.queue), np.int64)])
-        if unread.size and hasattr(self.policy, "add_references"):
-            self.policy.add_references(unread, -1)
-        job.queue.clear()
-        job.order = []
+    def _release(self, job_id: int, job: Job, leaving: bool = False, before: int = -1) -> None:
+        """Give back the references of what the job will not read after all: its queued
+        ids of epochs before ``before`` (all, when ``leaving``) and, when leaving or
+        restarting, what the sampler had left of its epoch."""
+        drop = [e for e in job.queues if leaving or e < before]
+        unread = [np.array(job.queues.pop(e), np.int64) for e in drop]
+        if leaving or job.sampling_epoch < before:
+            if self.sampling == "dsa":
+                left = self.dsa.remove_job(job_id) if leaving else self.dsa.end_epoch(job_id)
+            else:
+                left = np.array(job.order, np.int64)
+                job.order = []
+            unread.append(left)
+        unread_ids = np.concatenate(unread) if unread else np.zeros(0, np.int64)
+        if unread_ids.size and hasattr(self.policy, "add_references"):
+            self.policy.add_references(unread_ids, -1)
 
-    def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:
-        if job.epoch >= 0:
-            self._release(job_id, job, leaving=False)
-        job.epoch, job.planned, job.batches = epoch, 0, 0
+    def _start_sampling(self, job_id: int, job: Job, epoch: int) -> None:
+        """The sampler begins ``epoch`` for the job: its ids are referenced once more."""
+        job.sampling_epoch = epoch
+        job.queues.setdefault(epoch, deque())
         if self.sampling == "dsa":
             self.dsa.start_epoch(job_id)
         else:
@@ -169,30 +180,42 @@ class JobCoordinator:
         if hasattr(self.policy, "add_references"):
             self.policy.add_references(job.unique, +1)
 
+    def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:
+        """The job plans ``epoch`` now: earlier epochs' leftovers are given back."""
+        self._release(job_id, job, before=epoch)
+        job.epoch, job.planned, job.batches = epoch, 0, 0
+        if job.sampling_epoch < epoch:
+            self._start_sampling(job_id, job, epoch)
+
     def _behind(self, job_id: int, job: Job) -> bool:
-        """Whether a job takes part in the next round: it has ids left and fewer than
-        ``lookahead`` batches queued (the rest are far enough ahead to wait)."""
-        return self.dsa.left[job_id] > 0 and len(job.queue) < self.lookahead * job.batch_size
+        """Whether a job takes part in the next round: it has fewer than ``lookahead``
+        batches queued (the rest are far enough ahead to wait)."""
+        return job.queued() < self.lookahead * job.batch_size
 
     def _fill(self, job_id: int, job: Job) -> None:
-        """Sample until the job has a batch queued (or nothing left this epoch)."""
+        """Sample until the job has a batch of its epoch queued (or its epoch is all
+        sampled)."""
+        queue = job.queues.setdefault(job.epoch, deque())
         if self.sampling == "isa":
-            while len(job.queue) < job.batch_size and job.order:
-                job.queue.append(job.order.pop())
+            while len(queue) < job.batch_size and job.order:
+                queue.append(job.order.pop())
             return
         if self.sampling == "quiver":
-            self._substitute(job)
+            self._substitute(job, queue)
             return
         left = self.dsa.left
-        while len(job.queue) < job.batch_size and left[job_id] > 0:
+        while len(queue) < job.batch_size and job.sampling_epoch == job.epoch:
             peers = [j for j, other in self.jobs.items() if j == job_id or self._behind(j, other)]
             for j, e in self.dsa.round(peers).items():
-                self.jobs[j].queue.append(e)
+                other = self.jobs[j]
+                other.queues[other.sampling_epoch].append(e)
+                if left[j] == 0:  # sampled its epoch: run on into the next one
+                    self._start_sampling(j, other, other.sampling_epoch + 1)
 
-    def _substitute(self, job: Job) -> None:
+    def _substitute(self, job: Job, queue: deque) -> None:
         """Quiver's substitutable hits: of the next ``substitution`` batches of the job's
         shuffle, the cached ids first, then the earliest misses; each id still once."""
-        need = job.batch_size - len(job.queue)
+        need = job.batch_size - len(queue)
         if need <= 0 or not job.order:
             return
         w = min(len(job.order), self.substitution * job.batch_size)
@@ -203,7 +226,7 @@ class JobCoordinator:
         fill = [e for e in window if e not in taken][: need - len(cached)]
         taken.update(fill)
         job.order.extend(e for e in reversed(window) if e not in taken)  # next in line
-        job.queue.extend(cached + fill)
+        queue.extend(cached + fill)
 
     def plan(self, job_id: int, epoch: int) -> dict:
         """The job's next batch of ``epoch``: global ids, the hit mask, what to admit, and
@@ -216,8 +239,9 @@ class JobCoordinator:
                 raise ConfigError(f"job {job.name!r}: epoch {epoch} is before {job.epoch}")
             self._start_epoch(job_id, job, epoch)
         self._fill(job_id, job)
-        n = min(job.batch_size, len(job.queue))
-        gids = np.array([job.queue.popleft() for _ in range(n)], np.int64)
+        queue = job.queues[epoch]
+        n = min(job.batch_size, len(queue))
+        gids = np.array([queue.popleft() for _ in range(n)], np.int64)
         r = self.policy.access(gids)
         job.planned += n
         job.batches += 1

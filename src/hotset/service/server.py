@@ -19,6 +19,7 @@ import zmq
 from hotset.errors import HotsetError
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.protocol import decode, encode
+from hotset.store.sealed import sealed_id
 from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class CacheService:
                 "local": job.local(p["gids"]),
                 "hit": p["hit"],
                 "admit": job.local(p["admit"]),
-                "evict_keys": p["evict_keys"],
+                "evict_keys": [sealed_id(k) for k in p["evict_keys"]],
             }
             return {"epoch": p["epoch"], "index": p["index"]}, out
         if op == "heartbeat":

@@ -6,6 +6,7 @@ from hotset.errors import ConfigError
 from hotset.store.base import Store
 from hotset.store.memory import MemoryStore
 from hotset.store.redis_store import RedisStore
+from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
 
 STORE_KINDS = (
@@ -31,4 +32,4 @@ def make_store(spec: str, capacity_bytes: int, **options) -> Store:
     raise ConfigError(f"unknown store {spec!r}; use one of: {', '.join(STORE_KINDS)}")
 
 
-__all__ = ["MemoryStore", "RedisStore", "SharedStore", "Store", "make_store"]
+__all__ = ["MemoryStore", "RedisStore", "SealedStore", "SharedStore", "Store", "make_store"]

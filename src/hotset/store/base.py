@@ -40,6 +40,11 @@ class Store(ABC):
     def delete_many(self, keys: Sequence[str]) -> None:
         """Remove the keys that are present."""
 
+    def delete_store_keys(self, keys: Sequence[str]) -> None:
+        """Remove entries named as this store files them (a sealing store files them
+        under another name than the sample key; the multi-job service sends those)."""
+        self.delete_many(keys)
+
     @abstractmethod
     def contains(self, key: str) -> bool: ...
 
