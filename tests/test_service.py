@@ -280,7 +280,7 @@ def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
         env, data_db, _ = _environment(sealed.inner.path, sealed.inner.map_size)
         with env.begin(db=data_db) as txn:  # everything another process can list
             entries = [(k.decode(), bytes(v)) for k, v in txn.cursor()]
-        assert len(entries) > 100
+        assert len(entries) >= 10
         plain = {full.read(i) for i in range(500)}
         for k, v in entries:
             assert k not in set(owned.keys) and v not in plain  # neither digests nor bytes

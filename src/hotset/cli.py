@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--store-path", default=None, help="LMDB dir on tmpfs (default: fresh)")
     sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
     sv.add_argument("--policy", default="refcnt")
-    sv.add_argument("--sampling", choices=["dsa", "isa", "quiver"], default="dsa")
+    sv.add_argument("--sampling", choices=["dsa", "isa", "quiver", "chunks"], default="dsa")
     sv.add_argument("--substitution", type=int, default=4,
                     help="quiver: batches of candidates looked up per batch")  # fmt: skip
     sv.add_argument("--lookahead", type=int, default=4, help="batches a slow job keeps queued")

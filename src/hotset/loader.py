@@ -252,7 +252,10 @@ class HotsetLoader:
             else it
         )
         pin = self.dataloader.pin_memory
+        consumed = getattr(self.planner, "consumed", None)  # the service's planner
         for n, raw in enumerate(bar):
+            if consumed is not None:
+                consumed()
             self.stats.add(raw["stats"])
             if self.stats.store_failures and not self._warned_store:
                 self._warned_store = True

@@ -6,6 +6,10 @@ the references of a job that leaves; every access is a read and consumes one. A 
 admitted by evicting the residents with the lowest counts, as long as each has fewer
 references than the newcomer or as many (ties go to the newcomer, the more recent): an
 element nobody reads again is never cached, and never displaces one that somebody will.
+
+``pin`` holds ids whose planned reads have not run yet (a multi-job service plans ahead
+of its workers): a pinned id is never evicted, so a planned hit is still there when the
+worker reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ class RefCntPolicy(Policy):
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
         self.refs = np.zeros(self.num_samples, np.int64)
+        self.pinned = np.zeros(self.num_samples, np.int64)
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
 
@@ -33,6 +38,11 @@ class RefCntPolicy(Policy):
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
         np.add.at(self.refs, np.asarray(ids, np.int64), int(delta))
         np.maximum(self.refs, 0, out=self.refs)
+
+    def pin(self, ids, delta: int = 1) -> None:
+        """Hold (``delta=1``) or release (``-1``) ids with planned reads not yet run."""
+        np.add.at(self.pinned, np.asarray(ids, np.int64), int(delta))
+        np.maximum(self.pinned, 0, out=self.pinned)
 
     def _evict(self, k: int) -> int:
         pos, res = self._pos, self._ids
@@ -52,6 +62,8 @@ class RefCntPolicy(Policy):
             self._sizes,
             self.capacity_bytes,
         )
+        pinned = self.pinned
+        big = np.int64(1) << 40  # a pinned resident outranks any reference count
         used = self.used
         for i in ids:
             r = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
@@ -65,8 +77,9 @@ class RefCntPolicy(Policy):
                 continue
             victims: list[int] = []
             while used + s > cap:
-                k = int(np.argmin(refs[res[: len(pos)]]))
-                if refs[res[k]] > r:  # ties go to the newcomer, the more recent
+                live = res[: len(pos)]
+                k = int(np.argmin(refs[live] + big * (pinned[live] > 0)))
+                if pinned[res[k]] or refs[res[k]] > r:  # ties go to the newcomer
                     break
                 j = self._evict(k)
                 victims.append(j)

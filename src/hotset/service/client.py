@@ -155,6 +155,8 @@ class RemotePlanner:
         self.samples_per_epoch = int(reply["samples_per_epoch"])
         self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
         self.epoch = 0
+        self.planned = 0  # non-empty plans received
+        self.done = 0  # batches the loader consumed (their reads ran)
         self.planning_s = 0.0
         self.feedback_s = 0.0
         self.failures = 0
@@ -185,10 +187,13 @@ class RemotePlanner:
     def __iter__(self) -> Iterator[BatchPlan]:
         epoch = self.epoch
         served = np.zeros(len(self.storage), bool)
+        self.done = self.planned  # a new pass: earlier plans ran or were dropped
         while True:
             start = time.perf_counter()
             try:
-                reply, p = self.client.call("plan", {"job": self.job, "epoch": epoch})
+                reply, p = self.client.call(
+                    "plan", {"job": self.job, "epoch": epoch, "done": self.done}
+                )
             except ServiceError as exc:
                 self.failures += 1
                 log.warning("%s; the rest of epoch %d is read from storage", exc, epoch)
@@ -199,6 +204,7 @@ class RemotePlanner:
             ids = p["local"]
             if ids.size == 0:
                 return
+            self.planned += 1
             served[ids] = True
             yield BatchPlan(
                 epoch, int(reply["index"]), ids, p["hit"], p["admit"], np.empty(0, np.int64),
@@ -210,6 +216,11 @@ class RemotePlanner:
         rest = np.random.default_rng([self.job, epoch]).permutation(rest)
         for lo in range(0, rest.size, self.batch_size):
             yield BatchPlan.uncached(rest[lo : lo + self.batch_size])
+
+    def consumed(self) -> None:
+        """The loader got one more batch: its plan's reads have run (the service may now
+        evict what it read)."""
+        self.done += 1
 
     def feedback(self, ids, losses, embeddings=None) -> None:
         """Importance feedback is not used by the multi-job sampling (yet): ignored."""

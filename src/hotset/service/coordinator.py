@@ -6,7 +6,8 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
 * Sampling is JOADER's DSA (``sampling="dsa"``), independent shuffles per job (``"isa"``,
   what jobs do without the service), or independent shuffles with Quiver's substitutable
   hits (``"quiver"``: a batch looks ``substitution`` batches ahead in the job's order and
-  serves the cached candidates first, misses for the rest; the others stay next in line).
+  serves the cached candidates first, misses for the rest; the others stay next in line),
+  or Quiver's chunks with coordinated eviction (``"chunks"``, see ``chunks.py``).
 * DSA runs in rounds over the jobs whose queue of sampled-but-not-yet-planned ids is
   short: a job far ahead samples alone (JOADER's partial sampling), a slow one keeps up
   to ``lookahead`` batches queued. A job's sampling runs on into its next epoch as soon
@@ -14,7 +15,9 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
   in step across epoch boundaries instead of the first one to finish sampling alone.
 * The policy is shared (RefCnt by default): each job's epoch start adds one reference to
   each of its ids, each planned read consumes one, and a job that leaves (or dies) gives
-  back what it had not read.
+  back what it had not read. A planned batch stays pinned (never evicted) until the job
+  reports it consumed (``done``): plans run ahead of the workers, and another job's
+  eviction must not delete a planned hit before it is read.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.policy.base import make_policy
 from hotset.sampling.dsa import DependentSampling
+from hotset.service.chunks import ChunkCache
 
-SAMPLING = ("dsa", "isa", "quiver")
+SAMPLING = ("dsa", "isa", "quiver", "chunks")
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Job:
     sampling_epoch: int = -1  # the epoch the sampler fills (DSA runs ahead across epochs)
     queues: dict[int, deque] = field(default_factory=dict)  # epoch -> sampled, not planned
     order: list[int] = field(default_factory=list)  # ISA: this epoch's shuffle, unread part
+    inflight: deque = field(default_factory=deque)  # (seq, gids) planned, not yet consumed
+    seq: int = 0  # non-empty plans handed out so far
     planned: int = 0  # ids planned this epoch
     batches: int = 0
     last_seen: float = 0.0
@@ -93,6 +99,8 @@ class JobCoordinator:
             policy, capacity_bytes, sizes=np.zeros(self.max_samples, np.int64), seed=seed
         )
         self.dsa = DependentSampling(self.max_samples, seed=seed)
+        self.chunks = ChunkCache(capacity_bytes, seed=seed) if sampling == "chunks" else None
+        self._evict_next: list[int] = []  # evictions decided outside a plan, for the next
         self.jobs: dict[int, Job] = {}
         self._next_job = 0
         self.removed: list[tuple[str, str]] = []  # (job name, why)
@@ -125,6 +133,9 @@ class JobCoordinator:
         for k in new:
             self.gid_of[k] = len(self.keys)
             self.keys.append(k)
+        if self.chunks is not None and new:
+            size_of = dict(zip(keys, sizes.tolist(), strict=True))
+            self.chunks.add_ids(np.array([size_of[k] for k in new], np.int64))
         gids = np.fromiter((self.gid_of[k] for k in keys), np.int64, len(keys))
         self.policy.set_sizes(gids, sizes)
         unique, first = np.unique(gids, return_index=True)
@@ -164,6 +175,10 @@ class JobCoordinator:
                 left = np.array(job.order, np.int64)
                 job.order = []
             unread.append(left)
+        if self.chunks is not None and (leaving or job.sampling_epoch < before):
+            self._evict_next += self.chunks.release(job_id)
+        if leaving:  # its planned batches will never be read
+            self._unpin(job, job.seq)
         unread_ids = np.concatenate(unread) if unread else np.zeros(0, np.int64)
         if unread_ids.size and hasattr(self.policy, "add_references"):
             self.policy.add_references(unread_ids, -1)
@@ -174,6 +189,8 @@ class JobCoordinator:
         job.queues.setdefault(epoch, deque())
         if self.sampling == "dsa":
             self.dsa.start_epoch(job_id)
+        elif self.chunks is not None:
+            self._evict_next += self.chunks.start_epoch(job_id, job.unique)
         else:
             rng = np.random.default_rng([self.seed, job_id, epoch])
             job.order = rng.permutation(job.unique).tolist()[::-1]  # popped from the end
@@ -228,33 +245,56 @@ class JobCoordinator:
         job.order.extend(e for e in reversed(window) if e not in taken)  # next in line
         queue.extend(cached + fill)
 
-    def plan(self, job_id: int, epoch: int) -> dict:
+    def _unpin(self, job: Job, done: int) -> None:
+        """The job's plans before ``done`` (its count of consumed batches) have run."""
+        pin = getattr(self.policy, "pin", None)
+        while job.inflight and job.inflight[0][0] < done:
+            _, gids = job.inflight.popleft()
+            if pin is not None:
+                pin(gids, -1)
+
+    def plan(self, job_id: int, epoch: int, done: int | None = None) -> dict:
         """The job's next batch of ``epoch``: global ids, the hit mask, what to admit, and
-        the keys to evict (of any job's dataset). An empty batch ends the epoch."""
+        the keys to evict (of any job's dataset). An empty batch ends the epoch. ``done``:
+        how many of its batches the job has consumed (their reads have run); ``None``:
+        all of them (a caller that runs each plan before asking for the next)."""
         start = time.perf_counter()
         job = self._job(job_id)
         job.last_seen = time.monotonic()
+        self._unpin(job, job.seq if done is None else done)
         if epoch != job.epoch:
             if epoch < job.epoch:
                 raise ConfigError(f"job {job.name!r}: epoch {epoch} is before {job.epoch}")
             self._start_epoch(job_id, job, epoch)
-        self._fill(job_id, job)
-        queue = job.queues[epoch]
-        n = min(job.batch_size, len(queue))
-        gids = np.array([queue.popleft() for _ in range(n)], np.int64)
-        r = self.policy.access(gids)
-        job.planned += n
-        job.batches += 1
-        job.reads += n
-        job.hits += int(r.hits.sum())
+        if self.chunks is not None:
+            ids, hits, admit, evict = self.chunks.batch(job_id, job.batch_size)
+            gids, hit = np.array(ids, np.int64), np.array(hits, bool)
+            admitted, evicted = np.array(admit, np.int64), evict
+        else:
+            self._fill(job_id, job)
+            queue = job.queues[epoch]
+            gids = np.array([queue.popleft() for _ in range(min(job.batch_size, len(queue)))])
+            gids = gids.astype(np.int64)
+            r = self.policy.access(gids)
+            hit, admitted, evicted = r.hits, r.admitted, r.evicted.tolist()
+        evicted, self._evict_next = self._evict_next + evicted, []
+        if gids.size:
+            if hasattr(self.policy, "pin"):
+                self.policy.pin(gids, +1)
+            job.inflight.append((job.seq, gids))
+            job.seq += 1
+            job.batches += 1
+        job.planned += gids.size
+        job.reads += gids.size
+        job.hits += int(hit.sum())
         self.planning_s += time.perf_counter() - start
         return {
             "epoch": epoch,
             "index": job.batches - 1,
             "gids": gids,
-            "hit": r.hits,
-            "admit": r.admitted,
-            "evict_keys": [self.keys[g] for g in r.evicted.tolist()],
+            "hit": hit,
+            "admit": admitted,
+            "evict_keys": [self.keys[g] for g in evicted],
         }
 
     # -- leaving -------------------------------------------------------------------------

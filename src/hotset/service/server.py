@@ -16,7 +16,7 @@ import time
 
 import zmq
 
-from hotset.errors import HotsetError
+from hotset.errors import ConfigError, HotsetError
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.protocol import decode, encode
 from hotset.store.sealed import sealed_id
@@ -36,11 +36,16 @@ class CacheService:
         capacity_bytes: int = 1 << 30,
         store_path: str | None = None,
         reap_every_s: float = 0.5,
+        slack: float = 0.05,
         **coordinator_options,
     ) -> None:
+        if not 0.0 <= slack < 1.0:
+            raise ConfigError(f"slack must be in [0, 1), got {slack}")
         self.address = address
         self.store = SharedStore(capacity_bytes, path=store_path)
-        self.coordinator = JobCoordinator(capacity_bytes, **coordinator_options)
+        # the policy plans for a little less than the store holds: workers of different
+        # jobs apply deletes and puts out of order, and the slack absorbs it
+        self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
         self.reap_every_s = reap_every_s
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -61,7 +66,7 @@ class CacheService:
             )  # fmt: skip
             return {"job": job, "samples_per_epoch": co.samples_per_epoch(job)}, {}
         if op == "plan":
-            p = co.plan(int(header["job"]), int(header["epoch"]))
+            p = co.plan(int(header["job"]), int(header["epoch"]), header.get("done"))
             job = co.jobs[int(header["job"])]
             out = {
                 "local": job.local(p["gids"]),
