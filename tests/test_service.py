@@ -52,7 +52,7 @@ def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
         assert misses > 1.2 * 300
 
 
-@pytest.mark.parametrize("sampling", ["dsa", "isa", "quiver"])
+@pytest.mark.parametrize("sampling", ["dsa", "isa", "quiver", "chunks"])
 def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
     co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3, sampling=sampling)
     a = co.register("a", keys(range(200)), np.ones(200), batch_size=16)

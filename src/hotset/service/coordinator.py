@@ -41,7 +41,6 @@ SAMPLING = ("dsa", "isa", "quiver", "chunks")
 @dataclass
 class Job:
     name: str
-    gids: np.ndarray  # the job's local index -> global id
     batch_size: int
     pid: int | None = None
     host: str = ""
@@ -53,7 +52,6 @@ class Job:
     order: list[int] = field(default_factory=list)  # ISA: this epoch's shuffle, unread part
     inflight: deque = field(default_factory=deque)  # (seq, gids) planned, not yet consumed
     seq: int = 0  # non-empty plans handed out so far
-    planned: int = 0  # ids planned this epoch
     batches: int = 0
     last_seen: float = 0.0
     reads: int = 0
@@ -98,7 +96,7 @@ class JobCoordinator:
         self.policy = make_policy(
             policy, capacity_bytes, sizes=np.zeros(self.max_samples, np.int64), seed=seed
         )
-        self.dsa = DependentSampling(self.max_samples, seed=seed)
+        self.dsa = DependentSampling(self.max_samples, seed=seed) if sampling == "dsa" else None
         self.chunks = ChunkCache(capacity_bytes, seed=seed) if sampling == "chunks" else None
         self._evict_next: list[int] = []  # evictions decided outside a plan, for the next
         self.jobs: dict[int, Job] = {}
@@ -141,7 +139,7 @@ class JobCoordinator:
         unique, first = np.unique(gids, return_index=True)
         job_id = self._next_job
         self._next_job += 1
-        job = Job(name, gids, int(batch_size), pid, host, unique, first.astype(np.int64))
+        job = Job(name, int(batch_size), pid, host, unique, first.astype(np.int64))
         job.last_seen = time.monotonic()
         self.jobs[job_id] = job
         if self.sampling == "dsa":
@@ -194,13 +192,13 @@ class JobCoordinator:
         else:
             rng = np.random.default_rng([self.seed, job_id, epoch])
             job.order = rng.permutation(job.unique).tolist()[::-1]  # popped from the end
-        if hasattr(self.policy, "add_references"):
+        if self.chunks is None and hasattr(self.policy, "add_references"):
             self.policy.add_references(job.unique, +1)
 
     def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:
         """The job plans ``epoch`` now: earlier epochs' leftovers are given back."""
         self._release(job_id, job, before=epoch)
-        job.epoch, job.planned, job.batches = epoch, 0, 0
+        job.epoch, job.batches = epoch, 0
         if job.sampling_epoch < epoch:
             self._start_sampling(job_id, job, epoch)
 
@@ -284,7 +282,6 @@ class JobCoordinator:
             job.inflight.append((job.seq, gids))
             job.seq += 1
             job.batches += 1
-        job.planned += gids.size
         job.reads += gids.size
         job.hits += int(hit.sum())
         self.planning_s += time.perf_counter() - start
