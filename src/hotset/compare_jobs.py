@@ -15,6 +15,7 @@ import multiprocessing as mp
 import posixpath
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -85,7 +86,7 @@ def _storage(cfg: JobsConfig, spec: JobSpec):
 
 
 def _run_job(
-    cfg: JobsConfig, spec: JobSpec, mode: str, address: str, capacity: int, t0: float, out
+    cfg: JobsConfig, spec: JobSpec, mode: str, address: str, capacity: int, ready, out
 ) -> None:
     """One training job (its own process); puts its row on ``out``."""
     import torch
@@ -98,20 +99,29 @@ def _run_job(
     from hotset.training import train_epoch
 
     torch.set_num_threads(1)  # several jobs share the cores
-    time.sleep(max(0.0, t0 + spec.start_s - time.time()))
-    storage = _storage(cfg, spec)
     decode = partial(decode_sample, size=IMAGE_SIZE)
-    if mode == "service":
-        loader = connect(address, timeout_s=60).make_loader(
-            storage, batch_size=cfg.batch_size, name=spec.name, num_workers=cfg.num_workers,
-            decode=decode, persistent_workers=cfg.num_workers > 0,
-        )  # fmt: skip
-    else:
-        loader = make_loader(
+
+    def open_loader():
+        storage = _storage(cfg, spec)
+        if mode == "service":
+            return connect(address, timeout_s=60).make_loader(
+                storage, batch_size=cfg.batch_size, name=spec.name,
+                num_workers=cfg.num_workers, decode=decode,
+                persistent_workers=cfg.num_workers > 0,
+            )  # fmt: skip
+        return make_loader(
             storage, batch_size=cfg.batch_size, policy="lru", capacity_bytes=capacity,
-            store="shared", seed=cfg.seed + hash(spec.name) % 1000, num_workers=cfg.num_workers,
-            decode=decode, persistent_workers=cfg.num_workers > 0,
+            store="shared", seed=cfg.seed + zlib.crc32(spec.name.encode()) % 1000,
+            num_workers=cfg.num_workers, decode=decode, persistent_workers=cfg.num_workers > 0,
         )  # fmt: skip
+
+    # jobs that start at once register first, then all cross one start line together
+    loader = open_loader() if spec.start_s == 0 else None
+    ready.wait(timeout=600)
+    t0 = time.time()
+    if loader is None:
+        time.sleep(spec.start_s)
+        loader = open_loader()
     torch.manual_seed(cfg.seed)
     model = TinyCNN(width=spec.width)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -159,9 +169,9 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
     if mode == "service":
         server = start_service(address, capacity_bytes=capacity, seed=cfg.seed, job_timeout_s=60)
     out = ctx.Queue()
-    t0 = time.time() + 2.0
+    ready = ctx.Barrier(len(cfg.specs))
     procs = [
-        ctx.Process(target=_run_job, args=(cfg, s, mode, address, capacity, t0, out))
+        ctx.Process(target=_run_job, args=(cfg, s, mode, address, capacity, ready, out))
         for s in cfg.specs
     ]
     try:
