@@ -149,27 +149,18 @@ class CachedDataset(Dataset):
         for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
             if v is not None:
                 got[i] = v
-        if plan.wait_s > 0 and len(got) < len(set(hit_ids)):
-            stats.waited_hits = self._wait_for_peers(hit_ids, got, plan.wait_s)
         stats.store_s += time.perf_counter() - t
-        # per position: a batch may serve one id several times (sampling with
-        # replacement, or one substitute for several requests)
-        stats.hits = sum(1 for i in hit_ids if i in got)
-        if plan.sub is not None:
-            subs = plan.ids[plan.sub & plan.hit].tolist()
-            stats.substitute_hits = sum(1 for i in subs if i in got)
-        stats.bytes_from_store = sum(len(v) for v in got.values())
-        stats.late_misses = len(hit_ids) - stats.hits
-        stats.misses = len(ids) - len(hit_ids)
 
-        missing = [i for i in ids if i not in got]
-        if missing:
-            got.update(self._read_storage(missing, stats))
+        # the plan's misses first, and their admissions: another job's worker may be
+        # waiting for them while this one waits for its own planned hits
+        planned_hits = set(hit_ids)
+        misses = [i for i in dict.fromkeys(ids) if i not in planned_hits]
+        if misses:
+            got.update(self._read_storage(misses, stats))
         fetched = {}
         if plan.fetch.size:
             fetched = self._read_storage(plan.fetch.tolist(), stats)
             stats.prefetched = len(fetched)
-
         t = time.perf_counter()
         if plan.evict.size:
             self.store.delete_many([keys[i] for i in plan.evict.tolist()])
@@ -179,9 +170,24 @@ class CachedDataset(Dataset):
         admit.update((keys[i], v) for i, v in fetched.items())
         if admit:
             self.store.put_many(admit)
+        if plan.wait_s > 0 and any(i not in got for i in planned_hits):
+            stats.waited_hits = self._wait_for_peers(hit_ids, got, plan.wait_s)
         stats.store_s += time.perf_counter() - t
         stats.store_failures = self.store.failures - failures0
         stats.refused_puts = self.store.refused - refused0
+
+        # per position: a batch may serve one id several times (sampling with
+        # replacement, or one substitute for several requests)
+        stats.hits = sum(1 for i in hit_ids if i in got)
+        if plan.sub is not None:
+            subs = plan.ids[plan.sub & plan.hit].tolist()
+            stats.substitute_hits = sum(1 for i in subs if i in got)
+        stats.bytes_from_store = sum(len(got[i]) for i in planned_hits if i in got)
+        stats.late_misses = len(hit_ids) - stats.hits
+        stats.misses = len(ids) - len(hit_ids)
+        late = [i for i in dict.fromkeys(hit_ids) if i not in got]
+        if late:  # planned hits that were not there: from storage, counted
+            got.update(self._read_storage(late, stats))
 
         t = time.perf_counter()
         served = np.array([i for i in ids if i in got], dtype=np.int64)
