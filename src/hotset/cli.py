@@ -192,20 +192,14 @@ def cmd_simulate_jobs(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from hotset.service import CacheService
+    from hotset.service.server import serve
 
-    service = CacheService(
-        args.address, args.capacity_bytes, args.store_path, max_samples=args.max_samples,
-        policy=args.policy, sampling=args.sampling, lookahead=args.lookahead,
-        job_timeout_s=args.job_timeout_s, seed=args.seed, substitution=args.substitution,
+    serve(
+        args.address, args.capacity_bytes, args.store_path, announce=True,
+        max_samples=args.max_samples, policy=args.policy, sampling=args.sampling,
+        lookahead=args.lookahead, job_timeout_s=args.job_timeout_s, seed=args.seed,
+        substitution=args.substitution,
     )  # fmt: skip
-    print(f"hotset service on {args.address}, store {service.store.path}", flush=True)
-    try:
-        service.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        service.close(destroy_store=args.store_path is None)
 
 
 def build_parser() -> argparse.ArgumentParser:

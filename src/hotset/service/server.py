@@ -116,14 +116,29 @@ class CacheService:
         self.store.close(destroy=destroy_store)
 
 
-def _run(address: str, capacity_bytes: int, store_path: str | None, options: dict) -> None:
+def serve(
+    address: str = DEFAULT_ADDRESS,
+    capacity_bytes: int = 1 << 30,
+    store_path: str | None = None,
+    announce: bool = False,
+    **options,
+) -> None:
+    """Run the service until SIGTERM, Ctrl-C or a ``stop`` request; a store it created
+    (no ``store_path``) is removed on the way out."""
     service = CacheService(address, capacity_bytes, store_path, **options)
-    # SIGTERM (``proc.terminate()``) stops the loop, so the store is removed on the way out
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
+    if announce:
+        print(f"hotset service on {address}, store {service.store.path}", flush=True)
     try:
         service.serve_forever()
+    except KeyboardInterrupt:
+        pass
     finally:
         service.close(destroy_store=store_path is None)
+
+
+def _run(address: str, capacity_bytes: int, store_path: str | None, options: dict) -> None:
+    serve(address, capacity_bytes, store_path, **options)
 
 
 def start_service(
