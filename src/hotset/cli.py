@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from hotset.errors import HotsetError
+from hotset.service.coordinator import ALLOCATION, SAMPLING
 
 DEFAULT_DATA = os.environ.get("HOTSET_DATA", "data/fashion-mnist")
 
@@ -198,7 +199,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         args.address, args.capacity_bytes, args.store_path, announce=True,
         max_samples=args.max_samples, policy=args.policy, sampling=args.sampling,
         lookahead=args.lookahead, job_timeout_s=args.job_timeout_s, seed=args.seed,
-        substitution=args.substitution,
+        substitution=args.substitution, allocation=args.allocation,
+        probe_batches=args.probe_batches,
     )  # fmt: skip
 
 
@@ -252,11 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
-    co.add_argument("--jobs", type=int, default=0,
-                    help="run N training jobs at once, through `hotset serve` and independently")
+    co.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="run N training jobs at once, through `hotset serve` and independently",
+    )
     co.add_argument("--scenario", default="same", help="--jobs: same|staggered|speeds|overlap")
-    co.add_argument("--samples", type=int, default=20000,
-                    help="--jobs: the first N training samples (0: all)")
+    co.add_argument(
+        "--samples", type=int, default=20000, help="--jobs: the first N training samples (0: all)"
+    )
     co.add_argument("--stagger-s", type=float, default=20.0,
                     help="--jobs staggered: seconds between job starts")  # fmt: skip
     co.set_defaults(func=cmd_compare)
@@ -308,8 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--capacity-bytes", type=int, default=1 << 30)
     sv.add_argument("--store-path", default=None, help="LMDB dir on tmpfs (default: fresh)")
     sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
-    sv.add_argument("--policy", default="refcnt")
-    sv.add_argument("--sampling", choices=["dsa", "isa", "quiver", "chunks"], default="dsa")
+    sv.add_argument("--policy", default=None, help="refcnt (default), or pq under --sampling iis")
+    sv.add_argument("--sampling", choices=list(SAMPLING), default="dsa")
+    sv.add_argument("--allocation", choices=list(ALLOCATION), default="shared",
+                    help="benefit: a partition per dataset, sized by measured benefit (Quiver)")
+    sv.add_argument("--probe-batches", type=int, default=None,
+                    help="minibatches timed without, then with, the cache per epoch "
+                    "(default 20 under --allocation benefit or --sampling iis)")  # fmt: skip
     sv.add_argument("--substitution", type=int, default=4,
                     help="quiver: batches of candidates looked up per batch")  # fmt: skip
     sv.add_argument("--lookahead", type=int, default=4, help="batches a slow job keeps queued")

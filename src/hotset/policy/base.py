@@ -104,6 +104,11 @@ class Policy(ABC):
                 raise ConfigError(f"sample {i} is cached with {self._sizes[i]} bytes, not {s}")
             self._sizes[i] = int(s)
 
+    def shrink_to(self, capacity_bytes: int) -> list[int]:
+        """Set a new capacity, evicting residents (this policy's victims first) until they
+        fit; returns the evicted ids. A multi-job service resizes a dataset's share."""
+        raise ConfigError(f"policy {self.name!r} cannot be resized")
+
     def set_future(self, sequence: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Tell the policy the planned accesses from now on (used by offline policies)."""
 

@@ -90,6 +90,17 @@ class LRUPolicy(Policy):
             pos, chunk = hi, chunk * 2
         return None
 
+    def shrink_to(self, capacity_bytes: int) -> list[int]:
+        """Evict the least recently used residents until they fit ``capacity_bytes``."""
+        self.capacity_bytes = int(capacity_bytes)
+        if self.used <= self.capacity_bytes:
+            return []
+        victims, self._head = self._oldest(self.used - self.capacity_bytes)  # type: ignore[misc]
+        self._in[victims] = False
+        self.used -= int(self._size[victims].sum())
+        self._count -= victims.size
+        return victims.tolist()
+
     # -- accesses ----------------------------------------------------------------------
     def _groups(self, ids: np.ndarray):
         """Distinct ids of the batch with the first/last position and the group of each

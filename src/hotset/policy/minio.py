@@ -16,10 +16,22 @@ class MinIOPolicy(Policy):
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
         self._set: set[int] = set()
+        self._order: list[int] = []  # admission order
 
     @property
     def _resident(self):
         return self._set
+
+    def shrink_to(self, capacity_bytes: int) -> list[int]:
+        """Never evicting has no victim order: the most recently admitted go first."""
+        self.capacity_bytes = int(capacity_bytes)
+        out = []
+        while self.used > self.capacity_bytes:
+            j = self._order.pop()
+            self._set.discard(j)
+            self.used -= self._sizes[j]
+            out.append(j)
+        return out
 
     def _access(self, ids, hits, admitted, evicted):
         members, sizes, cap, used = self._set, self._sizes, self.capacity_bytes, self.used
@@ -31,6 +43,7 @@ class MinIOPolicy(Policy):
             s = sizes[i]
             if used + s <= cap:
                 members.add(i)
+                self._order.append(i)
                 used += s
                 admitted.append(i)
         self.used = used

@@ -23,10 +23,12 @@ from hotset.policy.base import Policy, register_policy
 class RefCntPolicy(Policy):
     name = "refcnt"
 
-    def __init__(self, capacity_bytes, sizes, seed: int = 0):
+    def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None, pinned=None):
+        """``refs`` / ``pinned``: arrays to share with other RefCnt policies (one count of
+        future reads for several partitions of one cache)."""
         super().__init__(capacity_bytes, sizes, seed)
-        self.refs = np.zeros(self.num_samples, np.int64)
-        self.pinned = np.zeros(self.num_samples, np.int64)
+        self.refs = np.zeros(self.num_samples, np.int64) if refs is None else refs
+        self.pinned = np.zeros(self.num_samples, np.int64) if pinned is None else pinned
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
 
@@ -53,6 +55,21 @@ class RefCntPolicy(Policy):
             pos[int(res[k])] = k
         del pos[j]
         return j
+
+    def shrink_to(self, capacity_bytes: int) -> list[int]:
+        """Evict the unpinned residents with the fewest references until the rest fit (a
+        pinned one stays: it is evicted by a later admission once its read has run)."""
+        self.capacity_bytes = int(capacity_bytes)
+        live = self._ids[: len(self._pos)]
+        order = live[np.argsort(self.refs[live], kind="stable")]
+        out = []
+        for j in order[self.pinned[order] == 0].tolist():
+            if self.used <= self.capacity_bytes:
+                break
+            self._evict(self._pos[j])
+            self.used -= self._sizes[j]
+            out.append(j)
+        return out
 
     def _access(self, ids, hits, admitted, evicted):
         pos, res, refs, sizes, cap = (

@@ -5,6 +5,11 @@ The job registers its dataset by content keys, then its ``batch_sampler`` (a
 execute the plans against the service's shared store exactly as in the single-job path.
 If the service stops answering, the rest of the epoch is read from storage (each sample
 still once) and the event is counted in ``service_failures``.
+
+When the service asks for it (benefit-aware allocation, iCACHE's multi-job handling) the
+planner times the epoch's first minibatches without and then with the cache and reports
+the benefit (``benefit.py``), and sends the losses it gets from ``feedback`` along with
+its next plan request (still one request per batch).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from hotset.codecs import decode_sample
 from hotset.errors import ConfigError, ServiceError, ServiceUnavailable
 from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
+from hotset.service.benefit import BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
 from hotset.store.sealed import SealedStore
@@ -153,6 +159,8 @@ class RemotePlanner:
         )  # fmt: skip
         self.job = int(reply["job"])
         self.samples_per_epoch = int(reply["samples_per_epoch"])
+        self.probe = BenefitProbe(int(reply.get("probe_batches", 0)))
+        self._losses: list[tuple[np.ndarray, np.ndarray]] = []  # feedback not yet sent
         self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
         self.epoch = 0
         self.planned = 0  # non-empty plans received
@@ -184,16 +192,32 @@ class RemotePlanner:
     def __len__(self) -> int:
         return -(-self.samples_per_epoch // self.batch_size)
 
+    def _request(self, epoch: int, index: int, probing: bool) -> tuple[dict, Payload]:
+        """The plan request for the epoch's batch ``index``, with what is to report."""
+        header = {"job": self.job, "epoch": epoch, "done": self.done}
+        if probing:
+            header["cache"] = not self.probe.uncached(index)
+        benefit = self.probe.report()
+        if benefit is not None:
+            header["benefit"] = [benefit.t_uncached, benefit.t_cached, benefit.hit]
+        payload: Payload = {}
+        if self._losses:
+            ids, losses = zip(*self._losses, strict=True)
+            payload = {"fb_ids": np.concatenate(ids), "fb_losses": np.concatenate(losses)}
+            self._losses = []
+        return header, payload
+
     def __iter__(self) -> Iterator[BatchPlan]:
         epoch = self.epoch
         served = np.zeros(len(self.storage), bool)
         self.done = self.planned  # a new pass: earlier plans ran or were dropped
+        self.probe.start_epoch()
+        probing = self.probe.batches > 0 and len(self) >= 4 * self.probe.batches
+        index = 0
         while True:
             start = time.perf_counter()
             try:
-                reply, p = self.client.call(
-                    "plan", {"job": self.job, "epoch": epoch, "done": self.done}
-                )
+                reply, p = self.client.call("plan", *self._request(epoch, index, probing))
             except ServiceError as exc:
                 self.failures += 1
                 log.warning("%s; the rest of epoch %d is read from storage", exc, epoch)
@@ -205,6 +229,8 @@ class RemotePlanner:
             if ids.size == 0:
                 return
             self.planned += 1
+            index += 1
+            self.probe.planned(float(np.mean(p["hit"])))
             served[ids] = True
             yield BatchPlan(
                 epoch, int(reply["index"]), ids, p["hit"], p["admit"], np.empty(0, np.int64),
@@ -221,9 +247,13 @@ class RemotePlanner:
         """The loader got one more batch: its plan's reads have run (the service may now
         evict what it read)."""
         self.done += 1
+        self.probe.consumed()
 
     def feedback(self, ids, losses, embeddings=None) -> None:
-        """Importance feedback is not used by the multi-job sampling (yet): ignored."""
+        """Losses of a trained batch (local ids): sent with the next plan request."""
+        start = time.perf_counter()
+        self._losses.append((np.asarray(ids, np.int64), np.asarray(losses, np.float64)))
+        self.feedback_s += time.perf_counter() - start
 
     def close(self) -> None:
         """Leave the service: it releases this job's references."""

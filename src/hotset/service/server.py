@@ -17,6 +17,7 @@ import time
 import zmq
 
 from hotset.errors import ConfigError, HotsetError
+from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.protocol import decode, encode
 from hotset.store.sealed import sealed_id
@@ -64,10 +65,19 @@ class CacheService:
                 header["name"], payload["keys"], payload["sizes"], int(header["batch_size"]),
                 header.get("pid"), header.get("host", ""),
             )  # fmt: skip
-            return {"job": job, "samples_per_epoch": co.samples_per_epoch(job)}, {}
+            return {
+                "job": job,
+                "samples_per_epoch": co.samples_per_epoch(job),
+                "probe_batches": co.probe_batches,
+            }, {}
         if op == "plan":
-            p = co.plan(int(header["job"]), int(header["epoch"]), header.get("done"))
-            job = co.jobs[int(header["job"])]
+            job_id = int(header["job"])
+            if "fb_ids" in payload:
+                co.feedback(job_id, payload["fb_ids"], payload["fb_losses"])
+            if "benefit" in header:
+                co.report_benefit(job_id, Benefit(*header["benefit"]))
+            p = co.plan(job_id, int(header["epoch"]), header.get("done"), header.get("cache", True))
+            job = co.jobs[job_id]
             out = {
                 "local": job.local(p["gids"]),
                 "hit": p["hit"],

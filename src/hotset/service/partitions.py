@@ -1,0 +1,118 @@
+"""One cache, split in partitions that each run their own policy within their own bytes.
+
+The multi-job service keeps one partition for everything (a shared cache) or, under
+benefit-aware allocation, one per dataset. A sample has one copy, owned by the partition
+that admitted it: a hit is served from whichever partition holds it (and counts there,
+e.g. as an LRU refresh), a miss is admitted by the requesting job's partition, and a
+partition evicts only its own samples. RefCnt partitions share one count of future
+reads, so pinning and references need no routing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.policy.base import AccessResult, Policy, make_policy
+from hotset.policy.refcnt import RefCntPolicy
+
+RESIZABLE = ("refcnt", "lru", "fifo", "minio", "pq")
+
+
+class PartitionedPolicy:
+    """Partitions over ids ``0 .. num_ids - 1``, each a policy of kind ``kind``."""
+
+    def __init__(self, kind: str, num_ids: int, seed: int = 0) -> None:
+        self.kind, self.seed = kind, seed
+        self.sizes = np.zeros(int(num_ids), np.int64)
+        self.owner = np.full(int(num_ids), -1, np.int32)  # -1: not resident
+        self.parts: list[Policy] = []
+        self.board = None
+        if kind == "refcnt":
+            self.refs = np.zeros(self.sizes.size, np.int64)
+            self.pinned = np.zeros(self.sizes.size, np.int64)
+        make_policy(kind, 0, sizes=np.zeros(1, np.int64))  # an unknown kind fails here
+
+    def add_partition(self, capacity_bytes: int) -> int:
+        if self.kind == "refcnt":
+            part: Policy = RefCntPolicy(
+                capacity_bytes, self.sizes, self.seed, refs=self.refs, pinned=self.pinned
+            )
+        else:
+            part = make_policy(self.kind, capacity_bytes, sizes=self.sizes, seed=self.seed)
+        if self.board is not None and part.needs_scores:
+            part.attach_scores(self.board)
+        self.parts.append(part)
+        return len(self.parts) - 1
+
+    def resize(self, part: int, capacity_bytes: int) -> list[int]:
+        """Give partition ``part`` a new capacity; returns the ids it evicted to fit."""
+        if self.kind not in RESIZABLE:
+            raise ConfigError(
+                f"policy {self.kind!r} cannot be resized for benefit-aware allocation; "
+                f"use one of {RESIZABLE}"
+            )
+        evicted = self.parts[part].shrink_to(capacity_bytes)
+        self.owner[evicted] = -1
+        return evicted
+
+    # -- what the coordinator calls ------------------------------------------------------
+    def access(self, ids: np.ndarray, part: int) -> AccessResult:
+        """Access ``ids`` for a job of partition ``part``."""
+        ids = np.asarray(ids, np.int64)
+        route = self.owner[ids]
+        route[route < 0] = part
+        hits = np.zeros(ids.size, bool)
+        admitted, evicted = [], []
+        for p in dict.fromkeys(route.tolist()):
+            sel = route == p
+            r = self.parts[p].access(ids[sel])
+            hits[sel] = r.hits
+            self.owner[r.evicted] = -1
+            self.owner[r.admitted] = p
+            admitted.append(r.admitted)
+            evicted.append(r.evicted)
+        adm = np.concatenate(admitted) if admitted else ids[:0]
+        ev = np.concatenate(evicted) if evicted else ids[:0]
+        return AccessResult(hits, adm[self.owner[adm] >= 0], ev[self.owner[ev] < 0])
+
+    def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
+        for part in self.parts:
+            part.set_sizes(ids, sizes)
+        self.sizes[np.asarray(ids, np.int64)] = sizes
+
+    def attach_scores(self, board) -> None:
+        """Importance scores for the partitions whose policy is keyed by them."""
+        self.board = board
+        for part in self.parts:
+            if part.needs_scores:
+                part.attach_scores(board)
+
+    def scores_updated(self, ids: np.ndarray) -> None:
+        for part in self.parts:
+            if part.needs_scores:
+                part.scores_updated(ids)
+
+    def add_references(self, ids, delta: int = 1) -> None:
+        if self.kind == "refcnt":
+            self.parts[0].add_references(ids, delta)  # the count is shared
+
+    def pin(self, ids, delta: int = 1) -> None:
+        if self.kind == "refcnt":
+            self.parts[0].pin(ids, delta)
+
+    def __contains__(self, i: int) -> bool:
+        return bool(self.owner[int(i)] >= 0)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def used(self) -> int:
+        return sum(p.used for p in self.parts)
+
+    def capacities(self) -> list[int]:
+        return [p.capacity_bytes for p in self.parts]
+
+    def cached_ids(self) -> np.ndarray:
+        return np.flatnonzero(self.owner >= 0)
