@@ -41,19 +41,22 @@ sizes_st = st.lists(st.integers(0, 1000), min_size=1, max_size=6)
 @given(sizes_st, st.integers(0, 4000), st.data())
 @settings(max_examples=300, deadline=None)
 def test_split_never_exceeds_the_budget_or_a_dataset(sizes, budget, data):
+    n = len(sizes)
     values = data.draw(
-        st.none() | st.lists(st.floats(0, 1), min_size=len(sizes), max_size=len(sizes))
+        st.none() | st.lists(st.floats(0, 1) | st.just(np.nan), min_size=n, max_size=n)
     )
     q = split_budget(budget, np.array(sizes), None if values is None else np.array(values))
-    assert (q >= 0).all() and (q <= np.array(sizes)).all()
-    assert q.sum() == min(budget, sum(sizes))  # nothing left idle that someone could use
-    if values is None:  # even: a dataset below its size has at least everyone else's share
-        for d in np.flatnonzero(q < np.array(sizes)):
+    sizes = np.array(sizes)
+    assert (q >= 0).all() and (q <= sizes).all()
+    assert q.sum() == min(budget, sizes.sum())  # nothing left idle that someone could use
+    known = np.zeros(n, bool) if values is None else ~np.isnan(values)
+    if not known.any():  # even: a dataset below its size has at least everyone else's share
+        for d in np.flatnonzero(q < sizes):
             assert (q[d] >= q - 1).all()
     else:  # greedy: a dataset worth more per byte is full before a lesser one gets bytes
-        density = np.array(values) / np.maximum(sizes, 1)
-        for d in range(len(sizes)):
-            for e in range(len(sizes)):
+        density = np.nan_to_num(values) / np.maximum(sizes, 1)
+        for d in np.flatnonzero(known):
+            for e in np.flatnonzero(known):
                 if density[d] > density[e] and q[e] > 0:
                     assert q[d] == sizes[d]
 
@@ -62,6 +65,8 @@ def test_the_most_beneficial_dataset_gets_the_budget():
     q = split_budget(150, np.array([100, 100]), np.array([0.05, 0.6]))
     assert q.tolist() == [50, 100]
     assert split_budget(150, np.array([100, 100])).tolist() == [75, 75]
+    # one measured, one not: the unmeasured keeps an even share, the measured the rest
+    assert split_budget(150, np.array([100, 100, 100]), [0.6, np.nan, 0.1]).tolist() == [100, 50, 0]
 
 
 # -- the measurement -----------------------------------------------------------------------
@@ -78,8 +83,8 @@ def test_benefit_ratio_and_saving():
 
 
 def test_the_probe_times_the_two_phases_of_real_consumption():
-    probe = BenefitProbe(5)
-    probe.start_epoch()
+    probe = BenefitProbe(5, every=3)
+    assert probe.start_epoch(0)
     assert [probe.uncached(k) for k in range(7)] == [True] * 5 + [False] * 2
     for k in range(10):
         probe.planned(0.0 if k < 5 else 0.75)
@@ -88,6 +93,9 @@ def test_the_probe_times_the_two_phases_of_real_consumption():
     b = probe.report()
     assert b.t_uncached > 2 * b.t_cached and b.hit == 0.75
     assert probe.report() is None  # once per epoch
+    # conclusive: measured again every 3rd epoch only
+    assert [probe.start_epoch(e) for e in (1, 2, 3)] == [False, False, True]
+    assert BenefitProbe(5, every=3).start_epoch(7)  # nothing conclusive yet: each epoch
 
 
 # -- the partitioned cache -----------------------------------------------------------------
@@ -136,7 +144,7 @@ def test_the_service_divides_its_cache_by_measured_benefit():
     co.report_benefit(a, Benefit(0.10, 0.06, 0.75))
     co.report_benefit(b, Benefit(0.10, 0.02, 0.01))  # a cold cache tells nothing
     assert co.jobs[b].saving is None
-    assert co.policy.capacities() == [75, 75]  # b not measured yet
+    assert co.policy.capacities() == [75, 75]  # b not measured yet: its even share
     co.report_benefit(b, Benefit(0.10, 0.099, 0.75))
     assert co.policy.capacities() == [100, 50]
     first = co.plan(b, 1)  # b's evictions go out with the next plan
@@ -148,7 +156,7 @@ def test_the_service_divides_its_cache_by_measured_benefit():
     co.report_benefit(b, Benefit(0.10, 0.099, 0.01))  # inconclusive: keeps its saving
     assert co.jobs[b].saving == pytest.approx(0.01 / 0.75)
     co.leave(a)
-    assert co.policy.capacities()[1] == 100  # the one dataset left has a job: all of it fits
+    assert co.policy.capacities() == [0, 100]  # a's dataset has no job left
 
 
 def test_a_benefit_report_after_a_timing_without_the_cache():

@@ -251,9 +251,12 @@ def test_subset_storage_keeps_the_inner_keys(fmnist_dir):
 
 
 def test_scenarios_vary_what_they_say():
-    same, stag, speeds, over = (scenario_jobs(s, 4, 10.0) for s in SCENARIOS)
+    same, stag, speeds, over, benefit, iis = (scenario_jobs(s, 4, 10.0) for s in SCENARIOS)
     assert {j.window for j in same} == {(0.0, 1.0)} and [j.start_s for j in stag] == [0, 10, 20, 30]
     assert len({j.width for j in speeds}) == 4 and len({j.window for j in over}) == 4
+    assert [j.window[1] for j in benefit] == [0.25, 0.5, 0.75, 1.0]  # disjoint slices
+    assert {(j.width, j.latency_ms) for j in benefit} == {(8, None), (48, 0.0)}
+    assert {j.width for j in iis} == {8, 48} and {j.window for j in iis} == {(0.0, 1.0)}
 
 
 @pytest.mark.slow

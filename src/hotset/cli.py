@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from hotset.compare_jobs import SCENARIOS
 from hotset.errors import HotsetError
 from hotset.service.coordinator import ALLOCATION, SAMPLING
 
@@ -109,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             epochs=args.epochs, batch_size=args.batch_size,
             cache_fraction=args.cache_fractions[0], num_workers=args.num_workers,
             latency_ms=args.latency_ms, concurrency=args.concurrency,
-            stagger_s=args.stagger_s, seed=args.seed,
+            stagger_s=args.stagger_s, probe_batches=args.probe_batches, seed=args.seed,
         )  # fmt: skip
         doc = compare_jobs(jobs, out_dir=args.out)
         if args.json:
@@ -260,9 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="run N training jobs at once, through `hotset serve` and independently",
     )
-    co.add_argument("--scenario", default="same", help="--jobs: same|staggered|speeds|overlap")
+    co.add_argument("--scenario", default="same", choices=list(SCENARIOS), help="with --jobs")
     co.add_argument(
         "--samples", type=int, default=20000, help="--jobs: the first N training samples (0: all)"
+    )
+    co.add_argument(
+        "--probe-batches",
+        type=int,
+        default=10,
+        help="--jobs benefit|iis: minibatches timed without, then with, the cache",
     )
     co.add_argument("--stagger-s", type=float, default=20.0,
                     help="--jobs staggered: seconds between job starts")  # fmt: skip
@@ -317,8 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
     sv.add_argument("--policy", default=None, help="refcnt (default), or pq under --sampling iis")
     sv.add_argument("--sampling", choices=list(SAMPLING), default="dsa")
-    sv.add_argument("--allocation", choices=list(ALLOCATION), default="shared",
-                    help="benefit: a partition per dataset, sized by measured benefit (Quiver)")
+    sv.add_argument(
+        "--allocation",
+        choices=list(ALLOCATION),
+        default="shared",
+        help="benefit: a partition per dataset, sized by measured benefit (Quiver)",
+    )
     sv.add_argument("--probe-batches", type=int, default=None,
                     help="minibatches timed without, then with, the cache per epoch "
                     "(default 20 under --allocation benefit or --sampling iis)")  # fmt: skip

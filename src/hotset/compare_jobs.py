@@ -1,11 +1,21 @@
-"""`hotset compare --jobs`: several training jobs at once on one machine, through the
-service (shared DSA sampling, one RefCnt cache) and independently (each its own
-uniform sampler and LRU cache of the same size), side by side.
+"""`hotset compare --jobs`: several training jobs at once on one machine, two ways side
+by side. Each job is its own process with its own DataLoader workers and its own
+throttled storage.
 
-Scenarios: ``same`` (identical jobs, same start), ``staggered`` (each starts
-``stagger_s`` after the previous), ``speeds`` (models of different widths, so different
-step times) and ``overlap`` (each job on a different 70% window of the samples). Each job
-is its own process with its own DataLoader workers and its own throttled storage.
+Scenarios ``same`` (identical jobs, same start), ``staggered`` (each starts ``stagger_s``
+after the previous), ``speeds`` (models of different widths, so different step times) and
+``overlap`` (each job on a different 70% window of the samples) compare the service
+(shared DSA sampling, one RefCnt cache) with the jobs run independently (each its own
+uniform sampler and LRU cache of the same size).
+
+``benefit`` (Quiver's job heterogeneity): the jobs train on disjoint slices of the
+samples; the even ones are I/O-bound (slow storage, a narrow model), the odd ones
+compute-bound (storage without latency, a wide model). The service with benefit-aware
+allocation (a partition per dataset, sized by measured benefit) against the same
+service with one shared cache; both sample uniformly and never evict (MinIO) within a
+partition. ``iis`` (iCACHE's multi-job handling): importance-sampling jobs of different
+widths on the same samples; the service's H-cache keyed by the aggregated importance
+(AIV) against the same sampling with an LRU cache.
 """
 
 from __future__ import annotations
@@ -24,8 +34,21 @@ import numpy as np
 
 from hotset.errors import ConfigError
 
-SCENARIOS = ("same", "staggered", "speeds", "overlap")
-MODES = ("service", "independent")
+SCENARIOS = ("same", "staggered", "speeds", "overlap", "benefit", "iis")
+#: the two ways each scenario runs its jobs (the first is the one under test)
+SCENARIO_MODES = {"benefit": ("benefit", "shared"), "iis": ("aiv", "iis-lru")}
+#: the service's options per mode ("independent": no service)
+SERVICE_OPTIONS = {
+    "service": {},
+    "benefit": {"sampling": "isa", "policy": "minio", "allocation": "benefit"},
+    "shared": {"sampling": "isa", "policy": "minio"},
+    "aiv": {"sampling": "iis"},
+    "iis-lru": {"sampling": "iis", "policy": "lru"},
+}
+
+
+def scenario_modes(scenario: str) -> tuple[str, str]:
+    return SCENARIO_MODES.get(scenario, ("service", "independent"))
 
 
 @dataclass
@@ -34,6 +57,7 @@ class JobSpec:
     start_s: float = 0.0  # delay after the first job starts
     width: int = 16  # TinyCNN width: wider is slower
     window: tuple[float, float] = (0.0, 1.0)  # the fraction of the samples it trains on
+    latency_ms: float | None = None  # its storage's latency (None: the config's)
 
 
 @dataclass
@@ -49,6 +73,7 @@ class JobsConfig:
     latency_ms: float = 2.0
     concurrency: int = 4
     stagger_s: float = 20.0
+    probe_batches: int = 10  # benefit / iis: minibatches timed without, then with, the cache
     seed: int = 0
     specs: list[JobSpec] = field(default_factory=list)
 
@@ -71,6 +96,11 @@ def scenario_jobs(scenario: str, n: int, stagger_s: float) -> list[JobSpec]:
         elif scenario == "overlap":
             lo = 0.3 * k / max(1, n - 1)
             j.window = (lo, lo + 0.7)
+        elif scenario == "benefit":
+            j.window = (k / n, (k + 1) / n)
+            j.width, j.latency_ms = (8, None) if k % 2 == 0 else (48, 0.0)
+        elif scenario == "iis":
+            j.width = (8, 48)[k % 2]
     return jobs
 
 
@@ -80,9 +110,8 @@ def _storage(cfg: JobsConfig, spec: JobSpec):
     full = FileStorage(posixpath.join(cfg.data, "train"))
     n = min(len(full), cfg.samples) if cfg.samples else len(full)
     lo, hi = int(spec.window[0] * n), int(spec.window[1] * n)
-    return ThrottledStorage(
-        SubsetStorage(full, np.arange(lo, hi)), cfg.latency_ms, 0.0, cfg.concurrency
-    )
+    latency = cfg.latency_ms if spec.latency_ms is None else spec.latency_ms
+    return ThrottledStorage(SubsetStorage(full, np.arange(lo, hi)), latency, 0.0, cfg.concurrency)
 
 
 def _run_job(
@@ -103,7 +132,7 @@ def _run_job(
 
     def open_loader():
         storage = _storage(cfg, spec)
-        if mode == "service":
+        if mode != "independent":
             return connect(address, timeout_s=60).make_loader(
                 storage, batch_size=cfg.batch_size, name=spec.name,
                 num_workers=cfg.num_workers, decode=decode,
@@ -126,14 +155,22 @@ def _run_job(
     model = TinyCNN(width=spec.width)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     started = time.time() - t0
-    times = []
+    times, hits = [], []
     try:
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
             t = time.perf_counter()
             train_epoch(loader, model, opt)
             times.append(time.perf_counter() - t)
+            hits.append(loader.counters()["hits"])
         c = loader.counters()
+        service = {}
+        if mode != "independent":
+            service = loader.planner.client.stats()
+            service["benefits"] = [
+                {**b.__dict__, "ratio": b.ratio, "saving": b.saving}
+                for b in loader.planner.benefits
+            ]
     finally:
         loader.close()
         if mode == "independent":
@@ -142,21 +179,25 @@ def _run_job(
     out.put(
         {
             **asdict(spec), "mode": mode, "started_s": started, "epoch_times_s": times,
-            "epoch_time_s": float(np.mean(times)), "samples_read": c["misses"] + c["late_misses"],
+            "epoch_time_s": float(np.mean(times)),
+            "hits_by_epoch": np.diff(hits, prepend=0).tolist(),
+            "samples_read": c["misses"] + c["late_misses"],
             "bytes_from_storage": c["bytes_from_storage"], "accesses": c["accesses"],
             "hit_ratio": c["hit_ratio"], "waited_hits": c["waited_hits"],
             "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
             "test_accuracy": accuracy(model, *test) if test is not None else None,
+            "service": service,
         }
     )  # fmt: skip
 
 
 def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
-    """All of ``cfg``'s jobs at once, through the service or independently."""
+    """All of ``cfg``'s jobs at once, through the service (``SERVICE_OPTIONS[mode]``) or
+    independently (``"independent"``)."""
     from hotset.service import start_service
 
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in (*SERVICE_OPTIONS, "independent"):
+        raise ConfigError(f"mode must be one of {(*SERVICE_OPTIONS, 'independent')}, got {mode!r}")
     union = set()
     for spec in cfg.specs:
         union.update(_storage(cfg, spec).keys)
@@ -166,8 +207,12 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
     ctx = mp.get_context("spawn")
     server = None
     address = f"ipc://{tempfile.mkdtemp(prefix='hotset-jobs-')}/service.sock"
-    if mode == "service":
-        server = start_service(address, capacity_bytes=capacity, seed=cfg.seed, job_timeout_s=60)
+    if mode != "independent":
+        server = start_service(
+            address, capacity_bytes=capacity, seed=cfg.seed, job_timeout_s=60,
+            probe_batches=cfg.probe_batches if mode in ("benefit", "aiv") else 0,
+            **SERVICE_OPTIONS[mode],
+        )  # fmt: skip
     out = ctx.Queue()
     ready = ctx.Barrier(len(cfg.specs))
     procs = [
@@ -190,11 +235,25 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["name"])
 
 
+def _warm_page_cache(cfg: JobsConfig) -> None:
+    """Read the samples' files once, so that the mode run first does not also pay for
+    a cold disk (the throttle is the storage both modes are measured against)."""
+    from hotset.storage import FileStorage
+
+    full = FileStorage(posixpath.join(cfg.data, "train"))
+    n = min(len(full), cfg.samples) if cfg.samples else len(full)
+    for lo in range(0, n, 1024):
+        full.read_many(range(lo, min(n, lo + 1024)))
+
+
 def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
-    """Both modes side by side; returns and writes ``{"config", "rows", "totals"}``."""
-    rows = run_jobs(cfg, "service") + run_jobs(cfg, "independent")
+    """Both of the scenario's modes side by side; returns and writes ``{"config", "modes",
+    "rows", "totals"}``."""
+    modes = scenario_modes(cfg.scenario)
+    _warm_page_cache(cfg)
+    rows = run_jobs(cfg, modes[0]) + run_jobs(cfg, modes[1])
     totals = {}
-    for mode in MODES:
+    for mode in modes:
         sel = [r for r in rows if r["mode"] == mode]
         totals[mode] = {
             "samples_read": sum(r["samples_read"] for r in sel),
@@ -202,11 +261,12 @@ def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
             "hit_ratio": sum(r["hit_ratio"] * r["accesses"] for r in sel)
             / max(1, sum(r["accesses"] for r in sel)),
             "slowest_epoch_s": max(r["epoch_time_s"] for r in sel),
+            "mean_epoch_s": float(np.mean([r["epoch_time_s"] for r in sel])),
         }
-    totals["read_ratio"] = totals["service"]["bytes_from_storage"] / max(
-        1, totals["independent"]["bytes_from_storage"]
+    totals["read_ratio"] = totals[modes[0]]["bytes_from_storage"] / max(
+        1, totals[modes[1]]["bytes_from_storage"]
     )
-    doc = {"config": asdict(cfg), "rows": rows, "totals": totals}
+    doc = {"config": asdict(cfg), "modes": list(modes), "rows": rows, "totals": totals}
     print(format_jobs_compare(doc))
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -219,7 +279,7 @@ def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
 def format_jobs_compare(doc: dict) -> str:
     head = (
         f"{'mode':<12} {'job':<6} {'width':>5} {'window':>9} {'start s':>7} {'read':>7} "
-        f"{'hit':>6} {'epoch s':>8} {'test acc':>8}"
+        f"{'hit':>6} {'epoch s':>8} {'last ep.':>8} {'test acc':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in doc["rows"]:
@@ -227,14 +287,16 @@ def format_jobs_compare(doc: dict) -> str:
         window = f"{r['window'][0]:.2f}-{r['window'][1]:.2f}"
         lines.append(
             f"{r['mode']:<12} {r['name']:<6} {r['width']:>5} {window:>9} {r['started_s']:>7.1f} "
-            f"{r['samples_read']:>7d} {r['hit_ratio']:>6.3f} {r['epoch_time_s']:>8.2f} {acc:>8}"
+            f"{r['samples_read']:>7d} {r['hit_ratio']:>6.3f} {r['epoch_time_s']:>8.2f} "
+            f"{r['epoch_times_s'][-1]:>8.2f} {acc:>8}"
         )
     t = doc["totals"]
-    for mode in MODES:
+    for mode in doc["modes"]:
         lines.append(
             f"{mode:<12} {'total':<6} read {t[mode]['samples_read']} samples, "
             f"{t[mode]['bytes_from_storage'] / 1e6:.1f} MB, hit {t[mode]['hit_ratio']:.3f}, "
+            f"mean epoch {t[mode]['mean_epoch_s']:.2f} s, "
             f"slowest epoch {t[mode]['slowest_epoch_s']:.2f} s"
         )
-    lines.append(f"bytes read through the service / independent: {t['read_ratio']:.3f}")
+    lines.append("bytes read, {} / {}: {:.3f}".format(*doc["modes"], t["read_ratio"]))
     return "\n".join(lines)

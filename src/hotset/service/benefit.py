@@ -60,17 +60,27 @@ class Benefit:
 class BenefitProbe:
     """The client's side: which phase a batch of the epoch is in, and its timing."""
 
-    def __init__(self, batches: int, skip: int = 2) -> None:
+    def __init__(self, batches: int, every: int = 1, skip: int = 2) -> None:
+        """``every``: epochs between measurements once one was conclusive (until then,
+        each epoch measures)."""
         if batches < 0 or batches == 1:
             raise ConfigError(f"probe batches must be 0 (off) or >= 2, got {batches}")
-        self.batches = int(batches)
+        if every < 1:
+            raise ConfigError(f"probe every must be >= 1 epoch, got {every}")
+        self.batches, self.every = int(batches), int(every)
+        self._epoch, self._last = 0, None  # the epoch of the last conclusive measurement
         self.skip = min(int(skip), max(0, self.batches - 2))  # leaves >= 1 step a phase
         self.start_epoch()
 
-    def start_epoch(self) -> None:
+    def start_epoch(self, epoch: int = 0) -> bool:
+        """A new epoch; returns whether it measures."""
         self._times: list[float] = []  # when each batch reached the training loop
         self._hits: list[float] = []
-        self._reported = False
+        self._epoch = epoch
+        self._reported = not (
+            self.batches and (self._last is None or epoch - self._last >= self.every)
+        )
+        return not self._reported
 
     def uncached(self, index: int) -> bool:
         """Whether the epoch's batch ``index`` is read without the cache."""
@@ -91,8 +101,11 @@ class BenefitProbe:
             return None
         self._reported = True
         took = np.diff(self._times)  # took[k - 1]: from batch k - 1 to batch k
-        return Benefit(
+        benefit = Benefit(
             float(np.median(took[self.skip : b - 1])),
             float(np.median(took[b - 1 + self.skip :])),
             float(np.mean(self._hits[b : 2 * b])),
         )
+        if benefit.conclusive:
+            self._last = self._epoch
+        return benefit

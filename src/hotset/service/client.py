@@ -30,7 +30,7 @@ from hotset.codecs import decode_sample
 from hotset.errors import ConfigError, ServiceError, ServiceUnavailable
 from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
-from hotset.service.benefit import BenefitProbe
+from hotset.service.benefit import Benefit, BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
 from hotset.store.sealed import SealedStore
@@ -159,7 +159,8 @@ class RemotePlanner:
         )  # fmt: skip
         self.job = int(reply["job"])
         self.samples_per_epoch = int(reply["samples_per_epoch"])
-        self.probe = BenefitProbe(int(reply.get("probe_batches", 0)))
+        self.probe = BenefitProbe(int(reply["probe_batches"]), int(reply["probe_every"]))
+        self.benefits: list[Benefit] = []  # what it measured and reported, by epoch
         self._losses: list[tuple[np.ndarray, np.ndarray]] = []  # feedback not yet sent
         self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
         self.epoch = 0
@@ -199,6 +200,7 @@ class RemotePlanner:
             header["cache"] = not self.probe.uncached(index)
         benefit = self.probe.report()
         if benefit is not None:
+            self.benefits.append(benefit)
             header["benefit"] = [benefit.t_uncached, benefit.t_cached, benefit.hit]
         payload: Payload = {}
         if self._losses:
@@ -211,8 +213,7 @@ class RemotePlanner:
         epoch = self.epoch
         served = np.zeros(len(self.storage), bool)
         self.done = self.planned  # a new pass: earlier plans ran or were dropped
-        self.probe.start_epoch()
-        probing = self.probe.batches > 0 and len(self) >= 4 * self.probe.batches
+        probing = self.probe.start_epoch(epoch) and len(self) >= 4 * self.probe.batches
         index = 0
         while True:
             start = time.perf_counter()

@@ -112,12 +112,15 @@ class JobCoordinator:
         substitution: int = 4,
         allocation: str = "shared",
         probe_batches: int | None = None,
+        probe_every: int | None = None,
         eligible_ratio: float = 1.5,
     ) -> None:
         """``policy``: each partition's policy (default ``refcnt``; ``pq`` by aggregated
         importance under ``iis``). ``probe_batches``: minibatches a job reads without,
         then with, the cache at each epoch start to measure its benefit (default 20 when
-        something uses it: ``allocation="benefit"`` or ``"iis"``; 0 otherwise)."""
+        something uses it: ``allocation="benefit"`` or ``"iis"``; 0 otherwise), every
+        ``probe_every`` epochs once a measurement was conclusive (default: each epoch
+        under ``iis``, as iCACHE; every 4th for the allocation alone)."""
         if sampling not in SAMPLING:
             raise ConfigError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
         if allocation not in ALLOCATION:
@@ -128,6 +131,9 @@ class JobCoordinator:
         self.probe_batches = (20 if uses_benefit else 0) if probe_batches is None else probe_batches
         if self.probe_batches < 0 or self.probe_batches == 1:
             raise ConfigError(f"probe_batches must be 0 (off) or >= 2, got {probe_batches}")
+        self.probe_every = (1 if sampling == "iis" else 4) if probe_every is None else probe_every
+        if self.probe_every < 1:
+            raise ConfigError(f"probe_every must be >= 1 epoch, got {probe_every}")
         if lookahead < 1:
             raise ConfigError(f"lookahead must be >= 1 batch, got {lookahead}")
         if substitution < 1:
@@ -397,14 +403,12 @@ class JobCoordinator:
         if self.allocation != "benefit":
             return
         shares = list(self.datasets.values())
-        sizes = np.array([d.nbytes if d.jobs else 0 for d in shares], np.int64)
-        savings = [[self.jobs[j].saving for j in d.jobs] for d in shares]
-        if any(None in s for s in savings):  # not all measured yet: an even split
-            quota = split_budget(self.capacity_bytes, sizes)
-        else:
-            quota = split_budget(
-                self.capacity_bytes, [d.nbytes for d in shares], [sum(s) for s in savings]
-            )
+        sizes = [d.nbytes if d.jobs else 0 for d in shares]  # no job: nothing to keep
+        values = []
+        for d in shares:
+            savings = [self.jobs[j].saving for j in d.jobs]
+            values.append(np.nan if None in savings else sum(savings))
+        quota = split_budget(self.capacity_bytes, sizes, values)
         for d, q in zip(shares, quota.tolist(), strict=True):
             self._evict_next += self.policy.resize(d.part, q)
 

@@ -69,6 +69,7 @@ class CacheService:
                 "job": job,
                 "samples_per_epoch": co.samples_per_epoch(job),
                 "probe_batches": co.probe_batches,
+                "probe_every": co.probe_every,
             }, {}
         if op == "plan":
             job_id = int(header["job"])
