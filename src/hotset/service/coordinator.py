@@ -58,7 +58,6 @@ ALLOCATION = ("shared", "benefit")
 class DatasetShare:
     """A registered dataset (a distinct set of samples) and its partition of the cache."""
 
-    ids: np.ndarray  # sorted gids
     nbytes: int
     part: int
     jobs: set[int] = field(default_factory=set)
@@ -219,7 +218,7 @@ class JobCoordinator:
         if key not in self.datasets:
             part = self.policy.add_partition(0) if self.allocation == "benefit" else 0
             nbytes = int(self.policy.sizes[unique].sum())
-            self.datasets[key] = DatasetShare(unique, nbytes, part)
+            self.datasets[key] = DatasetShare(nbytes, part)
         self.datasets[key].jobs.add(job_id)
         return key
 
