@@ -43,6 +43,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
+from hotset.policy.base import POLICIES
 from hotset.sampling.dsa import DependentSampling
 from hotset.sampling.iis import IISSampler
 from hotset.service.allocation import split_budget
@@ -152,8 +153,10 @@ class JobCoordinator:
         self.policy = PartitionedPolicy(policy, self.max_samples, seed=seed)
         if allocation == "shared":
             self.policy.add_partition(self.capacity_bytes)
-        self.importance = ScoreBoard(self.max_samples, initial=0.0)  # AIV under "iis"
-        self.policy.attach_scores(self.importance)
+        self.importance = None  # AIV, for a policy keyed by importance
+        if POLICIES[policy].needs_scores:
+            self.importance = ScoreBoard(self.max_samples, initial=0.0)
+            self.policy.attach_scores(self.importance)
         self.datasets: dict[str, DatasetShare] = {}
         self.dsa = DependentSampling(self.max_samples, seed=seed) if sampling == "dsa" else None
         self.chunks = ChunkCache(capacity_bytes, seed=seed) if sampling == "chunks" else None
@@ -394,8 +397,7 @@ class JobCoordinator:
             job.saving = benefit.saving
         job.benefit = benefit
         self._reallocate()
-        if self.sampling == "iis":
-            self._refresh_importance()
+        self._refresh_importance()
 
     def _reallocate(self) -> None:
         """Quiver's benefit-aware split of the budget across the datasets' partitions."""
@@ -413,6 +415,8 @@ class JobCoordinator:
 
     def _refresh_importance(self) -> None:
         """iCACHE's aggregated importance (III-D) of every sample, for the H-cache."""
+        if self.importance is None:
+            return
         jobs = [j for j in self.jobs.values() if j.iis is not None]
         eligible = [j for j in jobs if j.benefit and j.benefit.ratio > self.eligible_ratio]
         score = self.importance.score
