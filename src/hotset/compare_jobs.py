@@ -104,11 +104,18 @@ def scenario_jobs(scenario: str, n: int, stagger_s: float) -> list[JobSpec]:
     return jobs
 
 
-def _storage(cfg: JobsConfig, spec: JobSpec):
-    from hotset.storage import FileStorage, SubsetStorage, ThrottledStorage
+def _samples(cfg: JobsConfig):
+    """The training split's storage and how many of its samples the jobs use."""
+    from hotset.storage import FileStorage
 
     full = FileStorage(posixpath.join(cfg.data, "train"))
-    n = min(len(full), cfg.samples) if cfg.samples else len(full)
+    return full, min(len(full), cfg.samples) if cfg.samples else len(full)
+
+
+def _storage(cfg: JobsConfig, spec: JobSpec):
+    from hotset.storage import SubsetStorage, ThrottledStorage
+
+    full, n = _samples(cfg)
     lo, hi = int(spec.window[0] * n), int(spec.window[1] * n)
     latency = cfg.latency_ms if spec.latency_ms is None else spec.latency_ms
     return ThrottledStorage(SubsetStorage(full, np.arange(lo, hi)), latency, 0.0, cfg.concurrency)
@@ -167,10 +174,7 @@ def _run_job(
         service = {}
         if mode != "independent":
             service = loader.planner.client.stats()
-            service["benefits"] = [
-                {**b.__dict__, "ratio": b.ratio, "saving": b.saving}
-                for b in loader.planner.benefits
-            ]
+            service["benefits"] = [b.as_dict() for b in loader.planner.benefits]
     finally:
         loader.close()
         if mode == "independent":
@@ -238,10 +242,7 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
 def _warm_page_cache(cfg: JobsConfig) -> None:
     """Read the samples' files once, so that the mode run first does not also pay for
     a cold disk (the throttle is the storage both modes are measured against)."""
-    from hotset.storage import FileStorage
-
-    full = FileStorage(posixpath.join(cfg.data, "train"))
-    n = min(len(full), cfg.samples) if cfg.samples else len(full)
+    full, n = _samples(cfg)
     for lo in range(0, n, 1024):
         full.read_many(range(lo, min(n, lo + 1024)))
 

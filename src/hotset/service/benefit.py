@@ -46,6 +46,10 @@ class Benefit:
         """iCACHE's ``Ratio_benefit = T_cacheless / T_cache``."""
         return self.t_uncached / self.t_cached
 
+    def as_dict(self) -> dict:
+        """The measurement with its ratio and saving (for stats and reports)."""
+        return {**vars(self), "ratio": self.ratio, "saving": self.saving}
+
     @property
     def conclusive(self) -> bool:
         return self.hit >= MIN_HIT

@@ -161,6 +161,7 @@ class RemotePlanner:
         self.samples_per_epoch = int(reply["samples_per_epoch"])
         self.probe = BenefitProbe(int(reply["probe_batches"]), int(reply["probe_every"]))
         self.benefits: list[Benefit] = []  # what it measured and reported, by epoch
+        self._wants_losses = bool(reply["wants_losses"])  # the service samples by them
         self._losses: list[tuple[np.ndarray, np.ndarray]] = []  # feedback not yet sent
         self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
         self.epoch = 0
@@ -251,7 +252,10 @@ class RemotePlanner:
         self.probe.consumed()
 
     def feedback(self, ids, losses, embeddings=None) -> None:
-        """Losses of a trained batch (local ids): sent with the next plan request."""
+        """Losses of a trained batch (local ids): sent with the next plan request when the
+        service samples by importance."""
+        if not self._wants_losses:
+            return
         start = time.perf_counter()
         self._losses.append((np.asarray(ids, np.int64), np.asarray(losses, np.float64)))
         self.feedback_s += time.perf_counter() - start

@@ -460,9 +460,9 @@ class JobCoordinator:
                     "reads": job.reads,
                     "hits": job.hits,
                     "benefit": None if job.benefit is None else job.benefit.ratio,
-                    "saving": job.saving,
+                    "saving": job.saving,  # the last conclusive one
                     "partition": job.part,
-                    "measured": None if job.benefit is None else job.benefit.__dict__,
+                    "measured": None if job.benefit is None else job.benefit.as_dict(),
                 }
                 for j, job in self.jobs.items()
             },

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hotset.errors import ConfigError
 from hotset.policy.base import AccessResult, Policy, make_policy
 from hotset.policy.refcnt import RefCntPolicy
-
-RESIZABLE = ("refcnt", "lru", "fifo", "minio", "pq")
 
 
 class PartitionedPolicy:
@@ -46,12 +43,8 @@ class PartitionedPolicy:
         return len(self.parts) - 1
 
     def resize(self, part: int, capacity_bytes: int) -> list[int]:
-        """Give partition ``part`` a new capacity; returns the ids it evicted to fit."""
-        if self.kind not in RESIZABLE:
-            raise ConfigError(
-                f"policy {self.kind!r} cannot be resized for benefit-aware allocation; "
-                f"use one of {RESIZABLE}"
-            )
+        """Give partition ``part`` a new capacity; returns the ids it evicted to fit
+        (a policy without ``shrink_to`` refuses with a ConfigError)."""
         evicted = self.parts[part].shrink_to(capacity_bytes)
         self.owner[evicted] = -1
         return evicted
