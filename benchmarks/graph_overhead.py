@@ -82,9 +82,7 @@ def main() -> None:
     ap.add_argument("--ef-construction", type=int, default=None)
     ap.add_argument("--k", type=int, default=None)
     args = ap.parse_args()
-    options = {
-        k: v for k, v in (("ef_construction", args.ef_construction), ("k", args.k)) if v
-    }
+    options = {k: v for k, v in (("ef_construction", args.ef_construction), ("k", args.k)) if v}
     split = load_split(args.data, "train", partial(decode_sample, size=IMAGE_SIZE))
     if split is None:
         sys.exit(f"no prepared data in {args.data}: run `hotset prepare fashion-mnist {args.data}`")

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 
 import hotset
 from hotset import ConfigError
-from hotset.service import JobCoordinator, start_service
 from hotset.service.allocation import split_budget
 from hotset.service.benefit import Benefit, BenefitProbe
+from hotset.service.coordinator import JobCoordinator
 from hotset.service.partitions import PartitionedPolicy
+from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage, ThrottledStorage
 
 
@@ -193,19 +194,21 @@ def test_iis_jobs_sample_their_own_subsets_and_the_cache_keeps_the_highest_aiv()
     # a is cache-eligible, b is not: the aggregated importance is a's alone
     co.report_benefit(a, Benefit(0.3, 0.1, 0.5))
     co.report_benefit(b, Benefit(0.1, 0.09, 0.5))
-    aiv = co.importance.score[gid]
-    pct = co.jobs[a].iis.percentiles()  # over a's sorted gids
-    assert np.allclose(co.importance.score[co.jobs[a].unique], 3.0 * np.where(pct >= 0.3, pct, 0))
+    aiv = co.mode.importance.score[gid]
+    pct = co.mode.samplers[a].percentiles()  # over a's sorted gids
+    assert np.allclose(
+        co.mode.importance.score[co.jobs[a].unique], 3.0 * np.where(pct >= 0.3, pct, 0)
+    )
     for e in (2, 3):  # the H-cache settles on the highest AIV among what is read
         for j in (a, b):
             drain(co, j, e)
     cached = co.policy.cached_ids()
-    assert co.importance.score[cached].min() >= np.quantile(aiv, 0.7)
+    assert co.mode.importance.score[cached].min() >= np.quantile(aiv, 0.7)
     # nobody eligible: every job weighs 1
     co.report_benefit(a, Benefit(0.1, 0.1, 0.5))
-    pa, pb = (co.jobs[j].iis.percentiles() for j in (a, b))
+    pa, pb = (co.mode.samplers[j].percentiles() for j in (a, b))
     both = np.where(pa >= 0.3, pa, 0) + np.where(pb >= 0.3, pb, 0)
-    assert np.allclose(co.importance.score[co.jobs[a].unique], both)
+    assert np.allclose(co.mode.importance.score[co.jobs[a].unique], both)
 
 
 # -- a real service, real jobs ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from hotset import make_policy
 from hotset.errors import CorruptSampleError
 from hotset.loader import make_loader
 from hotset.models import TinyCNN
-from hotset.packages import InstantPackages, Packager, read_package
+from hotset.packages import read_package
 from hotset.plan import Planner
 from hotset.sampling import make_sampler
 from hotset.storage import FileStorage
@@ -93,7 +93,7 @@ def test_a_resident_in_both_heaps_during_a_rebuild_is_evicted_once():
     assert list(r.admitted) == [5] and 2 in p.heap.live and 2 in p.shadow.live
     r = p.access([9])  # drains the old heap (1, 2), then the shadow (2 again, then 5)
     assert sorted(r.evicted.tolist()) == [1, 2, 5] and list(r.admitted) == [9]
-    assert p.h_used == 3 and set(p._h) == {9}
+    assert p.h_used == 3 and set(p.h_residents().tolist()) == {9}
 
 
 def test_l_misses_are_substituted_by_unused_l_samples_never_for_h_requests():
@@ -101,10 +101,10 @@ def test_l_misses_are_substituted_by_unused_l_samples_never_for_h_requests():
     p = make_policy("icache", 30, num_samples=n, h_share=0.5, package_bytes=10, seed=3)
     hot = np.arange(n) >= 50
     p.apply_hints(hints(hot, np.arange(n) / n))
-    feeder = InstantPackages(p)
+    feeder = p.make_feeder(lock=None)  # no storage, no store: the simulator's feeder
     feeder.poll()
-    assert feeder.packages_loaded >= 1 and p.l_fresh() > 0
-    cached_l = {i for i in p._l}
+    assert feeder.counters()["packages_loaded"] >= 1 and p.l_fresh() > 0
+    cached_l = set(p.l_residents().tolist())
     assert cached_l and all(not hot[i] for i in cached_l)
     served_subs = []
     for ids in np.array_split(np.random.default_rng(0).permutation(n), 10):
@@ -145,7 +145,7 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 4, n)
     p = make_policy("icache", cap, sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
-    feeder = InstantPackages(p)
+    feeder = p.make_feeder(lock=None)  # no storage, no store: the simulator's feeder
     for _ in range(4):
         p.apply_hints(hints(rng.random(n) < h_frac, rng.random(n)))
         feeder.epoch_started()
@@ -153,7 +153,7 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
             r = p.access(rng.integers(0, n, 16))
             assert all(i in p for i in r.served[r.hits].tolist() if i not in r.evicted)
             assert p.h_used <= p.h_capacity and p.used <= p.capacity_bytes
-            assert set(r.admitted.tolist()) <= set(p._h)
+            assert set(r.admitted.tolist()) <= set(p.h_residents().tolist())
             feeder.poll()
             assert p.used <= p.capacity_bytes
 
@@ -164,25 +164,27 @@ def test_a_package_file_holds_the_samples_it_claims(fmnist_dir, tmp_path):
     policy = make_policy("icache", 100_000, sizes=storage.sizes, package_bytes=20_000)
     hot = np.arange(len(storage)) % 2 == 0
     policy.apply_hints(hints(hot, np.linspace(0, 1, len(storage))))
-    planner = Planner(make_sampler("uniform", len(storage)), policy, 32)
-    packager = Packager(storage, store, policy, planner.lock, tmp_path / "pk")
+    planner = Planner(
+        make_sampler("uniform", len(storage)), policy, 32, storage=storage, store=store,
+        package_dir=str(tmp_path / "pk"),
+    )  # fmt: skip
+    packager = planner.feeder
     try:
-        planner.feeder = packager
         packager.poll()
         for _ in range(200):
-            if packager.counters["packages_loaded"]:
+            if packager.counters()["packages_loaded"]:
                 break
             import time
 
             time.sleep(0.05)
         files = sorted((tmp_path / "pk").glob("pkg-*.bin"))
-        assert files and packager.counters["packages_loaded"] >= 1
+        assert files and packager.counters()["packages_loaded"] >= 1
         entries = read_package(files[0])
         assert sum(len(d) for _, _, d in entries) >= 20_000  # >= the package size
         for i, key, data in entries:
             assert not hot[i]  # L-samples only
             assert key == storage.keys[i] and data == storage.read(i)  # bytes compared
-        loaded = [i for i in policy._l]
+        loaded = policy.l_residents().tolist()
         got = store.get_many([storage.keys[i] for i in loaded])
         assert all(g == storage.read(i) for i, g in zip(loaded, got, strict=True))
         blob = bytearray(files[0].read_bytes())

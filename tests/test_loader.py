@@ -121,12 +121,11 @@ def test_late_miss_is_read_from_storage_and_counted(fmnist_dir):
     ds = CachedDataset(storage, store)
     store.put_many({storage.key(1): storage.read(1)})
     plan = BatchPlan(
-        0,
-        0,
-        np.array([1, 2, 3]),
-        np.array([True, True, False]),
-        np.array([3]),
-        np.array([], np.int64),
+        epoch=0,
+        index=0,
+        ids=np.array([1, 2, 3]),
+        hits=np.array([True, True, False]),
+        admitted=np.array([3]),
     )
     out = ds.__getitems__(plan)
     assert out["stats"]["hits"] == 1 and out["stats"]["late_misses"] == 1

@@ -16,7 +16,8 @@ import pytest
 import hotset
 from hotset import ConfigError, ServiceError
 from hotset.compare_jobs import SCENARIOS, JobsConfig, compare_jobs, scenario_jobs
-from hotset.service import JobCoordinator, start_service
+from hotset.service.coordinator import JobCoordinator
+from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
 from hotset.store.sealed import sealed_id
 from hotset.store.shared import _environment
@@ -29,10 +30,7 @@ def keys(ids) -> list[str]:
 def unread(co: JobCoordinator) -> int:
     """References the jobs still hold: what the sampler has left of their epochs, and
     what is sampled but not yet planned."""
-    return sum(
-        (co.dsa.left[j] if co.sampling == "dsa" else len(job.order)) + job.queued()
-        for j, job in co.jobs.items()
-    )
+    return sum(co.unread(j) for j in co.jobs)
 
 
 @pytest.mark.parametrize("sampling", ["dsa", "isa"])
@@ -45,7 +43,7 @@ def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
         pa, pb = co.plan(a, 0), co.plan(b, 0)
         misses += int((~pa["hit"]).sum() + (~pb["hit"]).sum())
         shared += np.intersect1d(pa["gids"], pb["gids"]).size
-    assert co.policy.refs.sum() == unread(co)  # both read everything (DSA: epoch 1 began)
+    assert co.policy.template.refs.sum() == unread(co)  # both read everything (DSA: epoch 1 began)
     if sampling == "dsa":  # the union: the minimum
         assert misses == 300 and shared >= 9 * 32 * 0.8
     else:  # independent shuffles: the cache (80 of 300) cannot bridge the two orders
@@ -72,7 +70,7 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
         got = [co.keys[g] for g in seen[j]]
         assert sorted(got) == sorted(keys(expect))  # each once
     assert co.gid_of["k00150"] == co.gid_of["k00150"]  # one global id per key
-    assert co.policy.refs.sum() == unread(co)  # every read consumed its reference
+    assert co.policy.template.refs.sum() == unread(co)  # every read consumed its reference
 
 
 def test_quiver_serves_cached_candidates_first():
@@ -98,11 +96,11 @@ def test_a_second_epoch_and_leaving_release_the_references():
     b = co.register("b", keys(range(40)), np.ones(40), batch_size=8)
     co.plan(b, 0)
     co.plan(a, 0)
-    assert co.policy.refs.sum() == unread(co) == 2 * 40 - 16
+    assert co.policy.template.refs.sum() == unread(co) == 2 * 40 - 16
     co.plan(a, 1)  # a moves on early: what it had not read of epoch 0 is given back
-    assert co.policy.refs.sum() == unread(co) == 32 + 32  # b: 40 - 8; a: 40 - 8
+    assert co.policy.template.refs.sum() == unread(co) == 32 + 32  # b: 40 - 8; a: 40 - 8
     co.leave(b)
-    assert co.policy.refs.sum() == unread(co) == 32  # a's epoch 1 after its first batch
+    assert co.policy.template.refs.sum() == unread(co) == 32  # a's epoch 1 after its first batch
     assert co.removed == [("b", "left")]
     with pytest.raises(ConfigError, match="unknown job"):
         co.plan(b, 0)
@@ -125,7 +123,7 @@ def test_a_dead_or_silent_job_is_removed():
     assert co.reap() == [a]  # its process is gone
     assert co.reap(now=time.monotonic() + 6) == [b, c]  # silent past the timeout
     assert co.removed == [("dead", "process gone"), ("quiet", "timed out"), ("alive", "timed out")]
-    assert co.policy.refs.sum() == unread(co) == 0
+    assert co.policy.template.refs.sum() == unread(co) == 0
 
 
 def test_configuration_errors_name_the_setting():

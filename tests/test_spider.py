@@ -64,16 +64,16 @@ def test_homophily_serves_only_listed_neighbours_first_in_first_out():
     # exclusive: a node in the Importance Cache does not enter the Homophily Cache
     q = small_spider()
     q.access([19])
-    assert 19 in q.importance._key and not q.add_node(19, np.array([1]))
+    assert 19 in q.importance and not q.add_node(19, np.array([1]))
 
 
 def test_importance_cache_changes_only_on_a_double_miss():
     p = small_spider(cap=4, imp_ratio=0.5)  # importance cache: 2 items
     p.add_node(0, np.array([1, 2]))
     p.access([10, 11])
-    assert set(p.importance._key) == {10, 11}
+    assert set(p.importance.cached_ids().tolist()) == {10, 11}
     r = p.access([1])  # a homophily hit: no change to the importance cache
-    assert r.substituted.all() and set(p.importance._key) == {10, 11}
+    assert r.substituted.all() and set(p.importance.cached_ids().tolist()) == {10, 11}
     r = p.access([15])  # double miss, 0.75 > top's 0.5: evicts 10 (case 4)
     assert list(r.admitted) == [15] and list(r.evicted) == [10]
     r = p.access([5])  # double miss, 0.25 < top: not admitted (case 2)
@@ -99,7 +99,7 @@ def test_spider_never_exceeds_capacity(seed, cap, ratio):
         assert p.used <= p.capacity_bytes
         assert p.importance.used <= p.importance.capacity_bytes
         assert p.hom_used <= p.hom_capacity
-        assert not set(p.importance._key) & set(p.homophily)  # exclusive
+        assert not set(p.importance.cached_ids().tolist()) & set(p.homophily)  # exclusive
         for i, sub in zip(r.served.tolist(), r.substituted.tolist(), strict=True):
             if sub:
                 assert i in p.homophily

@@ -2,40 +2,82 @@
 
 The control plane (sampler + policy + planner) decides on integer sample ids what is a
 hit, a miss, an admission or an eviction; the data plane (``CachedDataset`` in DataLoader
-workers) executes those plans on bytes. See DESIGN.md in the repository's shared notes.
+workers) executes those plans on bytes. See docs/design.md.
 """
 
-from hotset.codecs import decode_array, decode_image, decode_sample, to_tensor
-from hotset.errors import (
-    ConfigError,
-    CorruptSampleError,
-    HotsetError,
-    MissingSampleError,
-    SampleError,
-    ServiceError,
-    ServiceUnavailable,
-    StorageError,
-)
-from hotset.feedback import per_sample_loss
-from hotset.importance import ScoreBoard, coarse_importance, rank_importance
-from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
-from hotset.plan import BatchPlan, Planner
-from hotset.policy import POLICIES, Policy, make_policy, register_policy
-from hotset.sampling import SAMPLERS, Sampler, UniformSampler, make_sampler, register_sampler
-from hotset.service import connect, start_service
-from hotset.stats import LoaderStats
-from hotset.storage import FileStorage, Manifest, Storage, ThrottledStorage
-from hotset.store import MemoryStore, RedisStore, SharedStore, Store, make_store
+# ruff: noqa: F401 - the TYPE_CHECKING imports below re-export the lazy names
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "POLICIES", "SAMPLERS", "Batch", "BatchPlan", "CachedDataset", "ConfigError",
-    "CorruptSampleError", "FileStorage", "HotsetError", "HotsetLoader", "LoaderStats",
-    "Manifest", "MemoryStore", "MissingSampleError", "Planner", "Policy", "RedisStore",
-    "SampleError", "Sampler", "SharedStore", "Storage", "StorageError", "Store",
-    "ThrottledStorage", "UniformSampler", "decode_array", "decode_image", "decode_sample",
-    "make_loader", "make_policy", "make_sampler", "make_store", "register_policy",
-    "register_sampler", "to_tensor", "per_sample_loss", "ScoreBoard", "coarse_importance",
-    "rank_importance", "ServiceError", "ServiceUnavailable", "connect", "start_service",
-]  # fmt: skip
+# name -> the module that defines it, imported on first use (PEP 562), so that the
+# control plane alone (``hotset simulate``) does not import torch, zmq or lmdb
+_EXPORTS = {
+    "hotset.codecs": ["decode_array", "decode_image", "decode_sample", "to_tensor"],
+    "hotset.errors": [
+        "ConfigError", "CorruptSampleError", "HotsetError", "MissingSampleError",
+        "SampleError", "ServiceError", "ServiceUnavailable", "StorageError",
+    ],
+    "hotset.feedback": ["per_sample_loss"],
+    "hotset.importance": ["ScoreBoard", "coarse_importance", "rank_importance"],
+    "hotset.loader": ["Batch", "CachedDataset", "HotsetLoader", "make_loader"],
+    "hotset.plan": ["BatchPlan", "PlanSource", "Planner"],
+    "hotset.policy": ["POLICIES", "Policy", "make_policy", "register_policy"],
+    "hotset.sampling": [
+        "SAMPLERS", "Sampler", "UniformSampler", "make_sampler", "register_sampler",
+    ],
+    "hotset.service.client": ["connect"],
+    "hotset.service.server": ["start_service"],
+    "hotset.stats": ["LoaderStats"],
+    "hotset.storage": ["FileStorage", "Manifest", "Storage", "ThrottledStorage"],
+    "hotset.store": ["MemoryStore", "RedisStore", "SharedStore", "Store", "make_store"],
+}  # fmt: skip
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'hotset' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from hotset.codecs import decode_array, decode_image, decode_sample, to_tensor
+    from hotset.errors import (
+        ConfigError,
+        CorruptSampleError,
+        HotsetError,
+        MissingSampleError,
+        SampleError,
+        ServiceError,
+        ServiceUnavailable,
+        StorageError,
+    )
+    from hotset.feedback import per_sample_loss
+    from hotset.importance import ScoreBoard, coarse_importance, rank_importance
+    from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
+    from hotset.plan import BatchPlan, Planner, PlanSource
+    from hotset.policy import POLICIES, Policy, make_policy, register_policy
+    from hotset.sampling import (
+        SAMPLERS,
+        Sampler,
+        UniformSampler,
+        make_sampler,
+        register_sampler,
+    )
+    from hotset.service.client import connect
+    from hotset.service.server import start_service
+    from hotset.stats import LoaderStats
+    from hotset.storage import FileStorage, Manifest, Storage, ThrottledStorage
+    from hotset.store import MemoryStore, RedisStore, SharedStore, Store, make_store

@@ -10,11 +10,18 @@ import sys
 
 import numpy as np
 
-from hotset.compare_jobs import SCENARIOS
 from hotset.errors import HotsetError
-from hotset.service.coordinator import ALLOCATION, SAMPLING
+from hotset.service.modes import ALLOCATION, SAMPLING
 
 DEFAULT_DATA = os.environ.get("HOTSET_DATA", "data/fashion-mnist")
+#: an option left unset is not passed on: the function or constructor it feeds decides
+DEFAULT = "default: the library's"
+
+
+def _given(args: argparse.Namespace, *names: str, **renamed: str) -> dict:
+    """The options the user set, as keyword arguments (``renamed``: keyword=option)."""
+    pairs = [(n, n) for n in names] + list(renamed.items())
+    return {k: getattr(args, o) for k, o in pairs if getattr(args, o) is not None}
 
 
 def _csv(cast):
@@ -33,14 +40,12 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     if args.kind == "fashion-mnist":
         if args.dir2 is not None:
             raise HotsetError("usage: hotset prepare fashion-mnist DIR")
-        result = prepare_fashion_mnist(
-            args.dir, source=args.source, limit=args.limit, fmt=args.format
-        )
+        result = prepare_fashion_mnist(args.dir, **_given(args, "source", "limit", fmt="format"))
         out = args.dir
     else:
         if args.dir2 is None:
             raise HotsetError("usage: hotset prepare imagefolder SRC DIR")
-        result = prepare_imagefolder(args.dir, args.dir2, test_fraction=args.test_fraction)
+        result = prepare_imagefolder(args.dir, args.dir2, **_given(args, "test_fraction"))
         out = args.dir2
     for split, m in result.items():
         print(
@@ -68,12 +73,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         if args.capacity_items is None:
             raise HotsetError("--trace needs --capacity-items K")
         result = simulate_trace(
-            np.load(args.trace),
-            args.policy,
-            args.capacity_items,
-            batch_size=args.batch_size,
-            seed=args.seed,
-        )
+            np.load(args.trace), args.policy, args.capacity_items,
+            **_given(args, "batch_size", "seed"),
+        )  # fmt: skip
     else:
         if args.dataset_size is None:
             raise HotsetError("give --dataset-size N (or --trace FILE.npy)")
@@ -83,11 +85,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             args.epochs,
             cache_fraction=args.cache_fraction,
             capacity_items=args.capacity_items if args.cache_fraction is None else None,
-            sampler=args.sampler,
-            batch_size=args.batch_size,
-            seed=args.seed,
             sampler_options=sampler_options,
             oracle=oracle,
+            **_given(args, "sampler", "batch_size", "seed"),
         )
     if args.json:
         print(json.dumps(result))
@@ -106,12 +106,12 @@ def cmd_compare(args: argparse.Namespace) -> None:
         from hotset.compare_jobs import JobsConfig, compare_jobs
 
         jobs = JobsConfig(
-            data=args.data, jobs=args.jobs, scenario=args.scenario, samples=args.samples,
-            epochs=args.epochs, batch_size=args.batch_size,
-            cache_fraction=args.cache_fractions[0], num_workers=args.num_workers,
-            latency_ms=args.latency_ms, concurrency=args.concurrency,
-            stagger_s=args.stagger_s, probe_batches=args.probe_batches, seed=args.seed,
+            data=args.data, jobs=args.jobs,
+            **_given(args, "scenario", "samples", "epochs", "batch_size", "num_workers",
+                     "latency_ms", "concurrency", "stagger_s", "probe_batches", "seed"),
         )  # fmt: skip
+        if args.cache_fractions is not None:
+            jobs.cache_fraction = args.cache_fractions[0]
         doc = compare_jobs(jobs, out_dir=args.out)
         if args.json:
             with open(args.json, "w") as f:
@@ -120,17 +120,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
     cfg = CompareConfig(
         data=args.data,
         policies=args.policies,
-        cache_fractions=args.cache_fractions,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        latency_ms=args.latency_ms,
-        bandwidth_mb_s=args.bandwidth_mb_s,
-        concurrency=args.concurrency,
-        store=args.store,
-        seed=args.seed,
+        cache_fractions=args.cache_fractions or [0.1, 0.2],
         progress=not args.no_progress,
-    )
+        **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
+                 "concurrency", "store", "seed"),
+    )  # fmt: skip
     run_compare(cfg, out_dir=args.out, json_path=args.json)
 
 
@@ -138,29 +132,19 @@ def cmd_record(args: argparse.Namespace) -> None:
     from hotset.compare import record_oracle
 
     oracle = record_oracle(
-        args.data,
-        args.epochs,
-        args.out,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        num_workers=args.num_workers,
+        args.data, args.epochs, args.out, **_given(args, "batch_size", "seed", "num_workers")
     )
     print(f"wrote {args.out}: losses of {oracle.num_samples} samples over {oracle.epochs} epochs")
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
-
     from hotset.sim import LossOracle
     from hotset.sim.sweep import format_sweep, plot_sweep, sweep
 
     oracle = LossOracle.load(args.oracle)
     rows = sweep(
         oracle,
-        args.systems,
-        args.cache_fractions,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
+        **_given(args, "systems", "epochs", "batch_size", "seed", fractions="cache_fractions"),
     )
     _write_rows(rows, format_sweep, plot_sweep, args.out, "sweep")
 
@@ -180,7 +164,7 @@ def _write_rows(rows: list[dict], table, plot, out_dir: str, name: str) -> None:
 def cmd_simulate_jobs(args: argparse.Namespace) -> None:
     from hotset.sim.jobs import format_jobs_table, plot_jobs, sweep_jobs, table2_cases
 
-    cases = table2_cases(args.seed)
+    cases = table2_cases(**_given(args, "seed"))
     if args.cases:
         unknown = sorted(set(args.cases) - set(cases))
         if unknown:
@@ -189,7 +173,9 @@ def cmd_simulate_jobs(args: argparse.Namespace) -> None:
     speeds = None
     if args.speeds:
         speeds = {c: args.speeds for c, d in cases.items() if len(d) == len(args.speeds)}
-    rows = sweep_jobs(cases, args.samplers, args.policies, args.capacities, args.seed, speeds)
+    rows = sweep_jobs(
+        cases, speeds=speeds, **_given(args, "samplers", "policies", "capacities", "seed")
+    )
     _write_rows(rows, format_jobs_table, plot_jobs, args.out, "jobs")
 
 
@@ -197,11 +183,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from hotset.service.server import serve
 
     serve(
-        args.address, args.capacity_bytes, args.store_path, announce=True,
-        max_samples=args.max_samples, policy=args.policy, sampling=args.sampling,
-        lookahead=args.lookahead, job_timeout_s=args.job_timeout_s, seed=args.seed,
-        substitution=args.substitution, allocation=args.allocation,
-        probe_batches=args.probe_batches,
+        announce=True,
+        **_given(args, "address", "capacity_bytes", "store_path", "max_samples", "policy",
+                 "sampling", "lookahead", "job_timeout_s", "seed", "substitution",
+                 "allocation", "probe_batches"),
     )  # fmt: skip
 
 
@@ -214,14 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("kind", choices=["fashion-mnist", "imagefolder"])
     pr.add_argument("dir", help="output DIR (fashion-mnist) or SRC tree (imagefolder)")
     pr.add_argument("dir2", nargs="?", help="output DIR (imagefolder)")
-    pr.add_argument("--source", default="/usr/share/datasets/fashion-mnist")
-    pr.add_argument("--limit", type=int, default=None, help="first N samples of each split")
-    pr.add_argument("--test-fraction", type=float, default=0.1)
+    pr.add_argument("--source", help=f"the Debian package's files ({DEFAULT})")
+    pr.add_argument("--limit", type=int, help="first N samples of each split")
+    pr.add_argument("--test-fraction", type=float, help=DEFAULT)
     pr.add_argument(
         "--format",
         choices=["png", "npy"],
-        default="png",
-        help="fashion-mnist: one PNG or one .npy array per sample",
+        help="fashion-mnist: one PNG (default) or one .npy array per sample",
     )
     pr.set_defaults(func=cmd_prepare)
 
@@ -229,29 +213,29 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--policy")
     si.add_argument("--system", help="a named system (shade, sh_app, ...) instead of --policy")
     si.add_argument("--oracle", help="loss oracle FILE.npz from `hotset record`")
-    si.add_argument("--sampler", default="uniform")
+    si.add_argument("--sampler", help="uniform (default), shade, iis, spider")
     si.add_argument("--dataset-size", type=int)
     si.add_argument("--epochs", type=int, default=3)
     si.add_argument("--cache-fraction", type=float)
     si.add_argument("--capacity-items", type=int)
     si.add_argument("--trace", help="FILE.npy of int ids (items of equal size)")
-    si.add_argument("--batch-size", type=int, default=256)
-    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--batch-size", type=int, help=DEFAULT)
+    si.add_argument("--seed", type=int, help=DEFAULT)
     si.add_argument("--json", action="store_true", help="print one JSON object")
     si.set_defaults(func=cmd_simulate)
 
     co = sub.add_parser("compare", help="train through hotset per policy and cache size")
     co.add_argument("--data", default=DEFAULT_DATA, help="a directory made by `hotset prepare`")
     co.add_argument("--policies", type=_csv(str), default=["lru", "minio", "belady"])
-    co.add_argument("--cache-fractions", type=_csv(float), default=[0.1, 0.2])
-    co.add_argument("--epochs", type=int, default=3)
-    co.add_argument("--batch-size", type=int, default=128)
-    co.add_argument("--num-workers", type=int, default=2)
-    co.add_argument("--latency-ms", type=float, default=2.0)
-    co.add_argument("--bandwidth-mb-s", type=float, default=0.0, help="0: unlimited")
-    co.add_argument("--concurrency", type=int, default=4, help="reads in flight on the storage")
-    co.add_argument("--store", default="shared", help="memory | shared | redis://host:port/db")
-    co.add_argument("--seed", type=int, default=0)
+    co.add_argument("--cache-fractions", type=_csv(float), help="default: 0.1,0.2 (--jobs: 0.2)")
+    co.add_argument("--epochs", type=int, help=DEFAULT)
+    co.add_argument("--batch-size", type=int, help=DEFAULT)
+    co.add_argument("--num-workers", type=int, help=DEFAULT)
+    co.add_argument("--latency-ms", type=float, help="storage latency per read")
+    co.add_argument("--bandwidth-mb-s", type=float, help="0: unlimited")
+    co.add_argument("--concurrency", type=int, help="reads in flight on the storage")
+    co.add_argument("--store", help="memory | shared (default) | redis://host:port/db")
+    co.add_argument("--seed", type=int, help=DEFAULT)
     co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
@@ -261,17 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="run N training jobs at once, through `hotset serve` and independently",
     )
-    co.add_argument("--scenario", default="same", choices=list(SCENARIOS), help="with --jobs")
     co.add_argument(
-        "--samples", type=int, default=20000, help="--jobs: the first N training samples (0: all)"
+        "--scenario", help="with --jobs: same (default), staggered, speeds, overlap, benefit, iis"
     )
+    co.add_argument("--samples", type=int, help="--jobs: the first N training samples (0: all)")
     co.add_argument(
         "--probe-batches",
         type=int,
-        default=10,
         help="--jobs benefit|iis: minibatches timed without, then with, the cache",
     )
-    co.add_argument("--stagger-s", type=float, default=20.0,
+    co.add_argument("--stagger-s", type=float,
                     help="--jobs staggered: seconds between job starts")  # fmt: skip
     co.set_defaults(func=cmd_compare)
 
@@ -279,65 +262,56 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--data", default=DEFAULT_DATA)
     rc.add_argument("--epochs", type=int, default=3)
     rc.add_argument("--out", default="out/oracle.npz")
-    rc.add_argument("--batch-size", type=int, default=128)
-    rc.add_argument("--num-workers", type=int, default=2)
-    rc.add_argument("--seed", type=int, default=0)
+    rc.add_argument("--batch-size", type=int, help=DEFAULT)
+    rc.add_argument("--num-workers", type=int, help=DEFAULT)
+    rc.add_argument("--seed", type=int, help=DEFAULT)
     rc.set_defaults(func=cmd_record)
 
     sw = sub.add_parser("sweep", help="simulate systems x cache sizes with a loss oracle")
     sw.add_argument("--oracle", required=True)
-    sw.add_argument(
-        "--systems",
-        type=_csv(str),
-        default=["lru", "belady", "sh_pq", "sh_lru", "sh_lfu", "sh_rand", "sh_app", "shade",
-                 "icache", "spider"],
-    )  # fmt: skip
-    sw.add_argument("--cache-fractions", type=_csv(float), default=[0.1, 0.25, 0.5, 0.75])
-    sw.add_argument("--epochs", type=int, default=None, help="default: the oracle's")
-    sw.add_argument("--batch-size", type=int, default=128)
-    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--systems", type=_csv(str), help="default: SHADE's Figure 7 and more")
+    sw.add_argument("--cache-fractions", type=_csv(float), help=DEFAULT)
+    sw.add_argument("--epochs", type=int, help="default: the oracle's")
+    sw.add_argument("--batch-size", type=int, help=DEFAULT)
+    sw.add_argument("--seed", type=int, help=DEFAULT)
     sw.add_argument("--out", default="out")
     sw.set_defaults(func=cmd_sweep)
 
     sj = sub.add_parser(
         "simulate-jobs", help="several jobs, one cache: JOADER's Table 2 cases, misses per size"
     )
-    sj.add_argument("--cases", type=_csv(str), default=None, help="default: all of Table 2")
-    sj.add_argument("--samplers", type=_csv(str), default=["isa", "dsa"])
-    sj.add_argument("--policies", type=_csv(str), default=["lru", "fifo", "random", "refcnt"])
+    sj.add_argument("--cases", type=_csv(str), help="default: all of Table 2")
+    sj.add_argument("--samplers", type=_csv(str), help="default: isa,dsa")
+    sj.add_argument("--policies", type=_csv(str), help="default: lru,fifo,random,refcnt")
+    sj.add_argument("--capacities", type=_csv(int), help=DEFAULT)
     sj.add_argument(
-        "--capacities", type=_csv(int), default=[1, 1000, 2500, 5000, 7500, 10000, 12500]
-    )
-    sj.add_argument(
-        "--speeds", type=_csv(float), default=None,
+        "--speeds", type=_csv(float),
         help="rounds per round of the fastest job, one per job (cases with that many jobs)",
     )  # fmt: skip
-    sj.add_argument("--seed", type=int, default=0)
+    sj.add_argument("--seed", type=int, help=DEFAULT)
     sj.add_argument("--out", default="out/jobs")
     sj.set_defaults(func=cmd_simulate_jobs)
 
     sv = sub.add_parser("serve", help="the multi-job service: shared sampling and cache")
-    sv.add_argument("--address", default="ipc:///tmp/hotset-service.sock",
-                    help="ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")  # fmt: skip
-    sv.add_argument("--capacity-bytes", type=int, default=1 << 30)
-    sv.add_argument("--store-path", default=None, help="LMDB dir on tmpfs (default: fresh)")
-    sv.add_argument("--max-samples", type=int, default=1 << 21, help="distinct samples, all jobs")
-    sv.add_argument("--policy", default=None, help="refcnt (default), or pq under --sampling iis")
-    sv.add_argument("--sampling", choices=list(SAMPLING), default="dsa")
+    sv.add_argument("--address", help="ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")
+    sv.add_argument("--capacity-bytes", type=int, help="default: 1 GiB")
+    sv.add_argument("--store-path", help="LMDB dir on tmpfs (default: fresh)")
+    sv.add_argument("--max-samples", type=int, help="distinct samples, all jobs")
+    sv.add_argument("--policy", help="refcnt (default), or pq under --sampling iis")
+    sv.add_argument("--sampling", choices=list(SAMPLING), help="default: dsa")
     sv.add_argument(
         "--allocation",
         choices=list(ALLOCATION),
-        default="shared",
-        help="benefit: a partition per dataset, sized by measured benefit (Quiver)",
+        help="shared (default); benefit: a partition per dataset sized by its benefit (Quiver)",
     )
-    sv.add_argument("--probe-batches", type=int, default=None,
+    sv.add_argument("--probe-batches", type=int,
                     help="minibatches timed without, then with, the cache per epoch "
                     "(default 20 under --allocation benefit or --sampling iis)")  # fmt: skip
-    sv.add_argument("--substitution", type=int, default=4,
+    sv.add_argument("--substitution", type=int,
                     help="quiver: batches of candidates looked up per batch")  # fmt: skip
-    sv.add_argument("--lookahead", type=int, default=4, help="batches a slow job keeps queued")
-    sv.add_argument("--job-timeout-s", type=float, default=10.0)
-    sv.add_argument("--seed", type=int, default=0)
+    sv.add_argument("--lookahead", type=int, help="batches a slow job keeps queued")
+    sv.add_argument("--job-timeout-s", type=float, help=DEFAULT)
+    sv.add_argument("--seed", type=int, help=DEFAULT)
     sv.set_defaults(func=cmd_serve)
     return p
 

@@ -21,7 +21,7 @@ from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
 from hotset.loader import make_loader
 from hotset.models import TinyCNN, accuracy
-from hotset.sampling import SAMPLERS
+from hotset.sampling import sampler_class
 from hotset.sim.oracle import LossOracle
 from hotset.storage import FileStorage, ThrottledStorage
 from hotset.store import make_store
@@ -85,7 +85,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
     sampler_options = dict(system.sampler_options)
-    if getattr(SAMPLERS[system.sampler], "needs_embeddings", False):
+    if sampler_class(system.sampler).needs_embeddings:
         sampler_options.setdefault("total_epochs", cfg.epochs)  # the ratio controller's T
     loader = None
     try:
@@ -112,12 +112,8 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             if test is not None:
                 accs.append(accuracy(model, *test))
                 loader.report_accuracy(accs[-1])
+        loader.planner.drain()  # graph importance: let the worker finish
         c = loader.counters()
-        smp = loader.planner.sampler
-        guard = getattr(smp, "guard_epochs", [])
-        if hasattr(smp, "scored"):  # graph importance: how much the worker kept up with
-            smp.drain()
-            c["graph_scored"], c["graph_dropped"] = smp.scored, smp.dropped
     finally:
         if loader is not None:
             loader.close()
@@ -137,7 +133,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "test_accuracy": accs[-1] if accs else None,
         "accuracy_per_epoch": accs,
         "train_loss_per_epoch": train_losses,
-        "bias_guard_epochs": list(guard),
+        "bias_guard_epochs": c.get("bias_guard_epochs", []),
         "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
         "counters": c,
     }

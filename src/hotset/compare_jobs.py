@@ -131,7 +131,7 @@ def _run_job(
     from hotset.compare import IMAGE_SIZE, load_split
     from hotset.loader import make_loader
     from hotset.models import TinyCNN, accuracy
-    from hotset.service import connect
+    from hotset.service.client import connect
     from hotset.training import train_epoch
 
     torch.set_num_threads(1)  # several jobs share the cores
@@ -198,7 +198,7 @@ def _run_job(
 def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
     """All of ``cfg``'s jobs at once, through the service (``SERVICE_OPTIONS[mode]``) or
     independently (``"independent"``)."""
-    from hotset.service import start_service
+    from hotset.service.server import start_service
 
     if mode not in (*SERVICE_OPTIONS, "independent"):
         raise ConfigError(f"mode must be one of {(*SERVICE_OPTIONS, 'independent')}, got {mode!r}")

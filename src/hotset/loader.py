@@ -22,10 +22,9 @@ from tqdm import tqdm
 from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError, CorruptSampleError, SampleError
 from hotset.feedback import as_numpy
-from hotset.packages import Packager
-from hotset.plan import BatchPlan, Planner
+from hotset.plan import BatchPlan, Planner, PlanSource
 from hotset.policy.base import make_policy
-from hotset.sampling.base import SAMPLERS, make_sampler
+from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
 from hotset.store import Store, make_store
@@ -135,62 +134,83 @@ class CachedDataset(Dataset):
             pending = [i for i in pending if i not in got]
         return arrived
 
-    def __getitems__(self, plan: BatchPlan) -> dict:
-        if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
-            plan = BatchPlan.uncached(plan)
-        stats = LoaderStats()
-        failures0, refused0 = self.store.failures, self.store.refused
-        ids = plan.ids.tolist()
-        keys = self.keys
-        got: dict[int, bytes] = {}
-
+    # -- executing a plan, step by step ------------------------------------------------
+    def _read_hits(self, hit_ids: list[int], got: dict[int, bytes], stats: LoaderStats) -> None:
+        """Step 1: the planned hits from the store (absent ones stay missing for now)."""
         t = time.perf_counter()
-        hit_ids = plan.ids[plan.hit].tolist()
+        keys = self.keys
         for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
             if v is not None:
                 got[i] = v
         stats.store_s += time.perf_counter() - t
 
-        # the plan's misses first, and their admissions: another job's worker may be
-        # waiting for them while this one waits for its own planned hits
-        planned_hits = set(hit_ids)
-        misses = [i for i in dict.fromkeys(ids) if i not in planned_hits]
+    def _read_misses(
+        self, plan: BatchPlan, planned_hits: set[int], got: dict[int, bytes], stats: LoaderStats
+    ) -> dict[int, bytes]:
+        """Step 2: the plan's misses, and its prefetches (returned apart), from storage."""
+        misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned_hits]
         if misses:
             got.update(self._read_storage(misses, stats))
-        fetched = {}
-        if plan.fetch.size:
-            fetched = self._read_storage(plan.fetch.tolist(), stats)
-            stats.prefetched = len(fetched)
-        t = time.perf_counter()
-        if plan.evict.size:
-            self.store.delete_many([keys[i] for i in plan.evict.tolist()])
+        if not plan.fetch.size:
+            return {}
+        fetched = self._read_storage(plan.fetch.tolist(), stats)
+        stats.prefetched = len(fetched)
+        return fetched
+
+    def _apply_store_changes(
+        self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes]
+    ) -> None:
+        """Step 3: the plan's evictions, then its admissions (and prefetches)."""
+        keys = self.keys
+        if plan.evicted.size:
+            self.store.delete_many([keys[i] for i in plan.evicted.tolist()])
         if plan.evict_keys:
             self.store.delete_store_keys(list(plan.evict_keys))
-        admit = {keys[i]: got[i] for i in plan.admit.tolist() if i in got}
+        admit = {keys[i]: got[i] for i in plan.admitted.tolist() if i in got}
         admit.update((keys[i], v) for i, v in fetched.items())
         if admit:
             self.store.put_many(admit)
+
+    def _count_hits(
+        self, plan: BatchPlan, hit_ids: list[int], got: dict[int, bytes], stats: LoaderStats
+    ) -> None:
+        """Per position: a batch may serve one id several times (sampling with
+        replacement, or one substitute for several requests)."""
+        planned_hits = set(hit_ids)
+        stats.hits = sum(1 for i in hit_ids if i in got)
+        if plan.substituted is not None:
+            subs = plan.ids[plan.substituted & plan.hits].tolist()
+            stats.substitute_hits = sum(1 for i in subs if i in got)
+        stats.bytes_from_store = sum(len(got[i]) for i in planned_hits if i in got)
+        stats.late_misses = len(hit_ids) - stats.hits
+        stats.misses = len(plan) - len(hit_ids)
+
+    def __getitems__(self, plan: BatchPlan) -> dict:
+        if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
+            plan = BatchPlan.uncached(plan)
+        stats = LoaderStats()
+        failures0, refused0 = self.store.failures, self.store.refused
+        got: dict[int, bytes] = {}
+        hit_ids = plan.ids[plan.hits].tolist()
+        planned_hits = set(hit_ids)
+        self._read_hits(hit_ids, got, stats)
+        # the plan's misses first, and their admissions: another job's worker may be
+        # waiting for them while this one waits for its own planned hits
+        fetched = self._read_misses(plan, planned_hits, got, stats)
+        t = time.perf_counter()
+        self._apply_store_changes(plan, got, fetched)
         if plan.wait_s > 0 and any(i not in got for i in planned_hits):
             stats.waited_hits = self._wait_for_peers(hit_ids, got, plan.wait_s)
         stats.store_s += time.perf_counter() - t
         stats.store_failures = self.store.failures - failures0
         stats.refused_puts = self.store.refused - refused0
-
-        # per position: a batch may serve one id several times (sampling with
-        # replacement, or one substitute for several requests)
-        stats.hits = sum(1 for i in hit_ids if i in got)
-        if plan.sub is not None:
-            subs = plan.ids[plan.sub & plan.hit].tolist()
-            stats.substitute_hits = sum(1 for i in subs if i in got)
-        stats.bytes_from_store = sum(len(got[i]) for i in planned_hits if i in got)
-        stats.late_misses = len(hit_ids) - stats.hits
-        stats.misses = len(ids) - len(hit_ids)
+        self._count_hits(plan, hit_ids, got, stats)
         late = [i for i in dict.fromkeys(hit_ids) if i not in got]
         if late:  # planned hits that were not there: from storage, counted
             got.update(self._read_storage(late, stats))
 
         t = time.perf_counter()
-        served = np.array([i for i in ids if i in got], dtype=np.int64)
+        served = np.array([i for i in plan.ids.tolist() if i in got], dtype=np.int64)
         inputs = self._inputs(served.tolist(), got)
         stats.decode_s = time.perf_counter() - t
         stats.batches, stats.samples = 1, int(served.size)
@@ -209,13 +229,14 @@ def _pass_through(batch: dict) -> dict:
 
 
 class HotsetLoader:
-    """A DataLoader over a planner: iterate it as usual, ``set_epoch`` it as a
-    DistributedSampler, read ``stats`` (or ``counters()``) for what happened."""
+    """A DataLoader over a :class:`~hotset.plan.PlanSource`: iterate it as usual,
+    ``set_epoch`` it as a DistributedSampler, read ``stats`` (or ``counters()``) for what
+    happened."""
 
     def __init__(
         self,
         dataset: CachedDataset,
-        planner: Planner,
+        planner: PlanSource,
         *,
         num_workers: int = 2,
         progress: bool = False,
@@ -258,10 +279,8 @@ class HotsetLoader:
             else it
         )
         pin = self.dataloader.pin_memory
-        consumed = getattr(self.planner, "consumed", None)  # the service's planner
         for n, raw in enumerate(bar):
-            if consumed is not None:
-                consumed()
+            self.planner.batch_consumed()
             self.stats.add(raw["stats"])
             if self.stats.store_failures and not self._warned_store:
                 self._warned_store = True
@@ -278,18 +297,11 @@ class HotsetLoader:
                 targets.pin_memory() if pin else targets,
                 torch.from_numpy(raw["ids"]),
             )
-        self._sync_control_plane_times()
-
-    def _sync_control_plane_times(self) -> None:
-        """The planner (training process) times its own work; copy it into the stats."""
-        self.stats.planning_s = self.planner.planning_s
-        self.stats.feedback_s = self.planner.feedback_s
-        self.stats.service_failures = getattr(self.planner, "failures", 0)
 
     @property
     def wants_embeddings(self) -> bool:
         """Whether ``feedback`` needs the batch's embeddings (graph importance)."""
-        return bool(getattr(self.planner.sampler, "needs_embeddings", False))
+        return self.planner.wants_embeddings
 
     def feedback(self, ids, losses, embeddings=None) -> None:
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
@@ -303,25 +315,18 @@ class HotsetLoader:
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
-        report = getattr(self.planner.sampler, "report_accuracy", None)
-        if report is not None:
-            report(float(accuracy))
+        self.planner.report_accuracy(float(accuracy))
 
     def counters(self) -> dict:
-        self._sync_control_plane_times()
-        feeder = self.planner.feeder
-        if feeder is not None:  # package threads count in this process
-            for k, v in getattr(feeder, "counters", {}).items():
-                setattr(self.stats, k, v)
-        return self.stats.as_dict()
+        """The data plane's counters (``LoaderStats``) with the control plane's."""
+        out = self.stats.as_dict()
+        out.update(self.planner.counters())
+        return out
 
     def close(self) -> None:
         """Stop background threads (iCACHE's packager, SpiderCache's graph worker) and
         leave the multi-job service."""
-        for part in (self.planner, self.planner.feeder, self.planner.sampler):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        self.planner.close()
 
     def __enter__(self) -> HotsetLoader:
         return self
@@ -370,9 +375,34 @@ def make_loader(
 ) -> HotsetLoader:
     """One call from a Storage to a cached loader: store, policy, sampler, planner, loader.
 
-    ``package_dir``: where a package-cache policy (``icache``) writes its package files,
-    beside the storage (default: a temporary directory removed by ``loader.close()``).
-    Samplers that need labels (``spider``) get the storage's.
+    Args:
+        storage: where the samples live (``FileStorage`` over a directory or fsspec URL).
+        batch_size: samples per batch.
+        policy: the cache policy by name (``hotset.POLICIES``): ``lru``, ``minio``,
+            ``belady``, ``app`` (SHADE), ``icache``, ``spider``, ...
+        cache_fraction: the cache's size as a fraction of the dataset's bytes, or
+        capacity_bytes: its size in bytes (give exactly one of the two).
+        store: where cached bytes live: ``"shared"`` (LMDB on /dev/shm, shared by the
+            workers), ``"memory"`` (this process only: ``num_workers=0``), a
+            ``redis://`` URL, or a ``Store`` holding at least the capacity.
+        sampler: what each epoch reads, by name (``hotset.SAMPLERS``): ``uniform``,
+            ``shade``, ``iis``, ``spider``.
+        seed: seeds the sampler's orders and the policy's random choices.
+        num_replicas, rank: data-parallel sharding, as ``DistributedSampler``'s.
+        num_workers: DataLoader worker processes executing the plans.
+        decode: bytes -> array or tensor (default: ``.npy`` or any PIL image).
+        transform: per-sample tensor -> tensor, after decoding.
+        on_error: ``"raise"`` on a missing or corrupt sample, or ``"skip"`` it (counted).
+        drop_last: drop the last incomplete batch of each epoch.
+        progress: show a tqdm bar per epoch.
+        policy_options: keyword arguments of the policy's constructor.
+        sampler_options: keyword arguments of the sampler's constructor (a sampler that
+            ``needs_labels``, ``spider``, gets the storage's unless given).
+        package_dir: where a policy's feeder writes its files (``icache``'s packages),
+            beside the storage (default: a temporary directory removed by ``close()``).
+        **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``, ...); hotset sets the batch
+            sampler and collation itself.
     """
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     if isinstance(store, str):
@@ -383,18 +413,17 @@ def make_loader(
         )
     pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
     sampler_options = dict(sampler_options or {})
-    if getattr(SAMPLERS.get(sampler), "needs_labels", False):
+    if sampler_class(sampler).needs_labels:
         sampler_options.setdefault("labels", storage.labels)
     smp = make_sampler(
         sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed, **sampler_options
     )
-    if hasattr(pol, "activation_delay"):
-        # plans in flight at once: a newly cached sample is surely there after them
-        prefetch = dataloader_kwargs.get("prefetch_factor") or (2 if num_workers else 0)
-        pol.activation_delay = prefetch * num_workers
-    planner = Planner(smp, pol, batch_size, drop_last=drop_last)
-    if pol.needs_feeder:
-        planner.feeder = Packager(storage, store, pol, planner.lock, package_dir)
+    prefetch = dataloader_kwargs.get("prefetch_factor") or (2 if num_workers else 0)
+    pol.set_pipeline_depth(prefetch * num_workers)  # plans a DataLoader runs at once
+    planner = Planner(
+        smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
+        package_dir=package_dir,
+    )  # fmt: skip
     dataset = CachedDataset(storage, store, decode=decode, transform=transform, on_error=on_error)
     return HotsetLoader(
         dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs

@@ -8,7 +8,8 @@ checks every sample against its content key, so a package can never put wrong by
 into the cache. The loading thread pays one request of the package's size on the
 storage (``Storage.charge``): one large read instead of many small ones.
 
-``InstantPackages`` is the simulator's feeder: the same policy calls, no bytes.
+The simulator's feeder (``policy.icache.InstantPackages``) makes the same policy calls
+with no bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -71,25 +73,16 @@ def read_package(path: str | os.PathLike) -> list[tuple[int, str, bytes]]:
     return out
 
 
-class InstantPackages:
-    """Feeder for the simulator: a wanted package is composed and loaded at once."""
+class PackageSource(Protocol):
+    """What the package threads ask of the policy (``ICachePolicy``), planner lock held."""
 
-    def __init__(self, policy) -> None:
-        self.policy = policy
-        self.packages_loaded = 0
+    def l_wants_package(self) -> bool: ...
 
-    def poll(self) -> None:
-        p = self.policy
-        while p.l_wants_package():
-            ids = p.l_next_package()
-            if not ids.size:
-                return
-            _, accepted = p.l_make_room(ids)
-            p.l_commit(accepted)
-            self.packages_loaded += 1
+    def l_next_package(self, exclude=(), prefer=None) -> np.ndarray: ...
 
-    def epoch_started(self) -> None:
-        self.poll()
+    def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def l_commit(self, ids, loaded=None) -> None: ...
 
 
 class Packager:
@@ -106,7 +99,7 @@ class Packager:
         self,
         storage: Storage,
         store: Store,
-        policy,
+        policy: PackageSource,
         lock: threading.RLock,
         directory: str | os.PathLike | None = None,
         ahead: int = 2,
@@ -120,7 +113,7 @@ class Packager:
         except OSError as exc:
             raise ConfigError(f"package_dir {self.dir} is not writable: {exc}") from exc
         self.ahead, self.keep_files = int(ahead), int(keep_files)
-        self.counters = {
+        self._counters = {
             "packages_written": 0,
             "packages_loaded": 0,
             "package_bytes_loaded": 0,
@@ -135,6 +128,9 @@ class Packager:
         self._generation = 0
         self._serial = 0
         self._threads: list[threading.Thread] = []
+
+    def counters(self) -> dict:
+        return dict(self._counters)
 
     # -- planner side (planner lock held) ---------------------------------------------
     def poll(self) -> None:
@@ -195,7 +191,7 @@ class Packager:
             old = self._files.popleft()
             self._index = {i: w for i, w in self._index.items() if w[0] != old}
             old.unlink(missing_ok=True)
-        self.counters["packages_written"] += 1
+        self._counters["packages_written"] += 1
         return path, size
 
     def _pack_loop(self) -> None:
@@ -250,8 +246,8 @@ class Packager:
                 good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
                 self.store.put_many(good)
                 loaded = [i for i, k, _ in entries if k in good]
-                self.counters["packages_loaded"] += 1
-                self.counters["package_bytes_loaded"] += size
+                self._counters["packages_loaded"] += 1
+                self._counters["package_bytes_loaded"] += size
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)

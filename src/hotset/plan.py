@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -20,15 +20,28 @@ from hotset.errors import ConfigError
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
 
+if TYPE_CHECKING:
+    from hotset.storage.base import Storage
+    from hotset.store.base import Store
 
-@dataclass(frozen=True)
+_EMPTY = np.empty(0, np.int64)
+_EMPTY.flags.writeable = False
+
+
+def _empty() -> np.ndarray:
+    return _EMPTY
+
+
+@dataclass(frozen=True, kw_only=True)
 class BatchPlan:
     """One batch: the ids to serve in order, which of them to take from the store
-    (``hit``), and what the worker must put into / delete from the store afterwards.
+    (``hits``), and what the worker must put into / delete from the store afterwards.
+    Fields are named as :class:`~hotset.policy.base.AccessResult`'s.
 
     With a substituting policy ``ids`` are the samples served, ``requested`` what the
-    sampler drew and ``sub`` marks the positions served by a substitute (a cached sample
-    in place of a missed one). ``fetch`` lists ids to read and put that nobody requested.
+    sampler drew and ``substituted`` marks the positions served by a substitute (a cached
+    sample in place of a missed one). ``fetch`` lists ids to read and put that nobody
+    requested.
 
     From the multi-job service: ``evict_keys`` are entries to delete as the store files
     them (sealed: they may belong to another job's dataset, whose digests it never
@@ -39,12 +52,12 @@ class BatchPlan:
     epoch: int
     index: int
     ids: np.ndarray  # int64, the order the batch is served in
-    hit: np.ndarray  # bool per id: planned store hit
-    admit: np.ndarray  # int64 ids (all among the misses) to put after reading
-    evict: np.ndarray  # int64 ids to delete
-    sub: np.ndarray | None = None  # bool per id: a substitute for the requested id
+    hits: np.ndarray  # bool per id: planned store hit
+    admitted: np.ndarray = field(default_factory=_empty)  # int64 ids to put after reading
+    evicted: np.ndarray = field(default_factory=_empty)  # int64 ids to delete
+    substituted: np.ndarray | None = None  # bool per id: a substitute for the requested id
     requested: np.ndarray | None = None
-    fetch: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    fetch: np.ndarray = field(default_factory=_empty)
     evict_keys: tuple[str, ...] = ()
     wait_s: float = 0.0
 
@@ -52,32 +65,66 @@ class BatchPlan:
         return int(self.ids.size)
 
     @classmethod
-    def uncached(cls, ids) -> BatchPlan:
+    def uncached(cls, ids, epoch: int = -1, index: int = -1) -> BatchPlan:
         """A plan that reads ``ids`` from storage and leaves the store alone."""
         ids = np.asarray(ids, np.int64)
-        empty = np.empty(0, np.int64)
-        return cls(-1, -1, ids, np.zeros(ids.size, bool), empty, empty)
+        return cls(epoch=epoch, index=index, ids=ids, hits=np.zeros(ids.size, bool))
 
 
-class Feeder(Protocol):
-    """Fills part of the cache off the batch path (iCACHE's L-cache packages)."""
+@runtime_checkable
+class PlanSource(Protocol):
+    """What a :class:`~hotset.loader.HotsetLoader` talks to: the ``batch_sampler`` that
+    yields an epoch's plans, and where everything the training loop reports goes. The
+    single-job :class:`Planner` and the service's ``RemotePlanner`` are the two."""
 
-    def poll(self) -> None:
-        """Called after each planned batch (planner lock held): start work if needed."""
+    #: whether ``feedback`` needs the batch's embeddings (graph importance)
+    wants_embeddings: bool
 
-    def epoch_started(self) -> None:
-        """The sampler's hints for a new epoch were applied (e.g. a new H-list)."""
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def __iter__(self) -> Iterator[BatchPlan]: ...
+
+    def __len__(self) -> int: ...
+
+    def feedback(
+        self, ids: np.ndarray, losses: np.ndarray, embeddings: np.ndarray | None = None
+    ) -> None:
+        """Per-sample losses (and embeddings) of the ids a batch served."""
+
+    def report_accuracy(self, accuracy: float) -> None:
+        """Validation accuracy after an epoch."""
+
+    def batch_consumed(self) -> None:
+        """The loader handed one more batch to the training loop: its plan has run."""
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait for background work on fed-back batches to finish."""
+
+    def counters(self) -> dict:
+        """Control-plane counters (planning and feedback seconds, ...)."""
+
+    def close(self) -> None:
+        """Stop background work, leave a service."""
+
+    def state_dict(self) -> dict:
+        """What is needed to continue after a restart."""
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class Planner:
-    """Iterable of :class:`BatchPlan` for the sampler's current epoch; a ``batch_sampler``.
+    """Iterable of :class:`BatchPlan` for the sampler's current epoch; a ``batch_sampler``
+    and the single-job :class:`PlanSource`.
 
     ``planning_s`` accumulates the time spent deciding (sampler + policy), the control
     plane's whole cost. For a policy that ``needs_future`` the planner hands it this epoch's
     and the next epoch's order at each epoch start, unless ``feed_future=False`` (the
     caller gave it a longer future itself, as the simulator does).
 
-    ``lock`` guards the policy: a feeder thread that changes the cache takes it too.
+    ``storage`` and ``store``: where the policy's feeder (``Policy.make_feeder``, iCACHE's
+    package threads) reads and writes, under ``package_dir``; without them the feeder
+    works on ids alone (the simulator). ``lock`` guards the policy: a feeder thread that
+    changes the cache takes it too.
     """
 
     def __init__(
@@ -87,7 +134,9 @@ class Planner:
         batch_size: int,
         drop_last: bool = False,
         feed_future: bool = True,
-        feeder: Feeder | None = None,
+        storage: Storage | None = None,
+        store: Store | None = None,
+        package_dir: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -101,22 +150,25 @@ class Planner:
                 f"{sampler.name!r} decides only as training goes; use the uniform sampler"
             )
         if policy.needs_scores:
-            board = getattr(sampler, "board", None)
-            if board is None:
+            if sampler.board is None:
                 raise ConfigError(
                     f"policy {policy.name!r} needs importance scores; sampler {sampler.name!r} "
                     "has none: use an importance sampler such as 'shade'"
                 )
-            policy.attach_scores(board)
-        self.feeder = feeder
+            policy.attach_scores(sampler.board)
         self.lock = threading.RLock()
         self.sampler = sampler
         self.policy = policy
+        self.feeder = policy.make_feeder(self.lock, storage, store, package_dir)
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
         self.feed_future = feed_future
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
+
+    @property
+    def wants_embeddings(self) -> bool:
+        return self.sampler.needs_embeddings
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -126,31 +178,56 @@ class Planner:
     ) -> None:
         """Per-sample losses (and, for graph importance, embeddings) of the ids a batch
         served: to the sampler's scores, then to a policy that keys on them."""
-        feedback = getattr(self.sampler, "feedback", None)
-        if feedback is None:
+        if not self.sampler.learns_from_feedback:
             return
         start = time.perf_counter()
-        if getattr(self.sampler, "needs_embeddings", False):
-            feedback(ids, losses, embeddings)
-        else:
-            feedback(ids, losses)
+        self.sampler.feedback(ids, losses, embeddings)
         if self.policy.needs_scores:
             with self.lock:
                 self.policy.scores_updated(ids)
         self.feedback_s += time.perf_counter() - start
 
+    def report_accuracy(self, accuracy: float) -> None:
+        self.sampler.report_accuracy(float(accuracy))
+
+    def batch_consumed(self) -> None:
+        """Nothing to release yet: the single-job policy does not pin planned reads."""
+
+    def drain(self, timeout: float = 60.0) -> None:
+        self.sampler.drain(timeout)
+
+    def counters(self) -> dict:
+        out = {"planning_s": self.planning_s, "feedback_s": self.feedback_s}
+        out.update(self.sampler.counters())
+        if self.feeder is not None:
+            out.update(self.feeder.counters())
+        return out
+
+    def close(self) -> None:
+        """Stop the feeder's and the sampler's background threads."""
+        if self.feeder is not None:
+            self.feeder.close()
+        self.sampler.close()
+
+    def state_dict(self) -> dict:
+        """The epoch to resume at and the control plane's timers."""
+        return {
+            "epoch": self.sampler.epoch,
+            "planning_s": self.planning_s,
+            "feedback_s": self.feedback_s,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_epoch(int(state["epoch"]))
+        self.planning_s = float(state["planning_s"])
+        self.feedback_s = float(state["feedback_s"])
+
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self) -> Iterator[BatchPlan]:
-        if self.policy.needs_feeder and self.feeder is None:
-            raise ConfigError(
-                f"policy {self.policy.name!r} fills its package cache through a feeder; "
-                "build the loader with make_loader (or set planner.feeder)"
-            )
-        start = time.perf_counter()
-        epoch = self.sampler.epoch
+    def _start_epoch(self, epoch: int) -> np.ndarray:
+        """The epoch's order, with the cache told what the sampler knows at its start."""
         if self.sampler.cache_aware:
             self.sampler.set_cached(self.policy.cached_ids())
         order = self.sampler.epoch_order(epoch)
@@ -166,21 +243,36 @@ class Planner:
             # The future as far as it is planned: this epoch and the next one.
             ahead = self.sampler.epoch_order(epoch + 1)
             self.policy.set_future(np.concatenate([order, ahead]))
+        return order
+
+    def _plan(self, epoch: int, index: int, ids: np.ndarray) -> BatchPlan:
+        with self.lock:
+            hints = self.sampler.take_hints()
+            if hints:
+                self.policy.apply_hints(hints)
+            r = self.policy.access(ids)
+            if self.feeder is not None:
+                self.feeder.poll()
+        substituting = r.served is not None
+        return BatchPlan(
+            epoch=epoch,
+            index=index,
+            ids=r.served if substituting else ids,
+            hits=r.hits,
+            admitted=r.admitted,
+            evicted=r.evicted,
+            substituted=r.substituted,
+            requested=ids if substituting else None,
+            fetch=_EMPTY if r.fetch is None else r.fetch,
+        )
+
+    def __iter__(self) -> Iterator[BatchPlan]:
+        start = time.perf_counter()
+        epoch = self.sampler.epoch
+        order = self._start_epoch(epoch)
         self.planning_s += time.perf_counter() - start
         for index, lo in enumerate(range(0, order.size, self.batch_size)):
             start = time.perf_counter()
-            ids = order[lo : lo + self.batch_size]
-            with self.lock:
-                hints = self.sampler.take_hints()
-                if hints:
-                    self.policy.apply_hints(hints)
-                r = self.policy.access(ids)
-                if self.feeder is not None:
-                    self.feeder.poll()
-            plan = BatchPlan(
-                epoch, index, ids if r.served is None else r.served, r.hits, r.admitted,
-                r.evicted, r.substituted, None if r.served is None else ids,
-                np.empty(0, np.int64) if r.fetch is None else r.fetch,
-            )  # fmt: skip
+            plan = self._plan(epoch, index, order[lo : lo + self.batch_size])
             self.planning_s += time.perf_counter() - start
             yield plan

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class LoaderStats:
-    """Counters of what really happened on the data plane (DESIGN.md, "the flow").
+    """Counters of what really happened on the data plane (docs/design.md, "the flow").
 
     * ``hits``: samples served from the store as planned; ``substitute_hits`` of them
       were served in place of a missed sample (``exact_hits`` = the others).
@@ -16,13 +16,15 @@ class LoaderStats:
       them yet, or the store was unreachable), read from storage instead.
     * ``waited_hits``: planned hits that arrived while the worker waited for another
       job's fetch (the multi-job service's co-operative misses); counted in ``hits``.
-    * ``service_failures``: plans the multi-job service did not answer; the rest of
-      that epoch was read from storage.
     * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
     * ``refused_puts``: admissions the store refused because they would exceed its budget.
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
     * ``prefetched``: samples read and cached that no batch requested (a homophily node).
-    * ``package_*``: iCACHE's L-cache packages written and loaded, and their bytes.
+
+    The control plane adds its own in ``HotsetLoader.counters()``: ``planning_s`` and
+    ``feedback_s`` (its seconds), ``service_failures`` (plans the multi-job service did
+    not answer; the rest of that epoch was read from storage), iCACHE's ``package_*``
+    (packages written and loaded, and their bytes), SpiderCache's ``graph_*``.
     """
 
     batches: int = 0
@@ -32,21 +34,15 @@ class LoaderStats:
     misses: int = 0
     late_misses: int = 0
     waited_hits: int = 0
-    service_failures: int = 0
     store_failures: int = 0
     refused_puts: int = 0
     skipped: int = 0
     prefetched: int = 0
-    packages_written: int = 0
-    packages_loaded: int = 0
-    package_bytes_loaded: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0
     storage_wait_s: float = 0.0
     store_s: float = 0.0
     decode_s: float = 0.0
-    planning_s: float = 0.0
-    feedback_s: float = 0.0
 
     @property
     def accesses(self) -> int:

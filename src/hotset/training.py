@@ -24,9 +24,10 @@ def train_epoch(
     model.train()
     total, count = 0.0, 0
     embed = loader.wants_embeddings
+    # the one user-side protocol probed: a model that returns its feature-layer output
     if embed and not hasattr(model, "forward_with_embedding"):
         raise ConfigError(
-            f"sampler {loader.planner.sampler.name!r} needs embeddings: give the model a "
+            "the sampler scores embeddings: give the model a "
             "forward_with_embedding(x) -> (logits, embedding) method"
         )
     for x, y, ids in loader:

@@ -17,6 +17,8 @@ import numpy as np
 
 from hotset.errors import ConfigError
 
+NOISE = 1e-9  # accuracy growth per step below this is rounding, not learning
+
 
 class RatioController:
     def __init__(
@@ -64,7 +66,8 @@ class RatioController:
         return float((a[-1] - a[-1 - steps]) / steps)  # the telescoped sum of Eq. 6
 
     def u(self) -> float:
-        d = max(self.delta(), 0.0)
+        d = self.delta()
+        d = d if d > NOISE else 0.0  # a flat accuracy smoothed is not exactly flat
         return d / (self.gamma + d)  # Eq. 7
 
     def ratio(self, t: float) -> float:

@@ -2,21 +2,28 @@
 
 A policy is the control plane's view of the cache: it decides, per sample id, whether an
 access hits, whether a missed sample is admitted and which residents are evicted. It
-works on integer ids and byte sizes only; it never touches bytes (DESIGN.md, "Rules").
-Subclasses implement ``_access`` as one tight loop over a Python list of ids: that loop
-is the whole per-sample cost of the control plane.
+works on integer ids and byte sizes only; it never touches bytes (docs/design.md, "Rules").
+The base class runs the miss path (hit -> evict until the miss fits -> put the victims
+back or admit) as one loop over a Python list of ids; subclasses supply its steps. That
+loop is the whole per-sample cost of the control plane.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
 from hotset.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hotset.importance.scoreboard import ScoreBoard
+    from hotset.storage.base import Storage
+    from hotset.store.base import Store
 
 
 @dataclass(frozen=True)
@@ -35,17 +42,38 @@ class AccessResult:
     fetch: np.ndarray | None = None
 
 
+class Feeder(Protocol):
+    """Fills part of the cache off the batch path (iCACHE's L-cache packages); made by
+    :meth:`Policy.make_feeder`, driven by the planner, closed with it."""
+
+    def poll(self) -> None:
+        """Called after each planned batch (planner lock held): start work if needed."""
+
+    def epoch_started(self) -> None:
+        """The sampler's hints for a new epoch were applied (e.g. a new H-list)."""
+
+    def counters(self) -> dict:
+        """What it did, for the loader's counters."""
+
+    def close(self) -> None:
+        """Stop its threads and remove what it created."""
+
+
 class Policy(ABC):
-    """Byte-capacity cache policy over sample ids ``0 .. len(sizes) - 1``."""
+    """Byte-capacity cache policy over sample ids ``0 .. len(sizes) - 1``.
+
+    Every hook a planner, simulator or service calls is declared here with a working
+    default (docs/extending.md). A policy that admits on a miss by evicting victims
+    implements the miss path's four steps (``_on_hit``, ``_victim``, ``_insert``,
+    ``_restore``, optionally ``_wants`` and ``_prepare``) and the base ``_access`` runs
+    them; a vectorised or substituting policy overrides ``access`` instead.
+    """
 
     name: ClassVar[str]
     #: policies that need the planned access sequence (``set_future``) before accesses
     needs_future: ClassVar[bool] = False
     #: policies that read importance scores (``attach_scores`` with a ScoreBoard)
     needs_scores: ClassVar[bool] = False
-    #: policies whose cache is partly filled off the batch path (iCACHE's L-cache
-    #: packages): the planner needs a feeder that loads what ``l_next_package`` asks
-    needs_feeder: ClassVar[bool] = False
 
     def __init__(self, capacity_bytes: int, sizes: np.ndarray | Sequence[int], seed: int = 0):
         sizes = np.asarray(sizes, dtype=np.int64)
@@ -66,20 +94,70 @@ class Policy(ABC):
     def _resident(self) -> Container[int]:
         """The resident ids, as a container with fast ``in`` and ``len``."""
 
+    # -- the miss path, once -------------------------------------------------------------
+    def _prepare(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Per-batch work before the loop (e.g. look up the batch's scores at once)."""
+
+    def _on_hit(self, p: int, i: int) -> bool:
+        """Access ``i`` at batch position ``p``: whether it is resident (and refresh it)."""
+        raise TypeError(f"{type(self).__name__} must implement the miss path or access")
+
+    def _wants(self, i: int) -> bool:
+        """Whether a missed ``i`` that fits the capacity is a candidate for admission."""
+        return True
+
+    def _victim(self, i: int) -> int:
+        """Remove and return the next resident to evict for ``i``, or -1: ``i`` is worth
+        less than every remaining resident (it is then not admitted)."""
+        return -1
+
+    def _insert(self, i: int) -> None:
+        """Make ``i`` resident (its victims, if any, are gone for good)."""
+        raise TypeError(f"{type(self).__name__} must implement the miss path or access")
+
+    def _restore(self, victims: list[int]) -> None:  # noqa: B027 - optional hook
+        """Put back ``victims`` removed by ``_victim`` for an admission that failed."""
+
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
     ) -> None:
         """Process ``ids`` in order, appending a hit flag per id and the admitted/evicted
-        ids. (A substituting policy overrides ``access`` instead.)"""
-        raise TypeError(f"{type(self).__name__} must override _access or access")
+        ids: hit, else evict victims until the miss fits, else put them back, else admit."""
+        sizes, cap, used = self._sizes, self.capacity_bytes, self.used
+        on_hit, wants, victim, insert = self._on_hit, self._wants, self._victim, self._insert
+        for p, i in enumerate(ids):
+            if on_hit(p, i):
+                hits.append(True)
+                continue
+            hits.append(False)
+            s = sizes[i]
+            if s > cap or not wants(i):
+                continue
+            victims = []
+            while used + s > cap:
+                j = victim(i)
+                if j < 0:
+                    break
+                victims.append(j)
+                used -= sizes[j]
+            if used + s > cap:  # the rest is worth more than i: put the victims back
+                self._restore(victims)
+                used += sum(sizes[j] for j in victims)
+                continue
+            evicted.extend(victims)
+            insert(i)
+            used += s
+            admitted.append(i)
+        self.used = used
 
     def access(self, ids: np.ndarray | Sequence[int]) -> AccessResult:
         """Access ``ids`` in order; returns hits and the net store changes of the batch."""
-        ids_list = np.asarray(ids, dtype=np.int64).tolist()
+        arr = np.asarray(ids, dtype=np.int64)
+        self._prepare(arr)
         hits: list[bool] = []
         admitted: list[int] = []
         evicted: list[int] = []
-        self._access(ids_list, hits, admitted, evicted)
+        self._access(arr.tolist(), hits, admitted, evicted)
         resident = self._resident
         return AccessResult(
             hits=np.array(hits, dtype=bool),
@@ -87,6 +165,7 @@ class Policy(ABC):
             evicted=np.array([i for i in dict.fromkeys(evicted) if i not in resident], np.int64),
         )
 
+    # -- residents ---------------------------------------------------------------------
     def __contains__(self, i: int) -> bool:
         return int(i) in self._resident
 
@@ -96,6 +175,11 @@ class Policy(ABC):
     def cached_ids(self) -> np.ndarray:
         return np.fromiter(self._resident, dtype=np.int64)  # type: ignore[arg-type]
 
+    def size_of(self, i: int) -> int:
+        """Bytes of sample ``i`` as the policy counts them."""
+        return self._sizes[int(i)]
+
+    # -- optional hooks: working defaults ------------------------------------------------
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
         """Byte sizes of ids registered after construction (a shared service's policy
         covers ids of datasets that arrive later). A resident's size cannot change."""
@@ -116,6 +200,40 @@ class Policy(ABC):
         """What the sampler tells the cache (iCACHE's H-list, SpiderCache's homophily
         candidates and cache ratio); see ``Sampler.cache_hints``."""
 
+    def attach_scores(self, board: ScoreBoard) -> None:  # noqa: B027 - optional hook
+        """Read priorities from ``board`` (policies that ``needs_scores``)."""
+
+    def scores_updated(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """The scores of ``ids`` changed on the attached board: re-key those resident."""
+
+    def add_references(self, ids, delta: int = 1) -> None:  # noqa: B027 - optional hook
+        """``delta`` future reads of each of ``ids`` are planned (negative: a job left);
+        policies that count them (RefCnt) evict by them."""
+
+    def pin(self, ids, delta: int = 1) -> None:  # noqa: B027 - optional hook
+        """Hold (``delta=1``) or release (``-1``) ids whose planned reads have not run:
+        a policy that honours pins never evicts a pinned id."""
+
+    def set_pipeline_depth(self, plans: int) -> None:  # noqa: B027 - optional hook
+        """How many plans may be in flight (planned, not yet executed) at once."""
+
+    def make_feeder(
+        self,
+        lock: threading.RLock,
+        storage: Storage | None = None,
+        store: Store | None = None,
+        directory: str | None = None,
+    ) -> Feeder | None:
+        """The feeder that fills part of this cache off the batch path, if any: over
+        ``storage`` and ``store`` (with ``lock``, the planner's, held on policy calls),
+        or with no bytes at all when they are ``None`` (the simulator)."""
+        return None
+
+    def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> Policy:
+        """Another policy of this kind for a partition of the same cache (a multi-job
+        service's per-dataset share); it shares what the kind keeps cache-wide."""
+        return type(self)(capacity_bytes, sizes, self.seed)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(capacity_bytes={self.capacity_bytes}, "
@@ -128,8 +246,20 @@ POLICIES: dict[str, type[Policy]] = {}
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make ``cls`` available to :func:`make_policy` by ``cls.name``."""
+    if cls.name in POLICIES and POLICIES[cls.name] is not cls:
+        raise ConfigError(f"policy name {cls.name!r} is taken by {POLICIES[cls.name].__qualname__}")
     POLICIES[cls.name] = cls
     return cls
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The registered policy class called ``name`` (a clear error for an unknown one)."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown policy {name!r}; choose from: {', '.join(sorted(POLICIES))}"
+        ) from None
 
 
 def make_policy(
@@ -142,12 +272,7 @@ def make_policy(
     """A policy by registry name: ``make_policy("lru", 64 << 20, sizes=manifest.sizes)``
     (per-sample bytes), or ``make_policy("lru", 6000, num_samples=60000)`` for items of
     equal size, when the capacity counts items."""
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown policy {name!r}; choose from: {', '.join(sorted(POLICIES))}"
-        ) from None
+    cls = policy_class(name)
     if sizes is None:
         if num_samples is None:
             raise ConfigError(f"policy {name!r}: give sizes= (bytes per sample) or num_samples=")

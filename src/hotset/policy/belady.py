@@ -8,12 +8,11 @@ access must then follow that sequence.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.policy.base import Policy, register_policy
+from hotset.policy.keyed_heap import KeyedHeap
 
 
 def next_use(sequence: np.ndarray, never: int) -> np.ndarray:
@@ -27,6 +26,9 @@ def next_use(sequence: np.ndarray, never: int) -> np.ndarray:
     return out
 
 
+FAR = 1 << 40  # heap level = FAR - next use: the furthest next use on top
+
+
 @register_policy
 class BeladyPolicy(Policy):
     name = "belady"
@@ -34,80 +36,61 @@ class BeladyPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._next_of: dict[int, int] = {}  # resident id -> position of its next use
-        self._heap: list[tuple[int, int]] = []  # (-next use, id), lazily deleted
+        self._heap = KeyedHeap.for_ids(self.num_samples)  # residents by next use
         self._seq: list[int] = []
         self._next: list[int] = []
         self._pos = 0
+        self._n = 0  # the current access's next use
+        self._taken: list[tuple[int, int]] = []  # (id, level) of this miss's victims
 
     @property
     def _resident(self):
-        return self._next_of
+        return self._heap.live
 
     def set_future(self, sequence: np.ndarray) -> None:
         seq = np.asarray(sequence, dtype=np.int64)
         never = seq.size + 1
         self._seq, self._next, self._pos = seq.tolist(), next_use(seq, never).tolist(), 0
-        resident = np.fromiter(self._next_of, dtype=np.int64, count=len(self._next_of))
+        resident = np.fromiter(self._heap.live, dtype=np.int64, count=len(self._heap))
         uniq, first = np.unique(seq, return_index=True)
         where = np.searchsorted(uniq, resident)
         found = (where < uniq.size) & (uniq[np.minimum(where, uniq.size - 1)] == resident)
         nxt = np.where(found, first[np.minimum(where, uniq.size - 1)], never)
-        self._next_of = dict(zip(resident.tolist(), nxt.tolist(), strict=True))
-        self._heap = [(-n, i) for i, n in self._next_of.items()]
-        heapq.heapify(self._heap)
+        self._heap = KeyedHeap(self._heap.bits)
+        for i, n in zip(resident.tolist(), nxt.tolist(), strict=True):
+            self._heap.push(i, FAR - n)
 
-    def _access(self, ids, hits, admitted, evicted):
-        seq, nxt, pos = self._seq, self._next, self._pos
-        if pos + len(ids) > len(seq) or seq[pos : pos + len(ids)] != ids:
+    def _prepare(self, ids: np.ndarray) -> None:
+        seq, pos, n = self._seq, self._pos, ids.size
+        if pos + n > len(seq) or seq[pos : pos + n] != ids.tolist():
             raise ConfigError(
                 "belady: the accesses differ from the planned sequence given to set_future "
                 f"(at position {pos}); Belady needs the sampler's exact future order"
             )
-        next_of, heap, sizes, cap, used = (
-            self._next_of,
-            self._heap,
-            self._sizes,
-            self.capacity_bytes,
-            self.used,
-        )
-        push, pop = heapq.heappush, heapq.heappop
-        for i in ids:
-            n = nxt[pos]
-            pos += 1
-            if i in next_of:
-                next_of[i] = n
-                push(heap, (-n, i))
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap:
-                continue
-            victims = []
-            while used + s > cap:
-                neg, j = heap[0]
-                if next_of.get(j) != -neg:
-                    pop(heap)  # stale entry
-                    continue
-                if -neg <= n:
-                    break  # every remaining resident is needed sooner than i
-                pop(heap)
-                victims.append((neg, j))
-                used -= sizes[j]
-            if used + s > cap:  # bypass: put the victims back
-                for neg, j in victims:
-                    push(heap, (neg, j))
-                    used += sizes[j]
-                continue
-            for _, j in victims:
-                del next_of[j]
-                evicted.append(j)
-            next_of[i] = n
-            push(heap, (-n, i))
-            used += s
-            admitted.append(i)
-        self.used, self._pos = used, pos
-        if len(heap) > 4 * len(next_of) + 1024:
-            self._heap = [(-n, j) for j, n in next_of.items()]
-            heapq.heapify(self._heap)
+
+    def _on_hit(self, p: int, i: int) -> bool:
+        self._n = n = self._next[self._pos + p]
+        if i in self._heap.live:
+            self._heap.push(i, FAR - n)
+            return True
+        return False
+
+    def _victim(self, i: int) -> int:
+        j, level = self._heap.peek()  # type: ignore[misc]
+        if FAR - level <= self._n:
+            return -1  # every remaining resident is needed sooner than i: bypass
+        self._taken.append((self._heap.pop(), level))
+        return j
+
+    def _restore(self, victims: list[int]) -> None:
+        for j, level in self._taken:
+            self._heap.push(j, level)
+        self._taken = []
+
+    def _insert(self, i: int) -> None:
+        self._taken = []
+        self._heap.push(i, FAR - self._n)
+
+    def _access(self, ids, hits, admitted, evicted):
+        super()._access(ids, hits, admitted, evicted)
+        self._pos += len(ids)

@@ -19,55 +19,21 @@ samples of the H-list and an L-cache of packaged L-samples served by substitutio
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import ChainMap
 
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.policy.base import AccessResult, Policy, register_policy
+from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
+from hotset.policy.keyed_heap import KeyedHeap
 
 SCALE = float(1 << 24)
-
-
-class KeyedHeap:
-    """A lazy min-heap of ids by an integer level; ``drop`` makes an id's entry stale."""
-
-    def __init__(self, bits: int) -> None:
-        self.bits, self.mask = bits, (1 << bits) - 1
-        self.heap: list[int] = []
-        self.live: dict[int, int] = {}  # id -> its live packed key
-
-    def push(self, i: int, level: int) -> None:
-        k = level << self.bits | i
-        self.live[i] = k
-        heapq.heappush(self.heap, k)
-
-    def drop(self, i: int) -> None:
-        self.live.pop(i, None)
-
-    def peek(self) -> tuple[int, int] | None:
-        """(id, level) of the minimum, or None."""
-        heap, live = self.heap, self.live
-        while heap and live.get(heap[0] & self.mask) != heap[0]:
-            heapq.heappop(heap)
-        return (heap[0] & self.mask, heap[0] >> self.bits) if heap else None
-
-    def pop(self) -> int:
-        i, _ = self.peek()  # type: ignore[misc]
-        heapq.heappop(self.heap)
-        del self.live[i]
-        return i
-
-    def __len__(self) -> int:
-        return len(self.live)
 
 
 @register_policy
 class ICachePolicy(Policy):
     name = "icache"
-    needs_feeder = True
 
     def __init__(
         self,
@@ -129,6 +95,23 @@ class ICachePolicy(Policy):
     @property
     def _resident(self):
         return ChainMap(self._h, self._l)
+
+    def h_residents(self) -> np.ndarray:
+        """The H-cache's residents."""
+        return np.fromiter(self._h, np.int64, len(self._h))
+
+    def l_residents(self) -> np.ndarray:
+        """The L-cache's residents (loaded from packages)."""
+        return np.fromiter(self._l, np.int64, len(self._l))
+
+    def make_feeder(self, lock, storage=None, store=None, directory=None) -> Feeder:
+        """The package threads over ``storage`` and ``store`` (``packages.Packager``), or
+        with no bytes (the simulator) packages loaded the moment they are wanted."""
+        if storage is None or store is None:
+            return InstantPackages(self)
+        from hotset.packages import Packager  # the data plane: bytes, files, the store
+
+        return Packager(storage, store, self, lock, directory)
 
     # -- H-list ----------------------------------------------------------------------
     def apply_hints(self, hints: dict) -> None:
@@ -367,3 +350,30 @@ class ICachePolicy(Policy):
             else:
                 self.l_used -= self._sizes[i]
         self.used = self.h_used + self.l_used
+
+
+class InstantPackages:
+    """The simulator's feeder: a wanted package is composed and loaded at once."""
+
+    def __init__(self, policy: ICachePolicy) -> None:
+        self.policy = policy
+        self.packages_loaded = 0
+
+    def poll(self) -> None:
+        p = self.policy
+        while p.l_wants_package():
+            ids = p.l_next_package()
+            if not ids.size:
+                return
+            _, accepted = p.l_make_room(ids)
+            p.l_commit(accepted)
+            self.packages_loaded += 1
+
+    def epoch_started(self) -> None:
+        self.poll()
+
+    def counters(self) -> dict:
+        return {"packages_loaded": self.packages_loaded}
+
+    def close(self) -> None:
+        pass

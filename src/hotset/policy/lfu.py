@@ -1,11 +1,13 @@
 """LFU: evict the resident accessed least often (counting every access seen, resident or
-not); ties go to the resident whose count was set earliest. Lazy-deletion min-heap."""
+not); ties go to the resident whose count was set earliest. Residents sit in a keyed heap
+by ``count << 40 | tick``."""
 
 from __future__ import annotations
 
-import heapq
-
 from hotset.policy.base import Policy, register_policy
+from hotset.policy.keyed_heap import KeyedHeap
+
+TICK_BITS = 40
 
 
 @register_policy
@@ -15,43 +17,26 @@ class LFUPolicy(Policy):
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
         self._freq = [0] * self.num_samples
-        self._stamp: dict[int, int] = {}  # resident id -> tick of its live heap entry
-        self._heap: list[tuple[int, int, int]] = []  # (freq, tick, id)
+        self._heap = KeyedHeap.for_ids(self.num_samples)
         self._tick = 0
+        self._level = 0  # the current access's (count, tick)
 
     @property
     def _resident(self):
-        return self._stamp
+        return self._heap.live
 
-    def _access(self, ids, hits, admitted, evicted):
-        freq, stamp, heap = self._freq, self._stamp, self._heap
-        sizes, cap, used, tick = self._sizes, self.capacity_bytes, self.used, self._tick
-        push, pop = heapq.heappush, heapq.heappop
-        for i in ids:
-            f = freq[i] + 1
-            freq[i] = f
-            tick += 1
-            if i in stamp:
-                stamp[i] = tick
-                push(heap, (f, tick, i))
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap:
-                continue
-            used += s
-            while used > cap:
-                _, t, j = pop(heap)
-                if stamp.get(j) != t:
-                    continue  # stale entry
-                del stamp[j]
-                used -= sizes[j]
-                evicted.append(j)
-            stamp[i] = tick
-            push(heap, (f, tick, i))
-            admitted.append(i)
-        self.used, self._tick = used, tick
-        if len(heap) > 4 * len(stamp) + 1024:  # drop stale entries
-            self._heap = [(freq[j], t, j) for j, t in stamp.items()]
-            heapq.heapify(self._heap)
+    def _on_hit(self, p: int, i: int) -> bool:
+        f = self._freq[i] + 1
+        self._freq[i] = f
+        self._tick += 1
+        self._level = f << TICK_BITS | self._tick
+        if i in self._heap.live:
+            self._heap.push(i, self._level)
+            return True
+        return False
+
+    def _victim(self, i: int) -> int:
+        return self._heap.pop()
+
+    def _insert(self, i: int) -> None:
+        self._heap.push(i, self._level)

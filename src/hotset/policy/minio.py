@@ -33,17 +33,9 @@ class MinIOPolicy(Policy):
             out.append(j)
         return out
 
-    def _access(self, ids, hits, admitted, evicted):
-        members, sizes, cap, used = self._set, self._sizes, self.capacity_bytes, self.used
-        for i in ids:
-            if i in members:
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if used + s <= cap:
-                members.add(i)
-                self._order.append(i)
-                used += s
-                admitted.append(i)
-        self.used = used
+    def _on_hit(self, p: int, i: int) -> bool:
+        return i in self._set
+
+    def _insert(self, i: int) -> None:
+        self._set.add(i)
+        self._order.append(i)

@@ -2,20 +2,18 @@
 admitted when the residents it would displace all score lower; the lowest-scored go.
 
 Scores come from the sampler's :class:`~hotset.importance.ScoreBoard` (attached by the
-planner); ``scores_updated`` re-keys residents as feedback arrives, through a lazy
-min-heap (an entry is live while it carries its id's current key). A key packs the
-score, quantised to 2^-24 and floored at 0, above the id in one int, so the heap
-compares plain ints and ties of equal scores fall to the lower id.
+planner); ``scores_updated`` re-keys residents as feedback arrives, in a keyed heap whose
+level is the score quantised to 2^-24 and floored at 0 (ties of equal scores fall to the
+lower id).
 """
 
 from __future__ import annotations
-
-import heapq
 
 import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.policy.base import Policy, register_policy
+from hotset.policy.keyed_heap import KeyedHeap
 
 SCALE = float(1 << 24)
 
@@ -29,14 +27,16 @@ class PriorityPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._key: dict[int, int] = {}  # resident id -> its live heap key
-        self._heap: list[int] = []
-        self._bits = max(1, (self.num_samples - 1).bit_length())
+        self._heap = KeyedHeap.for_ids(self.num_samples)  # residents by score
         self.board = None
+        self._q: list[int] = []  # the batch's levels, and whether each may replace
+        self._may: list[bool] = []
+        self._cur = 0  # the current access's position in the batch
+        self._taken: list[tuple[int, int]] = []  # (id, level) of this miss's victims
 
     @property
     def _resident(self):
-        return self._key
+        return self._heap.live
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -53,87 +53,60 @@ class PriorityPolicy(Policy):
     def scores_updated(self, ids: np.ndarray) -> None:
         """Re-key the residents among ``ids`` with their new scores (the 'adaptive' part)."""
         ids = np.asarray(ids, np.int64)
-        key, heap, bits = self._key, self._heap, self._bits
+        heap = self._heap
         for i, q in zip(ids.tolist(), self._levels(ids), strict=True):
-            if i in key:
-                k = q << bits | i
-                if k != key[i]:
-                    key[i] = k
-                    heapq.heappush(heap, k)
-        if len(heap) > 2 * len(key) + 1024:
-            self._heap = sorted(key.values())  # a sorted list is a heap
+            if i in heap.live:
+                heap.push(i, q)
 
     def min_score(self) -> float | None:
         """The lowest (quantised) score among residents (``None`` when empty)."""
-        heap, key, mask = self._heap, self._key, (1 << self._bits) - 1
-        while heap and key.get(heap[0] & mask) != heap[0]:
-            heapq.heappop(heap)  # stale entry
-        return (heap[0] >> self._bits) / SCALE if heap else None
+        top = self._heap.peek()
+        return None if top is None else top[1] / SCALE
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Set a smaller capacity, evicting the lowest-scored residents to fit; returns them."""
         self.capacity_bytes = int(capacity_bytes)
-        heap, key, mask, out = self._heap, self._key, (1 << self._bits) - 1, []
+        out = []
         while self.used > self.capacity_bytes:
-            k = heapq.heappop(heap)
-            j = k & mask
-            if key.get(j) == k:
-                del key[j]
-                self.used -= self._sizes[j]
-                out.append(j)
+            j = self._heap.pop()
+            self.used -= self._sizes[j]
+            out.append(j)
         return out
 
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:
         """Per id, whether a miss on it may displace residents (APP: known samples only)."""
         return np.ones(ids.size, bool)
 
-    def _access(self, ids, hits, admitted, evicted):
+    # -- the miss path -----------------------------------------------------------------
+    def _prepare(self, ids: np.ndarray) -> None:
         if self.board is None:
             raise ConfigError(
                 f"policy {self.name!r} needs importance scores: use an importance "
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
-        key, heap, sizes, cap = self._key, self._heap, self._sizes, self.capacity_bytes
-        used, ties, bits = self.used, self.evict_ties, self._bits
-        mask = (1 << bits) - 1
-        push, pop = heapq.heappush, heapq.heappop
-        arr = np.asarray(ids, dtype=np.int64)  # per batch, not per access:
-        levels, may_replace = self._levels(arr), self._may_replace(arr).tolist()
-        for i, q, may in zip(ids, levels, may_replace, strict=True):
-            if i in key:
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap:
-                continue
-            if used + s > cap:
-                if not may:
-                    continue
-                victims = []
-                while used + s > cap:
-                    k = heap[0]
-                    j = k & mask
-                    if key.get(j) != k:
-                        pop(heap)  # stale entry
-                        continue
-                    v = k >> bits
-                    if v > q or (v == q and not ties):
-                        break  # the newcomer is the least important: do not admit it
-                    pop(heap)
-                    del key[j]  # at once: a re-keyed id may have a second identical entry
-                    victims.append(k)
-                    used -= sizes[j]
-                if used + s > cap:
-                    for k in victims:  # could not make room: put them back
-                        key[k & mask] = k
-                        push(heap, k)
-                        used += sizes[k & mask]
-                    continue
-                evicted.extend(k & mask for k in victims)
-            k = q << bits | i
-            key[i] = k
-            push(heap, k)
-            used += s
-            admitted.append(i)
-        self.used = used
+        self._q, self._may = self._levels(ids), self._may_replace(ids).tolist()
+
+    def _on_hit(self, p: int, i: int) -> bool:
+        self._cur = p
+        return i in self._heap.live
+
+    def _victim(self, i: int) -> int:
+        top = self._heap.peek()
+        q = self._q[self._cur]
+        if top is None or not self._may[self._cur]:
+            return -1
+        j, v = top
+        if v > q or (v == q and not self.evict_ties):
+            return -1  # the newcomer is the least important: do not admit it
+        self._heap.pop()
+        self._taken.append((j, v))
+        return j
+
+    def _restore(self, victims: list[int]) -> None:
+        for j, v in self._taken:
+            self._heap.push(j, v)
+        self._taken = []
+
+    def _insert(self, i: int) -> None:
+        self._taken = []
+        self._heap.push(i, self._q[self._cur])

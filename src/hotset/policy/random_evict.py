@@ -21,35 +21,25 @@ class RandomPolicy(Policy):
     def _resident(self):
         return self._pos
 
-    def _access(self, ids, hits, admitted, evicted):
-        pos, lst, sizes, cap, used = (
-            self._pos,
-            self._ids,
-            self._sizes,
-            self.capacity_bytes,
-            self.used,
-        )
-        rand = self._rng.random
-        for i in ids:
-            if i in pos:
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap:
-                continue
-            used += s
-            while used > cap:
-                k = int(rand() * len(lst))
-                j = lst[k]
-                last = lst.pop()
-                if k < len(lst):
-                    lst[k] = last
-                    pos[last] = k
-                del pos[j]
-                used -= sizes[j]
-                evicted.append(j)
-            pos[i] = len(lst)
-            lst.append(i)
-            admitted.append(i)
-        self.used = used
+    def _on_hit(self, p: int, i: int) -> bool:
+        return i in self._pos
+
+    def _victim(self, i: int) -> int:
+        """A uniformly chosen resident, removed by swapping the last one into its slot."""
+        pos, lst = self._pos, self._ids
+        k = int(self._rng.random() * len(lst))
+        j = lst[k]
+        last = lst.pop()
+        if k < len(lst):
+            lst[k] = last
+            pos[last] = k
+        del pos[j]
+        return j
+
+    def _insert(self, i: int) -> None:
+        self._pos[i] = len(self._ids)
+        self._ids.append(i)
+
+    def _restore(self, victims: list[int]) -> None:
+        for j in victims:
+            self._insert(j)

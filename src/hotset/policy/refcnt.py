@@ -18,6 +18,8 @@ import numpy as np
 
 from hotset.policy.base import Policy, register_policy
 
+PINNED = np.int64(1) << 40  # a pinned resident outranks any reference count
+
 
 @register_policy
 class RefCntPolicy(Policy):
@@ -31,10 +33,15 @@ class RefCntPolicy(Policy):
         self.pinned = np.zeros(self.num_samples, np.int64) if pinned is None else pinned
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
+        self._r = 0  # the current access's references left
 
     @property
     def _resident(self):
         return self._pos
+
+    def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> RefCntPolicy:
+        """A partition sharing this one's counts of references and pins."""
+        return RefCntPolicy(capacity_bytes, sizes, self.seed, refs=self.refs, pinned=self.pinned)
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
@@ -71,45 +78,29 @@ class RefCntPolicy(Policy):
             out.append(j)
         return out
 
-    def _access(self, ids, hits, admitted, evicted):
-        pos, res, refs, sizes, cap = (
-            self._pos,
-            self._ids,
-            self.refs,
-            self._sizes,
-            self.capacity_bytes,
-        )
-        pinned = self.pinned
-        big = np.int64(1) << 40  # a pinned resident outranks any reference count
-        used = self.used
-        for i in ids:
-            r = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
-            refs[i] = r
-            if i in pos:
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if r <= 0 or s > cap:
-                continue
-            victims: list[int] = []
-            while used + s > cap:
-                live = res[: len(pos)]
-                k = int(np.argmin(refs[live] + big * (pinned[live] > 0)))
-                if pinned[res[k]] or refs[res[k]] > r:  # ties go to the newcomer
-                    break
-                j = self._evict(k)
-                victims.append(j)
-                used -= sizes[j]
-            if used + s > cap:  # the rest is worth more than i: put the victims back
-                for j in victims:
-                    pos[j] = len(pos)
-                    res[pos[j]] = j
-                    used += sizes[j]
-                continue
-            evicted.extend(victims)
-            pos[i] = len(pos)
-            res[pos[i]] = i
-            used += s
-            admitted.append(i)
-        self.used = used
+    def _on_hit(self, p: int, i: int) -> bool:
+        refs = self.refs
+        self._r = r = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
+        refs[i] = r
+        return i in self._pos
+
+    def _wants(self, i: int) -> bool:
+        return self._r > 0  # nobody reads it again: never cached
+
+    def _victim(self, i: int) -> int:
+        """The unpinned resident with the fewest references, if it has no more than the
+        newcomer (ties go to the newcomer, the more recent)."""
+        res, refs, pinned = self._ids, self.refs, self.pinned
+        live = res[: len(self._pos)]
+        k = int(np.argmin(refs[live] + PINNED * (pinned[live] > 0)))
+        if pinned[res[k]] or refs[res[k]] > self._r:
+            return -1
+        return self._evict(k)
+
+    def _insert(self, i: int) -> None:
+        self._pos[i] = len(self._pos)
+        self._ids[self._pos[i]] = i
+
+    def _restore(self, victims: list[int]) -> None:
+        for j in victims:
+            self._insert(j)

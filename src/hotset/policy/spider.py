@@ -14,12 +14,11 @@ split between them is ``imp_ratio`` (the elastic manager's hint, section 4.3).
 A new node serves its neighbours only ``activation_delay`` batches after the batch
 that fetches it: DataLoader workers run up to ``prefetch_factor * num_workers`` plans
 at once, so by then the fetch has landed and a substitute is a real store hit, not a
-late miss (the loader sets the delay; the simulator has no such window).
+late miss (the planner sets the delay through ``set_pipeline_depth``; the simulator has
+no such window).
 """
 
 from __future__ import annotations
-
-from collections import ChainMap
 
 import numpy as np
 
@@ -55,7 +54,22 @@ class SpiderPolicy(Policy):
 
     @property
     def _resident(self):
-        return ChainMap(self.importance._key, self.homophily)
+        return set(self.cached_ids().tolist())
+
+    def __contains__(self, i: int) -> bool:
+        return int(i) in self.importance or int(i) in self.homophily
+
+    def __len__(self) -> int:
+        return len(self.importance) + len(self.homophily)
+
+    def cached_ids(self) -> np.ndarray:
+        hom = np.fromiter(self.homophily, np.int64, len(self.homophily))
+        return np.concatenate([self.importance.cached_ids(), hom])
+
+    def set_pipeline_depth(self, plans: int) -> None:
+        """Plans in flight at once: a new node serves its neighbours after that many
+        batches, when its fetch has surely landed."""
+        self.activation_delay = int(plans)
 
     def attach_scores(self, board) -> None:
         self.importance.attach_scores(board)
@@ -86,7 +100,7 @@ class SpiderPolicy(Policy):
     def add_node(self, node: int, neighbours: np.ndarray) -> bool:
         """Line 22: the batch's highest-degree node joins the FIFO (oldest out)."""
         s = self._sizes[node]
-        if node in self.importance._key or node in self.homophily or s > self.hom_capacity:
+        if node in self.importance or node in self.homophily or s > self.hom_capacity:
             return False
         while self.hom_used + s > self.hom_capacity:
             self._drop_node(next(iter(self.homophily)))
@@ -117,10 +131,10 @@ class SpiderPolicy(Policy):
         ids_list = np.asarray(ids, np.int64).tolist()
         n = len(ids_list)
         served, hits, sub = list(ids_list), [False] * n, [False] * n
-        imp_key, hom, owner = self.importance._key, self.homophily, self.owner
+        imp, hom, owner = self.importance, self.homophily, self.owner
         rest, rest_pos = [], []
         for p, i in enumerate(ids_list):
-            if i in imp_key:
+            if i in imp:
                 pass  # line 5: an Importance Cache hit (the inner policy reports it)
             elif i in hom:
                 hits[p] = i not in pending  # the node itself (from storage until fetched)
@@ -130,19 +144,17 @@ class SpiderPolicy(Policy):
                 continue
             rest.append(i)
             rest_pos.append(p)
-        inner_hits: list[bool] = []
-        admitted: list[int] = []
-        self.importance._access(rest, inner_hits, admitted, self._evicted)  # line 10
-        for p, h in zip(rest_pos, inner_hits, strict=True):
+        inner = self.importance.access(rest)  # line 10
+        for p, h in zip(rest_pos, inner.hits.tolist(), strict=True):
             hits[p] = h
+        self._evicted += inner.evicted.tolist()
         self.used = self.importance.used + self.hom_used
-        resident = self._resident
-        evicted = [i for i in dict.fromkeys(self._evicted) if i not in resident]
+        evicted = [i for i in dict.fromkeys(self._evicted) if i not in self]
         fetch = [i for i in dict.fromkeys(self._fetch) if i in hom]
         self._evicted, self._fetch = [], []
         return AccessResult(
             hits=np.array(hits, bool),
-            admitted=np.array([i for i in dict.fromkeys(admitted) if i in imp_key], np.int64),
+            admitted=inner.admitted,
             evicted=np.array(evicted, np.int64),
             served=np.array(served, np.int64),
             substituted=np.array(sub, bool),

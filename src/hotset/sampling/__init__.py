@@ -1,15 +1,27 @@
-"""Samplers: which ids a job reads, in which order."""
+"""Samplers: which ids a job reads, in which order.
 
-from hotset.sampling import iis, pads, spider, uniform  # noqa: F401 - register
-from hotset.sampling.base import SAMPLERS, Sampler, make_sampler, register_sampler
-from hotset.sampling.pads import PADSSampler
-from hotset.sampling.uniform import UniformSampler
+Every module of this package is imported here, so a new sampler is one new file that
+registers its class with ``@register_sampler`` (docs/extending.md).
+"""
+
+import importlib
+import pkgutil
+
+from hotset.sampling.base import (
+    SAMPLERS,
+    Sampler,
+    make_sampler,
+    register_sampler,
+    sampler_class,
+)
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
+
+from hotset.sampling.pads import PADSSampler  # noqa: E402
+from hotset.sampling.uniform import UniformSampler  # noqa: E402
 
 __all__ = [
-    "SAMPLERS",
-    "PADSSampler",
-    "Sampler",
-    "UniformSampler",
-    "make_sampler",
-    "register_sampler",
-]
+    "SAMPLERS", "PADSSampler", "Sampler", "UniformSampler", "make_sampler",
+    "register_sampler", "sampler_class",
+]  # fmt: skip

@@ -9,18 +9,32 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.importance.scoreboard import ScoreBoard
 
 
 class Sampler(ABC):
-    name: str
+    """Every hook the planner, loader and simulator call is declared here with a working
+    default, so a sampler overrides only what it does (see docs/extending.md)."""
+
+    name: ClassVar[str]
     #: whether ``global_order(e)`` is fixed in advance (offline policies need it)
-    order_known_ahead: bool = True
+    order_known_ahead: ClassVar[bool] = True
     #: whether the planner reports the cached ids at each epoch start (``set_cached``)
-    cache_aware: bool = False
+    cache_aware: ClassVar[bool] = False
+    #: whether the order depends on the losses fed back (the simulator then needs an oracle)
+    learns_from_feedback: ClassVar[bool] = False
+    #: whether ``feedback`` needs the batch's embeddings (graph importance)
+    needs_embeddings: ClassVar[bool] = False
+    #: whether the constructor needs ``labels=`` (one per sample; ``make_loader`` gives
+    #: the storage's)
+    needs_labels: ClassVar[bool] = False
+    #: the per-sample importance scores a score-keyed policy reads (``None``: no scores)
+    board: ScoreBoard | None = None
 
     def __init__(
         self,
@@ -62,6 +76,25 @@ class Sampler(ABC):
             order = np.concatenate([order, np.resize(order, pad)])
         return order[self.rank :: r]
 
+    # -- optional hooks: no-op defaults ---------------------------------------------------
+    def feedback(  # noqa: B027 - optional hook
+        self, ids: np.ndarray, losses: np.ndarray, embeddings: np.ndarray | None = None
+    ) -> None:
+        """Per-sample losses (and embeddings, see ``needs_embeddings``) of served ids."""
+
+    def report_accuracy(self, accuracy: float) -> None:  # noqa: B027 - optional hook
+        """Validation accuracy after an epoch (SHADE's bias guard, Spider's monitor)."""
+
+    def counters(self) -> dict:
+        """Numbers worth reporting beside the loader's (e.g. graph samples scored)."""
+        return {}
+
+    def drain(self, timeout: float = 60.0) -> None:  # noqa: B027 - optional hook
+        """Wait for background work on fed-back batches (graph scoring) to finish."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop background threads."""
+
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""
 
@@ -88,18 +121,28 @@ SAMPLERS: dict[str, type[Sampler]] = {}
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    """Class decorator: make ``cls`` available to :func:`make_sampler` by ``cls.name``."""
+    if cls.name in SAMPLERS and SAMPLERS[cls.name] is not cls:
+        raise ConfigError(
+            f"sampler name {cls.name!r} is taken by {SAMPLERS[cls.name].__qualname__}"
+        )
     SAMPLERS[cls.name] = cls
     return cls
 
 
-def make_sampler(name: str, num_samples: int, **options) -> Sampler:
-    """A sampler by registry name, e.g. ``make_sampler("uniform", 60000, seed=1)``."""
+def sampler_class(name: str) -> type[Sampler]:
+    """The registered sampler class called ``name`` (a clear error for an unknown one)."""
     try:
-        cls = SAMPLERS[name]
+        return SAMPLERS[name]
     except KeyError:
         raise ConfigError(
             f"unknown sampler {name!r}; choose from: {', '.join(sorted(SAMPLERS))}"
         ) from None
+
+
+def make_sampler(name: str, num_samples: int, **options) -> Sampler:
+    """A sampler by registry name, e.g. ``make_sampler("uniform", 60000, seed=1)``."""
+    cls = sampler_class(name)
     try:
         return cls(num_samples, **options)
     except TypeError as exc:

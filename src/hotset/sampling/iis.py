@@ -24,6 +24,7 @@ from hotset.sampling.base import Sampler, register_sampler
 class IISSampler(Sampler):
     name = "iis"
     order_known_ahead = False
+    learns_from_feedback = True
 
     def __init__(
         self,
@@ -53,7 +54,7 @@ class IISSampler(Sampler):
         self._orders: dict[int, np.ndarray] = {}
         self._hints: dict[int, dict] = {}
 
-    def feedback(self, ids: np.ndarray, losses: np.ndarray) -> None:
+    def feedback(self, ids: np.ndarray, losses: np.ndarray, embeddings=None) -> None:
         """The losses of a served batch: the samples' new importance values."""
         ids = np.asarray(ids, np.int64)
         losses = np.asarray(losses, np.float64)

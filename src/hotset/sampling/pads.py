@@ -30,6 +30,7 @@ class PADSSampler(Sampler):
     name = "shade"
     order_known_ahead = False
     cache_aware = True
+    learns_from_feedback = True
 
     def __init__(
         self,
@@ -68,7 +69,7 @@ class PADSSampler(Sampler):
         self._orders: dict[int, np.ndarray] = {}
 
     # -- feedback ------------------------------------------------------------------------
-    def feedback(self, ids: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    def feedback(self, ids: np.ndarray, losses: np.ndarray, embeddings=None) -> np.ndarray:
         """Score one minibatch (ids as served, their per-sample losses); returns the scores."""
         ids = np.asarray(ids, np.int64)
         losses = np.asarray(losses, np.float64)
@@ -86,6 +87,9 @@ class PADSSampler(Sampler):
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch (feeds the bias guard)."""
         self._accuracy.append(float(accuracy))
+
+    def counters(self) -> dict:
+        return {"bias_guard_epochs": list(self.guard_epochs)}
 
     def set_cached(self, ids: np.ndarray) -> None:
         self._cached[:] = False

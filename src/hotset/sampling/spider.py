@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 class SpiderSampler(Sampler):
     name = "spider"
     order_known_ahead = False
+    learns_from_feedback = True
     needs_embeddings = True
     needs_labels = True
 
@@ -149,6 +150,11 @@ class SpiderSampler(Sampler):
         """Wait until the worker has scored every queued batch."""
         with self._cv:
             self._cv.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def counters(self) -> dict:
+        """How far the graph worker kept up: samples scored, and dropped unscored."""
+        with self._lock:
+            return {"graph_scored": self.scored, "graph_dropped": self.dropped}
 
     def close(self) -> None:
         with self._cv:

@@ -1,11 +1,7 @@
 """The multi-job service: one ``hotset serve`` per machine, jobs connect with
-``hotset.connect(address)`` and share its sampling (JOADER's DSA) and its cache."""
+``hotset.connect(address)`` and share its sampling (JOADER's DSA) and its cache.
 
-from hotset.service.client import RemotePlanner, ServiceClient, connect
-from hotset.service.coordinator import JobCoordinator
-from hotset.service.server import DEFAULT_ADDRESS, CacheService, start_service
-
-__all__ = [
-    "DEFAULT_ADDRESS", "CacheService", "JobCoordinator", "RemotePlanner", "ServiceClient",
-    "connect", "start_service",
-]  # fmt: skip
+Modules: ``coordinator`` (the control plane, no sockets), ``modes`` (sampling modes and
+allocations), ``server`` (``hotset serve``, ``start_service``), ``client`` (``connect``,
+``RemotePlanner``). Nothing is imported here, so the coordinator loads without zmq.
+"""

@@ -131,10 +131,10 @@ def connect(address: str, timeout_s: float = 10.0) -> ServiceClient:
 
 
 class RemotePlanner:
-    """A ``batch_sampler`` whose plans come from the service (one request per batch)."""
+    """A ``batch_sampler`` whose plans come from the service (one request per batch): the
+    multi-job :class:`~hotset.plan.PlanSource`."""
 
-    feeder = None
-    sampler = None
+    wants_embeddings = False  # the service samples by losses alone
 
     def __init__(
         self,
@@ -235,17 +235,17 @@ class RemotePlanner:
             self.probe.planned(float(np.mean(p["hit"])))
             served[ids] = True
             yield BatchPlan(
-                epoch, int(reply["index"]), ids, p["hit"], p["admit"], np.empty(0, np.int64),
-                evict_keys=tuple(p["evict_keys"]), wait_s=self.wait_s,
+                epoch=epoch, index=int(reply["index"]), ids=ids, hits=p["hit"],
+                admitted=p["admit"], evict_keys=tuple(p["evict_keys"]), wait_s=self.wait_s,
             )  # fmt: skip
 
     def _uncached(self, epoch: int, served: np.ndarray) -> Iterator[BatchPlan]:
         rest = self._mine[~served[self._mine]]
         rest = np.random.default_rng([self.job, epoch]).permutation(rest)
         for lo in range(0, rest.size, self.batch_size):
-            yield BatchPlan.uncached(rest[lo : lo + self.batch_size])
+            yield BatchPlan.uncached(rest[lo : lo + self.batch_size], epoch)
 
-    def consumed(self) -> None:
+    def batch_consumed(self) -> None:
         """The loader got one more batch: its plan's reads have run (the service may now
         evict what it read)."""
         self.done += 1
@@ -259,6 +259,29 @@ class RemotePlanner:
         start = time.perf_counter()
         self._losses.append((np.asarray(ids, np.int64), np.asarray(losses, np.float64)))
         self.feedback_s += time.perf_counter() - start
+
+    def report_accuracy(self, accuracy: float) -> None:
+        """Nothing: the service's sampling does not watch accuracy."""
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Nothing: losses travel with the next plan request."""
+
+    def counters(self) -> dict:
+        return {
+            "planning_s": self.planning_s,
+            "feedback_s": self.feedback_s,
+            "service_failures": self.failures,
+        }
+
+    def state_dict(self) -> dict:
+        """The epoch to resume at and the control plane's timers and failures."""
+        return {"epoch": self.epoch, **self.counters()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_epoch(int(state["epoch"]))
+        self.planning_s = float(state["planning_s"])
+        self.feedback_s = float(state["feedback_s"])
+        self.failures = int(state["service_failures"])
 
     def close(self) -> None:
         """Leave the service: it releases this job's references."""

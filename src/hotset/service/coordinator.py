@@ -2,19 +2,12 @@
 shared cache keeps. No sockets here: the server feeds it requests, tests call it directly.
 
 * Datasets register by content key (the manifest's digests), so jobs on overlapping
-  datasets get the same global ids and share cache entries (DESIGN.md, "Rules").
-* Sampling is JOADER's DSA (``sampling="dsa"``), independent shuffles per job (``"isa"``,
-  what jobs do without the service), or independent shuffles with Quiver's substitutable
-  hits (``"quiver"``: a batch looks ``substitution`` batches ahead in the job's order and
-  serves the cached candidates first, misses for the rest; the others stay next in line),
-  or Quiver's chunks with coordinated eviction (``"chunks"``, see ``chunks.py``), or
-  iCACHE's importance sampling per job (``"iis"``: each job's epoch is the subset its own
-  losses select, as ``IISSampler``; the jobs send their losses with their plan requests).
-* DSA runs in rounds over the jobs whose queue of sampled-but-not-yet-planned ids is
-  short: a job far ahead samples alone (JOADER's partial sampling), a slow one keeps up
-  to ``lookahead`` batches queued. A job's sampling runs on into its next epoch as soon
-  as the current one is sampled (the queue keeps the epochs apart), so jobs in step stay
-  in step across epoch boundaries instead of the first one to finish sampling alone.
+  datasets get the same global ids and share cache entries (docs/design.md, "Rules").
+* Sampling is one strategy from ``modes.SAMPLING``: JOADER's DSA (``"dsa"``),
+  independent shuffles per job (``"isa"``, what jobs do without the service), Quiver's
+  substitutable hits (``"quiver"``) or chunks with coordinated eviction (``"chunks"``),
+  or iCACHE's importance sampling per job (``"iis"``). Each job keeps a queue of
+  sampled-but-not-yet-planned ids per epoch; its sampling may run ahead into the next.
 * The policy is shared (RefCnt by default): each job's epoch start adds one reference to
   each of its ids, each planned read consumes one, and a job that leaves (or dies) gives
   back what it had not read. A planned batch stays pinned (never evicted) until the job
@@ -22,12 +15,9 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
   eviction must not delete a planned hit before it is read.
 * Benefit (``benefit.py``): jobs time their first minibatches of an epoch without the
   cache (``plan(cache=False)``: no hit, no admission) and then with it, and report it.
-  ``allocation="benefit"`` gives each dataset its own partition of the cache, sized by
-  Quiver's benefit-aware split (``allocation.py``); under ``"iis"`` the shared cache is
-  iCACHE's H-cache (``pq`` by default) keyed by the aggregated importance (III-D):
-  ``AIV_i = sum_j Ratio_benefit_j * RIV_ij`` over the cache-eligible jobs (ratio above
-  ``eligible_ratio``), ``RIV_ij`` the percentile of ``i``'s loss among job ``j``'s
-  samples when ``i`` is on its H-list, else 0 (every job weighs 1 while none is eligible).
+  The allocation (``modes.ALLOCATION``) splits the budget: one ``"shared"`` partition,
+  or one per dataset sized by Quiver's benefit-aware split (``"benefit"``); under
+  ``"iis"`` the shared cache is iCACHE's H-cache keyed by aggregated importance.
 """
 
 from __future__ import annotations
@@ -42,17 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.importance import ScoreBoard
-from hotset.policy.base import POLICIES
-from hotset.sampling.dsa import DependentSampling
-from hotset.sampling.iis import IISSampler
-from hotset.service.allocation import split_budget
 from hotset.service.benefit import Benefit
-from hotset.service.chunks import ChunkCache
+from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
-
-SAMPLING = ("dsa", "isa", "quiver", "chunks", "iis")
-ALLOCATION = ("shared", "benefit")
 
 
 @dataclass
@@ -66,6 +48,8 @@ class DatasetShare:
 
 @dataclass
 class Job:
+    """What the service keeps of a job whatever its sampling mode."""
+
     name: str
     batch_size: int
     pid: int | None = None
@@ -75,13 +59,11 @@ class Job:
     gids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per local id
     dataset: str = ""
     part: int = 0  # its dataset's partition of the cache
-    iis: IISSampler | None = None  # its importance sampling (``sampling="iis"``)
     benefit: Benefit | None = None  # the latest measurement
     saving: float | None = None  # the latest conclusive one's ``saving``
     epoch: int = -1  # the epoch being planned
-    sampling_epoch: int = -1  # the epoch the sampler fills (DSA runs ahead across epochs)
+    sampling_epoch: int = -1  # the epoch the sampler fills (it may run ahead)
     queues: dict[int, deque] = field(default_factory=dict)  # epoch -> sampled, not planned
-    order: list[int] = field(default_factory=list)  # ISA: this epoch's shuffle, unread part
     inflight: deque = field(default_factory=deque)  # (seq, gids) planned, not yet consumed
     seq: int = 0  # non-empty plans handed out so far
     batches: int = 0
@@ -115,23 +97,22 @@ class JobCoordinator:
         probe_every: int | None = None,
         eligible_ratio: float = 1.5,
     ) -> None:
-        """``policy``: each partition's policy (default ``refcnt``; ``pq`` by aggregated
-        importance under ``iis``). ``probe_batches``: minibatches a job reads without,
-        then with, the cache at each epoch start to measure its benefit (default 20 when
-        something uses it: ``allocation="benefit"`` or ``"iis"``; 0 otherwise), every
-        ``probe_every`` epochs once a measurement was conclusive (default: each epoch
-        under ``iis``, as iCACHE; every 4th for the allocation alone)."""
+        """``policy``: each partition's policy (default: the sampling mode's, ``refcnt``;
+        ``pq`` by aggregated importance under ``iis``). ``probe_batches``: minibatches a
+        job reads without, then with, the cache at each epoch start to measure its
+        benefit (default 20 when something uses it: ``allocation="benefit"`` or
+        ``"iis"``; 0 otherwise), every ``probe_every`` epochs once a measurement was
+        conclusive (default: each epoch under ``iis``, as iCACHE; every 4th otherwise)."""
         if sampling not in SAMPLING:
-            raise ConfigError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+            raise ConfigError(f"sampling must be one of {tuple(SAMPLING)}, got {sampling!r}")
         if allocation not in ALLOCATION:
-            raise ConfigError(f"allocation must be one of {ALLOCATION}, got {allocation!r}")
-        if allocation == "benefit" and sampling == "chunks":
-            raise ConfigError("allocation='benefit' needs a policy cache, not sampling='chunks'")
-        uses_benefit = allocation == "benefit" or sampling == "iis"
+            raise ConfigError(f"allocation must be one of {tuple(ALLOCATION)}, got {allocation!r}")
+        mode, alloc = SAMPLING[sampling], ALLOCATION[allocation]
+        uses_benefit = alloc.measures_benefit or mode.measures_benefit
         self.probe_batches = (20 if uses_benefit else 0) if probe_batches is None else probe_batches
         if self.probe_batches < 0 or self.probe_batches == 1:
             raise ConfigError(f"probe_batches must be 0 (off) or >= 2, got {probe_batches}")
-        self.probe_every = (1 if sampling == "iis" else 4) if probe_every is None else probe_every
+        self.probe_every = mode.probe_every if probe_every is None else probe_every
         if self.probe_every < 1:
             raise ConfigError(f"probe_every must be >= 1 epoch, got {probe_every}")
         if lookahead < 1:
@@ -140,31 +121,30 @@ class JobCoordinator:
             raise ConfigError(f"substitution must be >= 1 batch, got {substitution}")
         self.substitution = int(substitution)
         self.max_samples = int(max_samples)
-        self.sampling = sampling
         self.seed = seed
         self.lookahead = int(lookahead)
         self.job_timeout_s = float(job_timeout_s)
         self.gid_of: dict[str, int] = {}
         self.keys: list[str] = []
         self.capacity_bytes = int(capacity_bytes)
-        self.allocation = allocation
         self.eligible_ratio = float(eligible_ratio)
-        policy = policy or ("pq" if sampling == "iis" else "refcnt")
-        self.policy = PartitionedPolicy(policy, self.max_samples, seed=seed)
-        if allocation == "shared":
-            self.policy.add_partition(self.capacity_bytes)
-        self.importance = None  # AIV, for a policy keyed by importance
-        if POLICIES[policy].needs_scores:
-            self.importance = ScoreBoard(self.max_samples, initial=0.0)
-            self.policy.attach_scores(self.importance)
+        self.policy = PartitionedPolicy(policy or mode.default_policy, self.max_samples, seed)
         self.datasets: dict[str, DatasetShare] = {}
-        self.dsa = DependentSampling(self.max_samples, seed=seed) if sampling == "dsa" else None
-        self.chunks = ChunkCache(capacity_bytes, seed=seed) if sampling == "chunks" else None
-        self._evict_next: list[int] = []  # evictions decided outside a plan, for the next
         self.jobs: dict[int, Job] = {}
+        self._evict_next: list[int] = []  # evictions decided outside a plan, for the next
+        self.mode = mode(self)
+        self.allocation = alloc(self)
         self._next_job = 0
         self.removed: list[tuple[str, str]] = []  # (job name, why)
         self.planning_s = 0.0
+
+    @property
+    def sampling(self) -> str:
+        return self.mode.name
+
+    def evict_later(self, ids) -> None:
+        """Evictions decided outside a plan: they go out with the next one."""
+        self._evict_next += list(ids)
 
     # -- registration ------------------------------------------------------------------
     def register(
@@ -193,9 +173,9 @@ class JobCoordinator:
         for k in new:
             self.gid_of[k] = len(self.keys)
             self.keys.append(k)
-        if self.chunks is not None and new:
+        if new:
             size_of = dict(zip(keys, sizes.tolist(), strict=True))
-            self.chunks.add_ids(np.array([size_of[k] for k in new], np.int64))
+            self.mode.add_ids(np.array([size_of[k] for k in new], np.int64))
         gids = np.fromiter((self.gid_of[k] for k in keys), np.int64, len(keys))
         self.policy.set_sizes(gids, sizes)
         unique, first = np.unique(gids, return_index=True)
@@ -205,23 +185,19 @@ class JobCoordinator:
         job.last_seen = time.monotonic()
         job.dataset = self._join_dataset(job_id, unique)
         job.part = self.datasets[job.dataset].part
-        if self.sampling == "iis":
-            job.iis = IISSampler(unique.size, seed=self.seed * 7919 + job_id)
         self.jobs[job_id] = job
-        if self.sampling == "dsa":
-            self.dsa.add_job(job_id, unique, start=False)
+        self.mode.add_job(job_id, job)
         self._start_epoch(job_id, job, 0)
         self._reallocate()
         return job_id
 
     def _join_dataset(self, job_id: int, unique: np.ndarray) -> str:
-        """The job's dataset (created at its first job, with its own partition of the
-        cache under benefit-aware allocation); returns its key."""
+        """The job's dataset (created at its first job, with the partition the allocation
+        gives it); returns its key."""
         key = hashlib.blake2b(unique.tobytes(), digest_size=16).hexdigest()
         if key not in self.datasets:
-            part = self.policy.add_partition(0) if self.allocation == "benefit" else 0
             nbytes = int(self.policy.sizes[unique].sum())
-            self.datasets[key] = DatasetShare(nbytes, part)
+            self.datasets[key] = DatasetShare(nbytes, self.allocation.new_dataset())
         self.datasets[key].jobs.add(job_id)
         return key
 
@@ -237,6 +213,11 @@ class JobCoordinator:
     def seen(self, job_id: int) -> None:
         self._job(job_id).last_seen = time.monotonic()
 
+    def unread(self, job_id: int) -> int:
+        """Reads the job has ahead in the epochs sampled so far: queued, not planned, and
+        not yet sampled (what its references count)."""
+        return self.jobs[job_id].queued() + self.mode.left(job_id)
+
     # -- epochs and plans --------------------------------------------------------------
     def _release(self, job_id: int, job: Job, leaving: bool = False, before: int = -1) -> None:
         """Give back the references of what the job will not read after all: its queued
@@ -245,83 +226,24 @@ class JobCoordinator:
         drop = [e for e in job.queues if leaving or e < before]
         unread = [np.array(job.queues.pop(e), np.int64) for e in drop]
         if leaving or job.sampling_epoch < before:
-            if self.sampling == "dsa":
-                left = self.dsa.remove_job(job_id) if leaving else self.dsa.end_epoch(job_id)
-            else:
-                left = np.array(job.order, np.int64)
-                job.order = []
-            unread.append(left)
-        if self.chunks is not None and (leaving or job.sampling_epoch < before):
-            self._evict_next += self.chunks.release(job_id)
+            unread.append(self.mode.release(job_id, job, leaving))
         if leaving:  # its planned batches will never be read
             self._unpin(job, job.seq)
         if unread:
             self.policy.add_references(np.concatenate(unread), -1)
 
-    def _start_sampling(self, job_id: int, job: Job, epoch: int) -> None:
+    def start_sampling(self, job_id: int, job: Job, epoch: int) -> None:
         """The sampler begins ``epoch`` for the job: its ids are referenced once more."""
         job.sampling_epoch = epoch
         job.queues.setdefault(epoch, deque())
-        if self.sampling == "dsa":
-            self.dsa.start_epoch(job_id)
-        elif self.chunks is not None:
-            self._evict_next += self.chunks.start_epoch(job_id, job.unique)
-        elif job.iis is not None:
-            job.order = job.unique[job.iis.global_order(epoch)].tolist()[::-1]
-            self._refresh_importance()
-        else:
-            rng = np.random.default_rng([self.seed, job_id, epoch])
-            job.order = rng.permutation(job.unique).tolist()[::-1]  # popped from the end
-        if self.chunks is None:
-            self.policy.add_references(job.order if job.iis else job.unique, +1)
+        self.policy.add_references(self.mode.start_epoch(job_id, job, epoch), +1)
 
     def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:
         """The job plans ``epoch`` now: earlier epochs' leftovers are given back."""
         self._release(job_id, job, before=epoch)
         job.epoch, job.batches = epoch, 0
         if job.sampling_epoch < epoch:
-            self._start_sampling(job_id, job, epoch)
-
-    def _behind(self, job_id: int, job: Job) -> bool:
-        """Whether a job takes part in the next round: it has fewer than ``lookahead``
-        batches queued (the rest are far enough ahead to wait)."""
-        return job.queued() < self.lookahead * job.batch_size
-
-    def _fill(self, job_id: int, job: Job) -> None:
-        """Sample until the job has a batch of its epoch queued (or its epoch is all
-        sampled)."""
-        queue = job.queues.setdefault(job.epoch, deque())
-        if self.sampling in ("isa", "iis"):
-            while len(queue) < job.batch_size and job.order:
-                queue.append(job.order.pop())
-            return
-        if self.sampling == "quiver":
-            self._substitute(job, queue)
-            return
-        left = self.dsa.left
-        while len(queue) < job.batch_size and job.sampling_epoch == job.epoch:
-            peers = [j for j, other in self.jobs.items() if j == job_id or self._behind(j, other)]
-            for j, e in self.dsa.round(peers).items():
-                other = self.jobs[j]
-                other.queues[other.sampling_epoch].append(e)
-                if left[j] == 0:  # sampled its epoch: run on into the next one
-                    self._start_sampling(j, other, other.sampling_epoch + 1)
-
-    def _substitute(self, job: Job, queue: deque) -> None:
-        """Quiver's substitutable hits: of the next ``substitution`` batches of the job's
-        shuffle, the cached ids first, then the earliest misses; each id still once."""
-        need = job.batch_size - len(queue)
-        if need <= 0 or not job.order:
-            return
-        w = min(len(job.order), self.substitution * job.batch_size)
-        window = job.order[-w:][::-1]  # reading order
-        del job.order[-w:]
-        cached = [e for e in window if e in self.policy][:need]
-        taken = set(cached)
-        fill = [e for e in window if e not in taken][: need - len(cached)]
-        taken.update(fill)
-        job.order.extend(e for e in reversed(window) if e not in taken)  # next in line
-        queue.extend(cached + fill)
+            self.start_sampling(job_id, job, epoch)
 
     def _unpin(self, job: Job, done: int) -> None:
         """The job's plans before ``done`` (its count of consumed batches) have run."""
@@ -343,21 +265,7 @@ class JobCoordinator:
             if epoch < job.epoch:
                 raise ConfigError(f"job {job.name!r}: epoch {epoch} is before {job.epoch}")
             self._start_epoch(job_id, job, epoch)
-        if self.chunks is not None:
-            ids, hits, admit, evict = self.chunks.batch(job_id, job.batch_size)
-            gids, hit = np.array(ids, np.int64), np.array(hits, bool)
-            admitted, evicted = np.array(admit, np.int64), evict
-        else:
-            self._fill(job_id, job)
-            queue = job.queues[epoch]
-            gids = np.array([queue.popleft() for _ in range(min(job.batch_size, len(queue)))])
-            gids = gids.astype(np.int64)
-            if cache:
-                r = self.policy.access(gids, job.part)
-                hit, admitted, evicted = r.hits, r.admitted, r.evicted.tolist()
-            else:  # the reads still happen: they consume their references
-                self.policy.add_references(gids, -1)
-                hit, admitted, evicted = np.zeros(gids.size, bool), gids[:0], []
+        gids, hit, admitted, evicted = self.mode.batch(job_id, job, cache)
         evicted, self._evict_next = self._evict_next + evicted, []
         if gids.size:
             self.policy.pin(gids, +1)
@@ -378,15 +286,15 @@ class JobCoordinator:
 
     # -- what jobs report ----------------------------------------------------------------
     def feedback(self, job_id: int, local_ids: np.ndarray, losses: np.ndarray) -> None:
-        """Per-sample losses of the job's trained batches (ids of its manifest): its
-        importance values under ``iis`` (ignored otherwise)."""
+        """Per-sample losses of the job's trained batches (ids of its manifest), for a
+        mode that samples by them (``iis``; ignored otherwise)."""
         job = self._job(job_id)
-        if job.iis is None or not np.size(local_ids):
+        if not self.mode.wants_losses or not np.size(local_ids):
             return
         local_ids = np.asarray(local_ids, np.int64)
         if local_ids.min() < 0 or local_ids.max() >= job.gids.size:
             raise ConfigError(f"job {job.name!r}: feedback ids out of [0, {job.gids.size})")
-        job.iis.feedback(np.searchsorted(job.unique, job.gids[local_ids]), losses)
+        self.mode.feedback(job_id, np.searchsorted(job.unique, job.gids[local_ids]), losses)
 
     def report_benefit(self, job_id: int, benefit: Benefit) -> None:
         """The job's measured benefit (``benefit.py``); the cache is re-divided by it. A
@@ -397,37 +305,10 @@ class JobCoordinator:
             job.saving = benefit.saving
         job.benefit = benefit
         self._reallocate()
-        self._refresh_importance()
+        self.mode.benefit_reported()
 
     def _reallocate(self) -> None:
-        """Quiver's benefit-aware split of the budget across the datasets' partitions."""
-        if self.allocation != "benefit":
-            return
-        shares = list(self.datasets.values())
-        sizes = [d.nbytes if d.jobs else 0 for d in shares]  # no job: nothing to keep
-        values = []
-        for d in shares:
-            savings = [self.jobs[j].saving for j in d.jobs]
-            values.append(np.nan if None in savings else sum(savings))
-        quota = split_budget(self.capacity_bytes, sizes, values)
-        for d, q in zip(shares, quota.tolist(), strict=True):
-            self._evict_next += self.policy.resize(d.part, q)
-
-    def _refresh_importance(self) -> None:
-        """iCACHE's aggregated importance (III-D) of every sample, for the H-cache."""
-        if self.importance is None:
-            return
-        jobs = [j for j in self.jobs.values() if j.iis is not None]
-        eligible = [j for j in jobs if j.benefit and j.benefit.ratio > self.eligible_ratio]
-        score = self.importance.score
-        old = score.copy()
-        score[:] = 0.0
-        for j in eligible or jobs:
-            pct = j.iis.percentiles()
-            riv = np.where(pct >= 1.0 - j.iis.h_fraction, pct, 0.0)  # its H-list only
-            score[j.unique] += (j.benefit.ratio if eligible else 1.0) * riv
-        cached = self.policy.cached_ids()
-        self.policy.scores_updated(cached[score[cached] != old[cached]])
+        self.evict_later(self.allocation.reallocate())
 
     # -- leaving -------------------------------------------------------------------------
     def leave(self, job_id: int, why: str = "left") -> None:

@@ -4,8 +4,9 @@ The multi-job service keeps one partition for everything (a shared cache) or, un
 benefit-aware allocation, one per dataset. A sample has one copy, owned by the partition
 that admitted it: a hit is served from whichever partition holds it (and counts there,
 e.g. as an LRU refresh), a miss is admitted by the requesting job's partition, and a
-partition evicts only its own samples. RefCnt partitions share one count of future
-reads, so pinning and references need no routing.
+partition evicts only its own samples. Partitions are made by ``Policy.new_partition``
+of one template policy, which shares what the kind keeps cache-wide (RefCnt's count of
+future reads and pins), so references and pins go to the template and need no routing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.policy.base import AccessResult, Policy, make_policy
-from hotset.policy.refcnt import RefCntPolicy
 
 
 class PartitionedPolicy:
@@ -25,19 +25,12 @@ class PartitionedPolicy:
         self.owner = np.full(int(num_ids), -1, np.int32)  # -1: not resident
         self.parts: list[Policy] = []
         self.board = None
-        if kind == "refcnt":
-            self.refs = np.zeros(self.sizes.size, np.int64)
-            self.pinned = np.zeros(self.sizes.size, np.int64)
-        make_policy(kind, 0, sizes=np.zeros(1, np.int64))  # an unknown kind fails here
+        # holds nothing (capacity 0); its partitions share its cache-wide state
+        self.template = make_policy(kind, 0, sizes=self.sizes, seed=seed)
 
     def add_partition(self, capacity_bytes: int) -> int:
-        if self.kind == "refcnt":
-            part: Policy = RefCntPolicy(
-                capacity_bytes, self.sizes, self.seed, refs=self.refs, pinned=self.pinned
-            )
-        else:
-            part = make_policy(self.kind, capacity_bytes, sizes=self.sizes, seed=self.seed)
-        if self.board is not None and part.needs_scores:
+        part = self.template.new_partition(capacity_bytes, self.sizes)
+        if self.board is not None:
             part.attach_scores(self.board)
         self.parts.append(part)
         return len(self.parts) - 1
@@ -70,7 +63,7 @@ class PartitionedPolicy:
         return AccessResult(hits, adm[self.owner[adm] >= 0], ev[self.owner[ev] < 0])
 
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
-        for part in self.parts:
+        for part in (self.template, *self.parts):
             part.set_sizes(ids, sizes)
         self.sizes[np.asarray(ids, np.int64)] = sizes
 
@@ -78,21 +71,21 @@ class PartitionedPolicy:
         """Importance scores for the partitions whose policy is keyed by them."""
         self.board = board
         for part in self.parts:
-            if part.needs_scores:
-                part.attach_scores(board)
+            part.attach_scores(board)
+
+    @property
+    def needs_scores(self) -> bool:
+        return self.template.needs_scores
 
     def scores_updated(self, ids: np.ndarray) -> None:
         for part in self.parts:
-            if part.needs_scores:
-                part.scores_updated(ids)
+            part.scores_updated(ids)
 
     def add_references(self, ids, delta: int = 1) -> None:
-        if self.kind == "refcnt":
-            self.parts[0].add_references(ids, delta)  # the count is shared
+        self.template.add_references(ids, delta)  # shared by every partition
 
     def pin(self, ids, delta: int = 1) -> None:
-        if self.kind == "refcnt":
-            self.parts[0].pin(ids, delta)
+        self.template.pin(ids, delta)
 
     def __contains__(self, i: int) -> bool:
         return bool(self.owner[int(i)] >= 0)

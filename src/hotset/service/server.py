@@ -70,7 +70,7 @@ class CacheService:
                 "samples_per_epoch": co.samples_per_epoch(job),
                 "probe_batches": co.probe_batches,
                 "probe_every": co.probe_every,
-                "wants_losses": co.sampling == "iis",
+                "wants_losses": co.mode.wants_losses,
             }, {}
         if op == "plan":
             job_id = int(header["job"])

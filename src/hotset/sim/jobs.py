@@ -93,9 +93,8 @@ def replay(
     """Misses of ``policy`` with room for ``capacity_items`` elements on ``sequence``."""
     universe = int(max(d.max() for d in datasets)) + 1
     p = make_policy(policy, capacity_items, num_samples=universe, seed=seed)
-    if hasattr(p, "add_references"):  # RefCnt: every job will read each of its elements
-        for d in datasets:
-            p.add_references(d)
+    for d in datasets:  # every job will read each of its elements (RefCnt counts them)
+        p.add_references(d)
     hits = sum(
         int(p.access(sequence[lo : lo + 256]).hits.sum()) for lo in range(0, sequence.size, 256)
     )

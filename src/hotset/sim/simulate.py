@@ -8,10 +8,9 @@ import time
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.packages import InstantPackages
 from hotset.plan import Planner
 from hotset.policy.base import make_policy
-from hotset.sampling.base import SAMPLERS, make_sampler
+from hotset.sampling.base import make_sampler, sampler_class
 from hotset.sim.oracle import LossOracle
 
 
@@ -77,8 +76,7 @@ def simulate(
         raise ConfigError(f"cache_fraction must be in [0, 1], got {cache_fraction}")
     pol = make_policy(policy, capacity, sizes=sizes, seed=seed, **(policy_options or {}))
     sampler_options = dict(sampler_options or {})
-    cls = SAMPLERS.get(sampler)
-    if getattr(cls, "needs_embeddings", False):  # replay: score inline, deterministically
+    if sampler_class(sampler).needs_embeddings:  # replay: score inline, deterministically
         if oracle is None or oracle.embeddings is None or oracle.labels is None:
             raise ConfigError(
                 f"sampler {sampler!r} scores embeddings: give an oracle recorded with them "
@@ -88,7 +86,7 @@ def simulate(
         sampler_options.setdefault("background", False)
         sampler_options.setdefault("total_epochs", epochs)
     smp = make_sampler(sampler, dataset_size, seed=seed, **sampler_options)
-    if hasattr(smp, "feedback") and oracle is None:
+    if smp.learns_from_feedback and oracle is None:
         raise ConfigError(
             f"sampler {sampler!r} learns from losses: give a loss oracle "
             "(--oracle FILE.npz from `hotset record`)"
@@ -97,9 +95,9 @@ def simulate(
         raise ConfigError(
             f"the oracle has {oracle.num_samples} samples, dataset_size={dataset_size}"
         )
-    # Offline policies see the whole run's accesses, known in advance here.
-    feeder = InstantPackages(pol) if pol.needs_feeder else None
-    planner = Planner(smp, pol, batch_size, feed_future=False, feeder=feeder)
+    # Offline policies see the whole run's accesses, known in advance here; a feeder
+    # (iCACHE's packages) works on ids alone: no storage, no store.
+    planner = Planner(smp, pol, batch_size, feed_future=False)
     if pol.needs_future:
         pol.set_future(np.concatenate([smp.epoch_order(e) for e in range(epochs)]))
     hits, subs, accesses = [], [], []
@@ -109,9 +107,9 @@ def simulate(
         planner.set_epoch(epoch)
         h = a = sub = 0
         for plan in planner:
-            h += int(plan.hit.sum())
-            if plan.sub is not None:
-                sub += int((plan.sub & plan.hit).sum())
+            h += int(plan.hits.sum())
+            if plan.substituted is not None:
+                sub += int((plan.substituted & plan.hits).sum())
             a += plan.ids.size
             if oracle is not None:
                 t = epoch + (plan.index + 1) / batches

@@ -1,0 +1,67 @@
+"""A lazy min-heap of sample ids by an integer level: the one heap every ordered policy
+(pq/APP, iCACHE's H-cache, Belady, LFU) keeps its residents in.
+
+A key packs the level above the id in one int (``level << bits | id``), so the heap
+compares plain ints and equal levels fall to the lower id. ``live`` maps each member to
+its current key; re-keying pushes a new entry and leaves the old one stale, and stale
+entries are skipped when they reach the top and dropped all at once when they outnumber
+the live ones (one compaction rule for all).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+class KeyedHeap:
+    """Members ``id -> level`` with the minimum level (then id) on top."""
+
+    def __init__(self, bits: int) -> None:
+        self.bits, self.mask = int(bits), (1 << int(bits)) - 1
+        self.heap: list[int] = []
+        self.live: dict[int, int] = {}  # id -> its live packed key
+
+    @classmethod
+    def for_ids(cls, num_ids: int) -> KeyedHeap:
+        """A heap for ids ``0 .. num_ids - 1``."""
+        return cls(max(1, (int(num_ids) - 1).bit_length()))
+
+    def key(self, i: int, level: int) -> int:
+        return level << self.bits | i
+
+    def push(self, i: int, level: int) -> None:
+        """Add ``i`` or re-key it (a level that did not change pushes nothing)."""
+        k = level << self.bits | i
+        if self.live.get(i) != k:
+            self.live[i] = k
+            heapq.heappush(self.heap, k)
+            self.compact()
+
+    def drop(self, i: int) -> None:
+        """Remove ``i`` (its entries turn stale)."""
+        self.live.pop(i, None)
+
+    def peek(self) -> tuple[int, int] | None:
+        """(id, level) of the minimum, or ``None`` when empty."""
+        heap, live, mask = self.heap, self.live, self.mask
+        while heap and live.get(heap[0] & mask) != heap[0]:
+            heapq.heappop(heap)  # stale entry
+        return (heap[0] & mask, heap[0] >> self.bits) if heap else None
+
+    def pop(self) -> int:
+        """Remove and return the minimum's id (the heap must not be empty)."""
+        i, _ = self.peek()  # type: ignore[misc]
+        heapq.heappop(self.heap)
+        del self.live[i]
+        return i
+
+    def compact(self) -> None:
+        """Drop the stale entries once they outnumber the live ones."""
+        if len(self.heap) > 2 * len(self.live) + 1024:
+            self.heap = sorted(self.live.values())  # a sorted list is a heap
+
+    def __contains__(self, i: int) -> bool:
+        return i in self.live
+
+    def __len__(self) -> int:
+        return len(self.live)

@@ -1,0 +1,347 @@
+"""The service's sampling modes and allocations: one strategy object each, looked up by
+name in ``SAMPLING`` and ``ALLOCATION`` (as mature data loaders register shuffles), so
+the :class:`~hotset.service.coordinator.JobCoordinator` runs any of them unbranched.
+
+A sampling mode decides which ids each job reads next and in which order; the
+coordinator keeps what every mode shares (jobs, their queues of sampled ids per epoch,
+references, pins, the shared policy). An allocation decides how the cache's bytes are
+split over the registered datasets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from hotset.errors import ConfigError
+from hotset.importance import ScoreBoard
+from hotset.sampling.dsa import DependentSampling
+from hotset.sampling.iis import IISSampler
+from hotset.service.allocation import split_budget
+from hotset.service.chunks import ChunkCache
+
+if TYPE_CHECKING:
+    from hotset.service.coordinator import DatasetShare, Job, JobCoordinator
+
+_NONE = np.zeros(0, np.int64)
+
+
+class SamplingMode:
+    """Base: the shared policy serves each batch of ids the mode samples. A subclass
+    implements ``start_epoch`` (the job's order for an epoch), ``fill`` (queue the next
+    batch), ``left`` and ``release``."""
+
+    name: ClassVar[str]
+    #: the partitions' policy unless the service is given one
+    default_policy: ClassVar[str] = "refcnt"
+    #: whether jobs send their losses with their plan requests
+    wants_losses: ClassVar[bool] = False
+    #: whether jobs measure their benefit by default, and how often once conclusive
+    measures_benefit: ClassVar[bool] = False
+    probe_every: ClassVar[int] = 4
+    #: whether the shared policy decides what is cached (chunks decide themselves)
+    uses_policy: ClassVar[bool] = True
+
+    def __init__(self, co: JobCoordinator) -> None:
+        self.co = co
+
+    def add_ids(self, sizes: np.ndarray) -> None:
+        """New global ids (in order) with their byte sizes."""
+
+    def add_job(self, job_id: int, job: Job) -> None:
+        """A job registered (before its epoch 0 starts)."""
+
+    def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        """The sampler begins ``epoch`` for the job; returns the ids it will read (each
+        gets one reference)."""
+        raise NotImplementedError
+
+    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+        """Sample until ``queue`` holds a batch (or the job's epoch is all sampled)."""
+        raise NotImplementedError
+
+    def left(self, job_id: int) -> int:
+        """Ids of the job's sampling epoch not yet sampled."""
+        raise NotImplementedError
+
+    def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
+        """The job stops its sampling epoch (it moved on, or is ``leaving``): returns
+        the ids it will not read after all (their references are given back)."""
+        raise NotImplementedError
+
+    def batch(self, job_id: int, job: Job, cache: bool):
+        """The job's next batch: (gids, hit mask, admitted ids, evicted ids)."""
+        queue = job.queues.setdefault(job.epoch, deque())
+        self.fill(job_id, job, queue)
+        n = min(job.batch_size, len(queue))
+        gids = np.array([queue.popleft() for _ in range(n)], np.int64)
+        policy = self.co.policy
+        if not cache:  # the reads still happen: they consume their references
+            policy.add_references(gids, -1)
+            return gids, np.zeros(gids.size, bool), gids[:0], []
+        r = policy.access(gids, job.part)
+        return gids, r.hits, r.admitted, r.evicted.tolist()
+
+    def feedback(self, job_id: int, ids: np.ndarray, losses: np.ndarray) -> None:
+        """Losses of the job's trained samples (indices into its sorted ``unique``)."""
+
+    def benefit_reported(self) -> None:
+        """A job reported a new measured benefit."""
+
+
+class IndependentSampling(SamplingMode):
+    """``isa``: an independent shuffle per job and epoch (what jobs do alone)."""
+
+    name = "isa"
+
+    def __init__(self, co: JobCoordinator) -> None:
+        super().__init__(co)
+        self.orders: dict[int, list[int]] = {}  # job -> its epoch's unsampled ids, reversed
+
+    def _order(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.co.seed, job_id, epoch]).permutation(job.unique)
+
+    def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        order = self._order(job_id, job, epoch)
+        self.orders[job_id] = order.tolist()[::-1]  # popped from the end
+        return order
+
+    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+        order = self.orders[job_id]
+        while len(queue) < job.batch_size and order:
+            queue.append(order.pop())
+
+    def left(self, job_id: int) -> int:
+        return len(self.orders.get(job_id, ()))
+
+    def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
+        left = np.array(self.orders.pop(job_id, []), np.int64)
+        if not leaving:
+            self.orders[job_id] = []
+        return left
+
+
+class SubstitutableHits(IndependentSampling):
+    """``quiver``: independent shuffles with Quiver's substitutable hits: a batch looks
+    ``substitution`` batches ahead in the job's order and serves the cached candidates
+    first, misses for the rest; the others stay next in line."""
+
+    name = "quiver"
+
+    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+        order = self.orders[job_id]
+        need = job.batch_size - len(queue)
+        if need <= 0 or not order:
+            return
+        w = min(len(order), self.co.substitution * job.batch_size)
+        window = order[-w:][::-1]  # reading order
+        del order[-w:]
+        policy = self.co.policy
+        cached = [e for e in window if e in policy][:need]
+        taken = set(cached)
+        rest = [e for e in window if e not in taken][: need - len(cached)]
+        taken.update(rest)
+        order.extend(e for e in reversed(window) if e not in taken)  # next in line
+        queue.extend(cached + rest)
+
+
+class ImportanceSampling(IndependentSampling):
+    """``iis``: iCACHE's importance sampling per job (its epoch is the subset its own
+    losses select, as ``IISSampler``), and the shared H-cache keyed by the aggregated
+    importance (III-D): ``AIV_i = sum_j Ratio_benefit_j * RIV_ij`` over the
+    cache-eligible jobs (ratio above ``eligible_ratio``), ``RIV_ij`` the percentile of
+    ``i``'s loss among job ``j``'s samples when ``i`` is on its H-list, else 0 (every job
+    weighs 1 while none is eligible)."""
+
+    name = "iis"
+    default_policy = "pq"
+    wants_losses = True
+    measures_benefit = True
+    probe_every = 1  # as iCACHE: each epoch
+
+    def __init__(self, co: JobCoordinator) -> None:
+        super().__init__(co)
+        self.samplers: dict[int, IISSampler] = {}
+        self.importance: ScoreBoard | None = None  # AIV, for a policy keyed by it
+        if co.policy.needs_scores:
+            self.importance = ScoreBoard(co.max_samples, initial=0.0)
+            co.policy.attach_scores(self.importance)
+
+    def add_job(self, job_id: int, job: Job) -> None:
+        self.samplers[job_id] = IISSampler(job.unique.size, seed=self.co.seed * 7919 + job_id)
+
+    def _order(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        order = job.unique[self.samplers[job_id].global_order(epoch)]
+        self.refresh_importance()
+        return order
+
+    def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
+        if leaving:
+            self.samplers.pop(job_id, None)
+        return super().release(job_id, job, leaving)
+
+    def feedback(self, job_id: int, ids: np.ndarray, losses: np.ndarray) -> None:
+        self.samplers[job_id].feedback(ids, losses)
+
+    def benefit_reported(self) -> None:
+        self.refresh_importance()
+
+    def refresh_importance(self) -> None:
+        """iCACHE's aggregated importance (III-D) of every sample, for the H-cache."""
+        if self.importance is None:
+            return
+        co = self.co
+        jobs = [(co.jobs[j], s) for j, s in self.samplers.items() if j in co.jobs]
+        eligible = [(j, s) for j, s in jobs if j.benefit and j.benefit.ratio > co.eligible_ratio]
+        score = self.importance.score
+        old = score.copy()
+        score[:] = 0.0
+        for job, sampler in eligible or jobs:
+            pct = sampler.percentiles()
+            riv = np.where(pct >= 1.0 - sampler.h_fraction, pct, 0.0)  # its H-list only
+            score[job.unique] += (job.benefit.ratio if eligible else 1.0) * riv
+        cached = co.policy.cached_ids()
+        co.policy.scores_updated(cached[score[cached] != old[cached]])
+
+
+class DependentSamplingMode(SamplingMode):
+    """``dsa``: JOADER's dependent sampling, in rounds over the jobs whose queue of
+    sampled-but-not-yet-planned ids is short: a job far ahead samples alone (partial
+    sampling), a slow one keeps up to ``lookahead`` batches queued. A job's sampling runs
+    on into its next epoch as soon as the current one is sampled (the queues keep the
+    epochs apart), so jobs in step stay in step across epoch boundaries."""
+
+    name = "dsa"
+
+    def __init__(self, co: JobCoordinator) -> None:
+        super().__init__(co)
+        self.dsa = DependentSampling(co.max_samples, seed=co.seed)
+
+    def add_job(self, job_id: int, job: Job) -> None:
+        self.dsa.add_job(job_id, job.unique, start=False)
+
+    def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        self.dsa.start_epoch(job_id)
+        return job.unique
+
+    def _behind(self, job: Job) -> bool:
+        """Whether a job takes part in the next round: it has fewer than ``lookahead``
+        batches queued (the rest are far enough ahead to wait)."""
+        return job.queued() < self.co.lookahead * job.batch_size
+
+    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+        jobs, left = self.co.jobs, self.dsa.left
+        while len(queue) < job.batch_size and job.sampling_epoch == job.epoch:
+            peers = [j for j, other in jobs.items() if j == job_id or self._behind(other)]
+            for j, e in self.dsa.round(peers).items():
+                other = jobs[j]
+                other.queues[other.sampling_epoch].append(e)
+                if left[j] == 0:  # sampled its epoch: run on into the next one
+                    self.co.start_sampling(j, other, other.sampling_epoch + 1)
+
+    def left(self, job_id: int) -> int:
+        return self.dsa.left.get(job_id, 0)
+
+    def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
+        return self.dsa.remove_job(job_id) if leaving else self.dsa.end_epoch(job_id)
+
+
+class CoordinatedChunks(SamplingMode):
+    """``chunks``: Quiver's chunks with coordinated eviction (``chunks.py``); the chunk
+    cache decides what is cached, not the shared policy, and counts no references."""
+
+    name = "chunks"
+    uses_policy = False
+
+    def __init__(self, co: JobCoordinator) -> None:
+        super().__init__(co)
+        self.chunks = ChunkCache(co.capacity_bytes, seed=co.seed)
+
+    def add_ids(self, sizes: np.ndarray) -> None:
+        self.chunks.add_ids(sizes)
+
+    def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
+        self.co.evict_later(self.chunks.start_epoch(job_id, job.unique))
+        return _NONE
+
+    def left(self, job_id: int) -> int:
+        return sum(len(v) for v in self.chunks.unread.get(job_id, {}).values())
+
+    def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
+        self.co.evict_later(self.chunks.release(job_id))
+        return _NONE
+
+    def batch(self, job_id: int, job: Job, cache: bool):
+        ids, hits, admit, evict = self.chunks.batch(job_id, job.batch_size)
+        return np.array(ids, np.int64), np.array(hits, bool), np.array(admit, np.int64), evict
+
+
+SAMPLING: dict[str, type[SamplingMode]] = {
+    m.name: m
+    for m in (
+        DependentSamplingMode,
+        IndependentSampling,
+        SubstitutableHits,
+        CoordinatedChunks,
+        ImportanceSampling,
+    )
+}
+
+
+class SharedAllocation:
+    """``shared``: one partition, the whole budget, for every dataset."""
+
+    name: ClassVar[str] = "shared"
+    #: whether jobs measure their benefit by default (the split needs it)
+    measures_benefit: ClassVar[bool] = False
+
+    def __init__(self, co: JobCoordinator) -> None:
+        self.co = co
+        co.policy.add_partition(co.capacity_bytes)
+
+    def new_dataset(self) -> int:
+        """The partition of a newly registered dataset."""
+        return 0
+
+    def reallocate(self) -> list[int]:
+        """Re-divide the budget after jobs joined, left or measured; returns evictions."""
+        return []
+
+
+class BenefitAllocation(SharedAllocation):
+    """``benefit``: a partition per dataset, sized by Quiver's benefit-aware split
+    (``allocation.py``) of what its jobs measured."""
+
+    name = "benefit"
+    measures_benefit = True
+
+    def __init__(self, co: JobCoordinator) -> None:
+        if not co.mode.uses_policy:
+            raise ConfigError(
+                f"allocation='benefit' needs a policy cache, not sampling={co.mode.name!r}"
+            )
+        self.co = co
+
+    def new_dataset(self) -> int:
+        return self.co.policy.add_partition(0)
+
+    def reallocate(self) -> list[int]:
+        co = self.co
+        shares: list[DatasetShare] = list(co.datasets.values())
+        sizes = [d.nbytes if d.jobs else 0 for d in shares]  # no job: nothing to keep
+        values = []
+        for d in shares:
+            savings = [co.jobs[j].saving for j in d.jobs]
+            values.append(np.nan if None in savings else sum(savings))
+        quota = split_budget(co.capacity_bytes, sizes, values)
+        evicted: list[int] = []
+        for d, q in zip(shares, quota.tolist(), strict=True):
+            evicted += co.policy.resize(d.part, q)
+        return evicted
+
+
+ALLOCATION: dict[str, type[SharedAllocation]] = {
+    a.name: a for a in (SharedAllocation, BenefitAllocation)
+}
