@@ -51,7 +51,8 @@ def test_planner_and_store_agree_single_process(fmnist_dir):
         served = run_epoch(loader, storage)
         assert sorted(served.tolist()) == list(range(len(storage)))
     store, policy = loader.dataset.store, loader.planner.policy
-    assert {storage.key(i) for i in policy.cached_ids().tolist()} == set(store._data)
+    cached = [storage.key(i) for i in policy.cached_ids().tolist()]
+    assert all(store.contains(k) for k in cached) and len(store) == len(cached)
     assert store.used_bytes == policy.used <= store.capacity_bytes
     c = loader.counters()
     assert c["late_misses"] == 0 and c["hits"] + c["misses"] == 2 * len(storage)

@@ -50,7 +50,7 @@ def run(policy, seq, batch=7):
         # net changes take the store from the old resident set to the new one
         assert resident == (before - set(r.evicted.tolist())) | set(r.admitted.tolist())
         assert set(r.admitted.tolist()) <= set(ids)
-        assert policy.used == sum(policy._sizes[i] for i in resident)
+        assert policy.used == sum(policy.size_of(i) for i in resident)
         assert policy.used <= policy.capacity_bytes
         hits += int(r.hits.sum())
     return hits

@@ -3,6 +3,7 @@ process with real jobs (DataLoader workers on a shared LMDB store)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -20,11 +21,33 @@ from hotset.service.coordinator import JobCoordinator
 from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
 from hotset.store.sealed import sealed_id
-from hotset.store.shared import _environment
 
 
 def keys(ids) -> list[str]:
     return [f"k{i:05d}" for i in ids]
+
+
+RAW_LMDB = """
+import json, sys, lmdb
+path, flip = sys.argv[1], sys.argv[2]
+env = lmdb.open(path, max_dbs=2, lock=True)
+db = env.open_db(b"data")
+with env.begin(write=bool(flip), db=db) as txn:
+    if flip:
+        raw = bytearray(txn.get(flip.encode()))
+        raw[0] ^= 0xFF
+        txn.put(flip.encode(), bytes(raw))
+    print(json.dumps([[k.decode(), bytes(v).hex()] for k, v in txn.cursor()]))
+"""
+
+
+def raw_entries(path: str, flip: str = "") -> list[tuple[str, bytes]]:
+    """The entries of a shared store's LMDB as another process (no digests) sees them;
+    ``flip``: first flip a byte of that entry."""
+    out = subprocess.run(
+        [sys.executable, "-c", RAW_LMDB, path, flip], capture_output=True, check=True, text=True
+    )
+    return [(k, bytes.fromhex(v)) for k, v in json.loads(out.stdout)]
 
 
 def unread(co: JobCoordinator) -> int:
@@ -69,7 +92,11 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
     for j, expect in ((a, range(200)), (b, range(100, 400)), (c, range(50, 150))):
         got = [co.keys[g] for g in seen[j]]
         assert sorted(got) == sorted(keys(expect))  # each once
-    assert co.gid_of["k00150"] == co.gid_of["k00150"]  # one global id per key
+    # one global id per key: shared by the jobs whose manifests list it, twice listed
+    # keys (c's) map to one id, and distinct keys never share one
+    ga, gb, gc = (co.jobs[j].gids for j in (a, b, c))
+    assert ga[150] == gb[50] == co.gid_of["k00150"] and gc[0] == gc[100] == ga[50]
+    assert len(set(co.gid_of.values())) == len(co.gid_of) == 400
     assert co.policy.template.refs.sum() == unread(co)  # every read consumed its reference
 
 
@@ -281,9 +308,7 @@ def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
         for _ in loader:  # fills the shared cache
             pass
         sealed = loader.dataset.store
-        env, data_db, _ = _environment(sealed.inner.path, sealed.inner.map_size)
-        with env.begin(db=data_db) as txn:  # everything another process can list
-            entries = [(k.decode(), bytes(v)) for k, v in txn.cursor()]
+        entries = raw_entries(sealed.inner.path)  # everything another process can list
         assert len(entries) >= 10
         plain = {full.read(i) for i in range(500)}
         for k, v in entries:
@@ -293,11 +318,7 @@ def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
         assert len(held) == len(entries)  # the owner, with the digests, reads them all
         assert all(held[k] == owned.read(i) for i, k in enumerate(owned.keys) if k in held)
         victim = next(iter(held))
-        with env.begin(write=True, db=data_db) as txn:  # a flipped byte in one entry
-            sid = sealed_id(victim).encode()
-            raw = bytearray(txn.get(sid))
-            raw[0] ^= 0xFF
-            txn.put(sid, bytes(raw))
+        raw_entries(sealed.inner.path, flip=sealed_id(victim))  # a flipped byte in one entry
         assert sealed.get_many([victim]) == [None] and sealed.rejected == 1  # never served
     finally:
         loader.close()

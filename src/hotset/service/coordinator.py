@@ -138,10 +138,6 @@ class JobCoordinator:
         self.removed: list[tuple[str, str]] = []  # (job name, why)
         self.planning_s = 0.0
 
-    @property
-    def sampling(self) -> str:
-        return self.mode.name
-
     def evict_later(self, ids) -> None:
         """Evictions decided outside a plan: they go out with the next one."""
         self._evict_next += list(ids)

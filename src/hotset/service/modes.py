@@ -10,6 +10,7 @@ split over the registered datasets.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING, ClassVar
 
@@ -28,10 +29,10 @@ if TYPE_CHECKING:
 _NONE = np.zeros(0, np.int64)
 
 
-class SamplingMode:
+class SamplingMode(ABC):
     """Base: the shared policy serves each batch of ids the mode samples. A subclass
     implements ``start_epoch`` (the job's order for an epoch), ``fill`` (queue the next
-    batch), ``left`` and ``release``."""
+    batch), ``left`` and ``release`` (docs/extending.md)."""
 
     name: ClassVar[str]
     #: the partitions' policy unless the service is given one
@@ -47,29 +48,28 @@ class SamplingMode:
     def __init__(self, co: JobCoordinator) -> None:
         self.co = co
 
-    def add_ids(self, sizes: np.ndarray) -> None:
+    def add_ids(self, sizes: np.ndarray) -> None:  # noqa: B027 - optional hook
         """New global ids (in order) with their byte sizes."""
 
-    def add_job(self, job_id: int, job: Job) -> None:
+    def add_job(self, job_id: int, job: Job) -> None:  # noqa: B027 - optional hook
         """A job registered (before its epoch 0 starts)."""
 
+    @abstractmethod
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
         """The sampler begins ``epoch`` for the job; returns the ids it will read (each
         gets one reference)."""
-        raise NotImplementedError
 
-    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+    def fill(self, job_id: int, job: Job, queue: deque) -> None:  # noqa: B027 - optional
         """Sample until ``queue`` holds a batch (or the job's epoch is all sampled)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def left(self, job_id: int) -> int:
         """Ids of the job's sampling epoch not yet sampled."""
-        raise NotImplementedError
 
+    @abstractmethod
     def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
         """The job stops its sampling epoch (it moved on, or is ``leaving``): returns
         the ids it will not read after all (their references are given back)."""
-        raise NotImplementedError
 
     def batch(self, job_id: int, job: Job, cache: bool):
         """The job's next batch: (gids, hit mask, admitted ids, evicted ids)."""
@@ -84,10 +84,12 @@ class SamplingMode:
         r = policy.access(gids, job.part)
         return gids, r.hits, r.admitted, r.evicted.tolist()
 
-    def feedback(self, job_id: int, ids: np.ndarray, losses: np.ndarray) -> None:
+    def feedback(  # noqa: B027 - optional hook
+        self, job_id: int, ids: np.ndarray, losses: np.ndarray
+    ) -> None:
         """Losses of the job's trained samples (indices into its sorted ``unique``)."""
 
-    def benefit_reported(self) -> None:
+    def benefit_reported(self) -> None:  # noqa: B027 - optional hook
         """A job reported a new measured benefit."""
 
 

@@ -1,7 +1,7 @@
 """The manifest of a dataset: per-sample path, global key, size in bytes and label.
 
 Built once (reading every sample to digest it) and stored as ``manifest.json`` beside
-the data, so every job addresses a sample by the same global key (DESIGN.md: keys are
+the data, so every job addresses a sample by the same global key (docs/design.md: keys are
 content digests, so jobs on overlapping datasets share cache entries).
 """
 
