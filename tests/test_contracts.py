@@ -131,17 +131,14 @@ class LowestIdPolicy(Policy):
     def _resident(self):
         return self._members
 
-    def _on_hit(self, p: int, i: int) -> bool:
-        return i in self._members
-
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         top = max(self._members)
         if top < i:
             return -1
         self._members.discard(top)
         return top
 
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         self._members.add(i)
 
     def _restore(self, victims: list[int]) -> None:

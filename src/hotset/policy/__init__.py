@@ -4,9 +4,6 @@ Every module of this package is imported here, so a new policy is one new file t
 registers its class with ``@register_policy`` (docs/extending.md).
 """
 
-import importlib
-import pkgutil
-
 from hotset.policy.base import (
     POLICIES,
     AccessResult,
@@ -16,9 +13,9 @@ from hotset.policy.base import (
     policy_class,
     register_policy,
 )
+from hotset.registry import import_submodules
 
-for _m in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_m.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "POLICIES", "AccessResult", "Feeder", "Policy", "make_policy", "policy_class",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.registry import Registry
 
 if TYPE_CHECKING:
     from hotset.importance.scoreboard import ScoreBoard
@@ -64,8 +65,8 @@ class Policy(ABC):
 
     Every hook a planner, simulator or service calls is declared here with a working
     default (docs/extending.md). A policy that admits on a miss by evicting victims
-    implements the miss path's four steps (``_on_hit``, ``_victim``, ``_insert``,
-    ``_restore``, optionally ``_wants`` and ``_prepare``) and the base ``_access`` runs
+    implements the miss path's steps (``_insert``, and as it needs ``_on_hit``,
+    ``_victim``, ``_restore``, ``_wants``, ``_prepare``) and the base ``_access`` runs
     them; a vectorised or substituting policy overrides ``access`` instead.
     """
 
@@ -99,19 +100,21 @@ class Policy(ABC):
         """Per-batch work before the loop (e.g. look up the batch's scores at once)."""
 
     def _on_hit(self, p: int, i: int) -> bool:
-        """Access ``i`` at batch position ``p``: whether it is resident (and refresh it)."""
-        raise TypeError(f"{type(self).__name__} must implement the miss path or access")
+        """Access ``i`` at batch position ``p``: whether it is resident, after any work an
+        access does (refresh, count). Not overridden: a plain ``i in _resident``."""
+        return i in self._resident
 
-    def _wants(self, i: int) -> bool:
+    def _wants(self, p: int, i: int) -> bool:
         """Whether a missed ``i`` that fits the capacity is a candidate for admission."""
         return True
 
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         """Remove and return the next resident to evict for ``i``, or -1: ``i`` is worth
-        less than every remaining resident (it is then not admitted)."""
+        less than every remaining resident (it is then not admitted). Not overridden:
+        nothing is ever evicted (a miss is admitted while it fits)."""
         return -1
 
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         """Make ``i`` resident (its victims, if any, are gone for good)."""
         raise TypeError(f"{type(self).__name__} must implement the miss path or access")
 
@@ -122,30 +125,36 @@ class Policy(ABC):
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
     ) -> None:
         """Process ``ids`` in order, appending a hit flag per id and the admitted/evicted
-        ids: hit, else evict victims until the miss fits, else put them back, else admit."""
+        ids: hit, else evict victims until the miss fits, else put them back, else admit.
+        Steps a policy does not override cost no call."""
         sizes, cap, used = self._sizes, self.capacity_bytes, self.used
-        on_hit, wants, victim, insert = self._on_hit, self._wants, self._victim, self._insert
+        resident, insert = self._resident, self._insert
+        cls, base = type(self), Policy
+        on_hit = self._on_hit if cls._on_hit is not base._on_hit else None
+        wants = self._wants if cls._wants is not base._wants else None
+        victim = self._victim if cls._victim is not base._victim else None
         for p, i in enumerate(ids):
-            if on_hit(p, i):
+            if on_hit(p, i) if on_hit else i in resident:
                 hits.append(True)
                 continue
             hits.append(False)
             s = sizes[i]
-            if s > cap or not wants(i):
+            if s > cap or (wants and not wants(p, i)):
                 continue
             victims = []
-            while used + s > cap:
-                j = victim(i)
+            while used + s > cap and victim:
+                j = victim(p, i)
                 if j < 0:
                     break
                 victims.append(j)
                 used -= sizes[j]
             if used + s > cap:  # the rest is worth more than i: put the victims back
-                self._restore(victims)
-                used += sum(sizes[j] for j in victims)
+                if victims:
+                    self._restore(victims)
+                    used += sum(sizes[j] for j in victims)
                 continue
             evicted.extend(victims)
-            insert(i)
+            insert(p, i)
             used += s
             admitted.append(i)
         self.used = used
@@ -241,25 +250,11 @@ class Policy(ABC):
         )
 
 
-POLICIES: dict[str, type[Policy]] = {}
-
-
-def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: make ``cls`` available to :func:`make_policy` by ``cls.name``."""
-    if cls.name in POLICIES and POLICIES[cls.name] is not cls:
-        raise ConfigError(f"policy name {cls.name!r} is taken by {POLICIES[cls.name].__qualname__}")
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def policy_class(name: str) -> type[Policy]:
-    """The registered policy class called ``name`` (a clear error for an unknown one)."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown policy {name!r}; choose from: {', '.join(sorted(POLICIES))}"
-        ) from None
+POLICIES = Registry("policy")
+#: class decorator: make a policy available to :func:`make_policy` by its ``name``
+register_policy = POLICIES.register
+#: the registered policy class called ``name``
+policy_class = POLICIES.lookup
 
 
 def make_policy(

@@ -40,8 +40,6 @@ class BeladyPolicy(Policy):
         self._seq: list[int] = []
         self._next: list[int] = []
         self._pos = 0
-        self._n = 0  # the current access's next use
-        self._taken: list[tuple[int, int]] = []  # (id, level) of this miss's victims
 
     @property
     def _resident(self):
@@ -69,27 +67,23 @@ class BeladyPolicy(Policy):
             )
 
     def _on_hit(self, p: int, i: int) -> bool:
-        self._n = n = self._next[self._pos + p]
         if i in self._heap.live:
-            self._heap.push(i, FAR - n)
+            self._heap.push(i, FAR - self._next[self._pos + p])  # its next use from here
             return True
         return False
 
-    def _victim(self, i: int) -> int:
-        j, level = self._heap.peek()  # type: ignore[misc]
-        if FAR - level <= self._n:
+    def _victim(self, p: int, i: int) -> int:
+        _, level = self._heap.peek()  # type: ignore[misc]
+        if FAR - level <= self._next[self._pos + p]:
             return -1  # every remaining resident is needed sooner than i: bypass
-        self._taken.append((self._heap.pop(), level))
-        return j
+        return self._heap.take()
 
     def _restore(self, victims: list[int]) -> None:
-        for j, level in self._taken:
-            self._heap.push(j, level)
-        self._taken = []
+        self._heap.put_back()
 
-    def _insert(self, i: int) -> None:
-        self._taken = []
-        self._heap.push(i, FAR - self._n)
+    def _insert(self, p: int, i: int) -> None:
+        self._heap.settle()
+        self._heap.push(i, FAR - self._next[self._pos + p])
 
     def _access(self, ids, hits, admitted, evicted):
         super()._access(ids, hits, admitted, evicted)

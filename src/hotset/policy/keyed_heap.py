@@ -20,6 +20,7 @@ class KeyedHeap:
         self.bits, self.mask = int(bits), (1 << int(bits)) - 1
         self.heap: list[int] = []
         self.live: dict[int, int] = {}  # id -> its live packed key
+        self._taken: list[int] = []  # keys popped for an admission not yet decided
 
     @classmethod
     def for_ids(cls, num_ids: int) -> KeyedHeap:
@@ -54,6 +55,23 @@ class KeyedHeap:
         heapq.heappop(self.heap)
         del self.live[i]
         return i
+
+    # -- victims for one admission: taken, then kept out or put back ----------------------
+    def take(self) -> int:
+        """Pop the minimum as a victim of the admission being tried; returns its id."""
+        i, level = self.peek()  # type: ignore[misc]
+        self._taken.append(self.key(i, level))
+        return self.pop()
+
+    def put_back(self) -> None:
+        """The admission failed: the victims taken for it are members again."""
+        for k in self._taken:
+            self.push(k & self.mask, k >> self.bits)
+        self._taken = []
+
+    def settle(self) -> None:
+        """The admission succeeded: the victims taken for it are gone for good."""
+        self._taken = []
 
     def compact(self) -> None:
         """Drop the stale entries once they outnumber the live ones."""

@@ -35,8 +35,8 @@ class LFUPolicy(Policy):
             return True
         return False
 
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         return self._heap.pop()
 
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         self._heap.push(i, self._level)

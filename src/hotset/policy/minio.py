@@ -33,9 +33,6 @@ class MinIOPolicy(Policy):
             out.append(j)
         return out
 
-    def _on_hit(self, p: int, i: int) -> bool:
-        return i in self._set
-
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         self._set.add(i)
         self._order.append(i)

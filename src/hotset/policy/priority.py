@@ -31,8 +31,6 @@ class PriorityPolicy(Policy):
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []
-        self._cur = 0  # the current access's position in the batch
-        self._taken: list[tuple[int, int]] = []  # (id, level) of this miss's victims
 
     @property
     def _resident(self):
@@ -86,27 +84,19 @@ class PriorityPolicy(Policy):
             )
         self._q, self._may = self._levels(ids), self._may_replace(ids).tolist()
 
-    def _on_hit(self, p: int, i: int) -> bool:
-        self._cur = p
-        return i in self._heap.live
-
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         top = self._heap.peek()
-        q = self._q[self._cur]
-        if top is None or not self._may[self._cur]:
+        q = self._q[p]
+        if top is None or not self._may[p]:
             return -1
-        j, v = top
+        v = top[1]
         if v > q or (v == q and not self.evict_ties):
             return -1  # the newcomer is the least important: do not admit it
-        self._heap.pop()
-        self._taken.append((j, v))
-        return j
+        return self._heap.take()
 
     def _restore(self, victims: list[int]) -> None:
-        for j, v in self._taken:
-            self._heap.push(j, v)
-        self._taken = []
+        self._heap.put_back()
 
-    def _insert(self, i: int) -> None:
-        self._taken = []
-        self._heap.push(i, self._q[self._cur])
+    def _insert(self, p: int, i: int) -> None:
+        self._heap.settle()
+        self._heap.push(i, self._q[p])

@@ -21,10 +21,7 @@ class RandomPolicy(Policy):
     def _resident(self):
         return self._pos
 
-    def _on_hit(self, p: int, i: int) -> bool:
-        return i in self._pos
-
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         """A uniformly chosen resident, removed by swapping the last one into its slot."""
         pos, lst = self._pos, self._ids
         k = int(self._rng.random() * len(lst))
@@ -36,10 +33,10 @@ class RandomPolicy(Policy):
         del pos[j]
         return j
 
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         self._pos[i] = len(self._ids)
         self._ids.append(i)
 
     def _restore(self, victims: list[int]) -> None:
         for j in victims:
-            self._insert(j)
+            self._insert(-1, j)

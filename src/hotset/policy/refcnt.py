@@ -33,7 +33,6 @@ class RefCntPolicy(Policy):
         self.pinned = np.zeros(self.num_samples, np.int64) if pinned is None else pinned
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
-        self._r = 0  # the current access's references left
 
     @property
     def _resident(self):
@@ -80,27 +79,26 @@ class RefCntPolicy(Policy):
 
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs
-        self._r = r = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
-        refs[i] = r
+        refs[i] = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
         return i in self._pos
 
-    def _wants(self, i: int) -> bool:
-        return self._r > 0  # nobody reads it again: never cached
+    def _wants(self, p: int, i: int) -> bool:
+        return self.refs[i] > 0  # nobody reads it again: never cached
 
-    def _victim(self, i: int) -> int:
+    def _victim(self, p: int, i: int) -> int:
         """The unpinned resident with the fewest references, if it has no more than the
         newcomer (ties go to the newcomer, the more recent)."""
         res, refs, pinned = self._ids, self.refs, self.pinned
         live = res[: len(self._pos)]
         k = int(np.argmin(refs[live] + PINNED * (pinned[live] > 0)))
-        if pinned[res[k]] or refs[res[k]] > self._r:
+        if pinned[res[k]] or refs[res[k]] > refs[i]:
             return -1
         return self._evict(k)
 
-    def _insert(self, i: int) -> None:
+    def _insert(self, p: int, i: int) -> None:
         self._pos[i] = len(self._pos)
         self._ids[self._pos[i]] = i
 
     def _restore(self, victims: list[int]) -> None:
         for j in victims:
-            self._insert(j)
+            self._insert(-1, j)

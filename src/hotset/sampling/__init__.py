@@ -4,9 +4,7 @@ Every module of this package is imported here, so a new sampler is one new file 
 registers its class with ``@register_sampler`` (docs/extending.md).
 """
 
-import importlib
-import pkgutil
-
+from hotset.registry import import_submodules
 from hotset.sampling.base import (
     SAMPLERS,
     Sampler,
@@ -15,8 +13,7 @@ from hotset.sampling.base import (
     sampler_class,
 )
 
-for _m in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_m.name}")
+import_submodules(__name__, __path__)
 
 from hotset.sampling.pads import PADSSampler  # noqa: E402
 from hotset.sampling.uniform import UniformSampler  # noqa: E402

@@ -15,6 +15,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance.scoreboard import ScoreBoard
+from hotset.registry import Registry
 
 
 class Sampler(ABC):
@@ -117,27 +118,11 @@ class Sampler(ABC):
         return -(-self.num_samples // self.num_replicas)
 
 
-SAMPLERS: dict[str, type[Sampler]] = {}
-
-
-def register_sampler(cls: type[Sampler]) -> type[Sampler]:
-    """Class decorator: make ``cls`` available to :func:`make_sampler` by ``cls.name``."""
-    if cls.name in SAMPLERS and SAMPLERS[cls.name] is not cls:
-        raise ConfigError(
-            f"sampler name {cls.name!r} is taken by {SAMPLERS[cls.name].__qualname__}"
-        )
-    SAMPLERS[cls.name] = cls
-    return cls
-
-
-def sampler_class(name: str) -> type[Sampler]:
-    """The registered sampler class called ``name`` (a clear error for an unknown one)."""
-    try:
-        return SAMPLERS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown sampler {name!r}; choose from: {', '.join(sorted(SAMPLERS))}"
-        ) from None
+SAMPLERS = Registry("sampler")
+#: class decorator: make a sampler available to :func:`make_sampler` by its ``name``
+register_sampler = SAMPLERS.register
+#: the registered sampler class called ``name``
+sampler_class = SAMPLERS.lookup
 
 
 def make_sampler(name: str, num_samples: int, **options) -> Sampler:

@@ -20,7 +20,6 @@ class PartitionedPolicy:
     """Partitions over ids ``0 .. num_ids - 1``, each a policy of kind ``kind``."""
 
     def __init__(self, kind: str, num_ids: int, seed: int = 0) -> None:
-        self.kind, self.seed = kind, seed
         self.sizes = np.zeros(int(num_ids), np.int64)
         self.owner = np.full(int(num_ids), -1, np.int32)  # -1: not resident
         self.parts: list[Policy] = []
