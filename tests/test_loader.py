@@ -51,7 +51,7 @@ def test_planner_and_store_agree_single_process(fmnist_dir):
         served = run_epoch(loader, storage)
         assert sorted(served.tolist()) == list(range(len(storage)))
     store, policy = loader.dataset.store, loader.planner.policy
-    cached = [storage.key(i) for i in policy.cached_ids().tolist()]
+    cached = [loader.dataset.keys[i] for i in policy.cached_ids().tolist()]
     assert all(store.contains(k) for k in cached) and len(store) == len(cached)
     assert store.used_bytes == policy.used <= store.capacity_bytes
     c = loader.counters()
@@ -104,8 +104,9 @@ def test_lru_with_workers_keeps_budget_and_bytes(fmnist_dir):
             run_epoch(loader, storage)
         store, policy = loader.dataset.store, loader.planner.policy
         assert store.used_bytes <= store.capacity_bytes
-        keys = set(store.get_many([storage.key(i) for i in range(len(storage))]))
-        held = {i for i in range(len(storage)) if store.contains(storage.key(i))}
+        skeys = loader.dataset.keys
+        keys = set(store.get_many([skeys[i] for i in range(len(storage))]))
+        held = {i for i in range(len(storage)) if store.contains(skeys[i])}
         assert held <= set(range(len(storage))) and keys
         # the data plane followed the control plane (a rare cross-worker reorder may differ)
         resident = set(policy.cached_ids().tolist())

@@ -53,6 +53,12 @@ def test_homophily_serves_only_listed_neighbours_first_in_first_out():
     p = small_spider()
     assert p.add_node(3, np.array([4, 5]))
     assert list(p.access([9]).fetch) == [3]  # the node is read and cached with a batch
+    early = small_spider()
+    early.add_node(3, np.array([4, 5]))
+    early.access([9])
+    r = early.access([4])
+    assert list(r.served) == [4] and not r.substituted.any()  # its fetch has not landed
+    p.reconcile(stored=np.array([3]), lost=np.empty(0, np.int64))  # the worker stored it
     r = p.access([4, 7, 3])
     assert list(r.served) == [3, 7, 3] and list(r.substituted) == [True, False, False]
     assert r.hits.tolist() == [True, False, True]
@@ -71,6 +77,7 @@ def test_importance_cache_changes_only_on_a_double_miss():
     p = small_spider(cap=4, imp_ratio=0.5)  # importance cache: 2 items
     p.add_node(0, np.array([1, 2]))
     p.access([10, 11])
+    p.reconcile(stored=np.array([0]), lost=np.empty(0, np.int64))  # node 0 landed
     assert set(p.importance.cached_ids().tolist()) == {10, 11}
     r = p.access([1])  # a homophily hit: no change to the importance cache
     assert r.substituted.all() and set(p.importance.cached_ids().tolist()) == {10, 11}

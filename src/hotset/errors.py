@@ -50,3 +50,8 @@ class CorruptSampleError(SampleError):
 
 class StorageError(SampleError):
     """The storage failed to read the sample (I/O error, permission, network)."""
+
+
+class SkipLimitError(HotsetError):
+    """``on_error="skip"`` dropped more than a batch may lose, or a whole epoch served
+    nothing; the message gives the first cause."""

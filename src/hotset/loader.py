@@ -8,10 +8,12 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -20,14 +22,22 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from hotset.codecs import decode_sample, to_tensor
-from hotset.errors import ConfigError, CorruptSampleError, SampleError
+from hotset.errors import (
+    ConfigError,
+    CorruptSampleError,
+    HotsetError,
+    SampleError,
+    SkipLimitError,
+)
 from hotset.feedback import as_numpy
-from hotset.plan import BatchPlan, Planner, PlanSource
+from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
 from hotset.policy.base import make_policy
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
+from hotset.storage.manifest import content_key
 from hotset.store import Store, make_store
+from hotset.store.base import NamespacedStore
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +55,15 @@ class Batch(NamedTuple):
 
 class CachedDataset(Dataset):
     """A map-style dataset over ``storage`` whose ``__getitems__`` executes a BatchPlan
-    against ``store``: planned hits from the store, misses (and late misses) from storage,
-    then the plan's evictions and admissions.
+    against ``store``: planned hits from the store (each checked against the sample's
+    content digest), misses (and late misses) from storage, then the plan's evictions and
+    admissions; it reports what really happened (``PlanReport``) with the batch.
 
     ``decode`` turns a sample's bytes into an array (default: ``.npy`` or any PIL image);
     a batch is stacked and made a float tensor once (uint8 pixels scaled to [0, 1]).
-    ``transform``, if given, runs per sample on that tensor.
+    ``transform``, if given, runs per sample on that tensor. ``on_error="skip"`` drops a
+    sample that cannot be read or decoded (counted in ``skipped``); a batch that loses
+    more than ``max_skipped`` of its samples raises ``SkipLimitError`` with the cause.
 
     ``dataset[i]`` alone reads from storage, so the object also works as a plain Dataset.
     """
@@ -62,15 +75,19 @@ class CachedDataset(Dataset):
         decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         on_error: str = "raise",
+        max_skipped: float = 0.5,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if not 0.0 <= max_skipped <= 1.0:
+            raise ConfigError(f"max_skipped must be in [0, 1], got {max_skipped}")
         self.storage = storage
         self.store = store
         self.decode = decode
         self.transform = transform
         self.on_error = on_error
-        self.keys = storage.keys
+        self.max_skipped = float(max_skipped)
+        self.keys = storage.keys  # content keys: what a hit is checked against
         self.labels = storage.labels
 
     def __len__(self) -> int:
@@ -84,22 +101,21 @@ class CachedDataset(Dataset):
                 i, self.storage.describe(i), f"cannot decode: {exc}", self.keys[i]
             ) from exc
 
-    def _inputs(self, ids: list[int], got: dict[int, bytes]) -> torch.Tensor:
-        samples = [self._decode(i, got[i]) for i in ids]
-        if not samples:
-            return torch.empty(0)
-        if self.transform is not None:
-            return torch.stack([self.transform(to_tensor(x)) for x in samples])
-        if isinstance(samples[0], torch.Tensor):
-            return to_tensor(torch.stack(samples))
-        return to_tensor(np.stack(samples))
-
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         i = int(i)
         x = to_tensor(self._decode(i, self.storage.read(i)))
         return (self.transform(x) if self.transform is not None else x), int(self.labels[i])
 
-    def _read_storage(self, ids: list[int], stats: LoaderStats) -> dict[int, bytes]:
+    def _skip(self, exc: SampleError, stats: LoaderStats, causes: list[str]) -> None:
+        if self.on_error == "raise":
+            raise exc
+        log.warning("skipping %s", exc)
+        stats.skipped += 1
+        causes.append(str(exc))
+
+    def _read_storage(
+        self, ids: list[int], stats: LoaderStats, causes: list[str]
+    ) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
         start = time.perf_counter()
         try:
@@ -112,115 +128,165 @@ class CachedDataset(Dataset):
                 try:
                     got[i] = self.storage.read(i)
                 except SampleError as exc:
-                    log.warning("skipping %s", exc)
-                    stats.skipped += 1
+                    self._skip(exc, stats, causes)
         stats.storage_wait_s += time.perf_counter() - start
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
-    def _wait_for_peers(self, hit_ids: list[int], got: dict[int, bytes], wait_s: float) -> int:
-        """Poll the store for planned hits another job is still fetching, up to
-        ``wait_s``; returns how many arrived."""
-        deadline = time.perf_counter() + wait_s
-        pending = [i for i in dict.fromkeys(hit_ids) if i not in got]
-        arrived = 0
-        while pending and time.perf_counter() < deadline:
-            time.sleep(0.002)
-            values = self.store.get_many([self.keys[i] for i in pending])
-            for i, v in zip(pending, values, strict=True):
-                if v is not None:
-                    got[i] = v
-                    arrived += 1
-            pending = [i for i in pending if i not in got]
-        return arrived
+    def held(self, ids: np.ndarray) -> np.ndarray:
+        """Whether the store holds each of ``ids`` now (the truth a planner reconciles
+        with)."""
+        values = self.store.get_many([self.keys[i] for i in np.asarray(ids).tolist()])
+        return np.array([v is not None for v in values], bool)
+
+    def ids_of(self, keys: list[str]) -> np.ndarray:
+        """The ids of this dataset's samples among ``keys`` (others are skipped)."""
+        index = {k: i for i, k in enumerate(self.keys)}
+        return np.array([index[k] for k in keys if k in index], np.int64)
 
     # -- executing a plan, step by step ------------------------------------------------
-    def _read_hits(self, hit_ids: list[int], got: dict[int, bytes], stats: LoaderStats) -> None:
-        """Step 1: the planned hits from the store (absent ones stay missing for now)."""
+    def _read_hits(
+        self, ids: list[int], got: dict[int, bytes], stats: LoaderStats, wait_s: float
+    ) -> list[int]:
+        """Step 1 (and 4): the planned hits from the store, each checked against its
+        content digest; a wrong entry is counted, deleted and never served. With
+        ``wait_s``, poll that long for hits another worker or job is still writing.
+        Returns the ids whose entry was wrong."""
         t = time.perf_counter()
-        keys = self.keys
-        for i, v in zip(hit_ids, self.store.get_many([keys[i] for i in hit_ids]), strict=True):
-            if v is not None:
-                got[i] = v
+        deadline = t + wait_s
+        keys, wrong = self.keys, []
+        pending = [i for i in ids if i not in got]
+        while pending:
+            values = self.store.get_many([keys[i] for i in pending])
+            for i, v in zip(pending, values, strict=True):
+                if v is None:
+                    continue
+                if content_key(v) == keys[i]:
+                    got[i] = v
+                else:
+                    wrong.append(i)
+            if wrong:
+                stats.corrupt_hits += len(wrong)
+                self.store.delete_many([keys[i] for i in wrong])
+                log.warning(
+                    "%d cache entries did not match their sample's digest (first: sample "
+                    "%d, key %s): dropped, read from storage", len(wrong), wrong[0],
+                    keys[wrong[0]],
+                )  # fmt: skip
+            pending = [i for i in pending if i not in got and i not in wrong]
+            if not pending or time.perf_counter() >= deadline:
+                break
+            time.sleep(0.002)
         stats.store_s += time.perf_counter() - t
+        return wrong
 
-    def _read_misses(
-        self, plan: BatchPlan, planned_hits: set[int], got: dict[int, bytes], stats: LoaderStats
-    ) -> dict[int, bytes]:
-        """Step 2: the plan's misses, and its prefetches (returned apart), from storage."""
-        misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned_hits]
-        if misses:
-            got.update(self._read_storage(misses, stats))
-        if not plan.fetch.size:
-            return {}
-        fetched = self._read_storage(plan.fetch.tolist(), stats)
-        stats.prefetched = len(fetched)
-        return fetched
-
-    def _apply_store_changes(
+    def _store_changes(
         self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes]
-    ) -> None:
-        """Step 3: the plan's evictions, then its admissions (and prefetches)."""
+    ) -> list[int]:
+        """Step 3: the plan's evictions, then its admissions (and prefetches); returns the
+        admitted and fetched ids the store does not hold afterwards."""
         keys = self.keys
         if plan.evicted.size:
             self.store.delete_many([keys[i] for i in plan.evicted.tolist()])
         if plan.evict_keys:
             self.store.delete_store_keys(list(plan.evict_keys))
-        admit = {keys[i]: got[i] for i in plan.admitted.tolist() if i in got}
-        admit.update((keys[i], v) for i, v in fetched.items())
-        if admit:
-            self.store.put_many(admit)
+        wanted = list(dict.fromkeys(plan.admitted.tolist() + list(fetched)))
+        have = {**fetched, **got}
+        items = {keys[i]: have[i] for i in wanted if i in have}
+        _, out = self.store.put(items) if items else (0, [])
+        refused = set(out)
+        return [i for i in wanted if i not in have or keys[i] in refused]
 
-    def _count_hits(
-        self, plan: BatchPlan, hit_ids: list[int], got: dict[int, bytes], stats: LoaderStats
-    ) -> None:
-        """Per position: a batch may serve one id several times (sampling with
-        replacement, or one substitute for several requests)."""
-        planned_hits = set(hit_ids)
-        stats.hits = sum(1 for i in hit_ids if i in got)
-        if plan.substituted is not None:
-            subs = plan.ids[plan.substituted & plan.hits].tolist()
-            stats.substitute_hits = sum(1 for i in subs if i in got)
-        stats.bytes_from_store = sum(len(got[i]) for i in planned_hits if i in got)
-        stats.late_misses = len(hit_ids) - stats.hits
-        stats.misses = len(plan) - len(hit_ids)
+    def _decode_batch(
+        self, ids: list[int], got: dict[int, bytes], stats: LoaderStats, causes: list[str]
+    ) -> tuple[list[int], torch.Tensor]:
+        """Step 5: decode the served samples (an undecodable one is skipped or raised)."""
+        served, samples = [], []
+        for i in ids:
+            if i not in got:
+                continue
+            try:
+                samples.append(self._decode(i, got[i]))
+            except CorruptSampleError as exc:
+                self._skip(exc, stats, causes)
+                continue
+            served.append(i)
+        if not samples:
+            return served, torch.empty(0)
+        if self.transform is not None:
+            return served, torch.stack([self.transform(to_tensor(x)) for x in samples])
+        if isinstance(samples[0], torch.Tensor):
+            return served, to_tensor(torch.stack(samples))
+        return served, to_tensor(np.stack(samples))
 
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
             plan = BatchPlan.uncached(plan)
-        stats = LoaderStats()
+        stats, causes = LoaderStats(), []
         failures0, refused0 = self.store.failures, self.store.refused
         got: dict[int, bytes] = {}
-        hit_ids = plan.ids[plan.hits].tolist()
-        planned_hits = set(hit_ids)
-        self._read_hits(hit_ids, got, stats)
-        # the plan's misses first, and their admissions: another job's worker may be
-        # waiting for them while this one waits for its own planned hits
-        fetched = self._read_misses(plan, planned_hits, got, stats)
+        # an id this plan admits is read once, from storage, even where a later position
+        # of the batch plans it as a hit (sampling with replacement)
+        admitted = set(plan.admitted.tolist())
+        hit_pos = plan.ids[plan.hits].tolist()
+        from_store = [i for i in dict.fromkeys(hit_pos) if i not in admitted]
+        wrong = self._read_hits(from_store, got, stats, 0.0)
+        # the plan's misses first, and their admissions: another job's (or worker's) plan
+        # may be waiting for them while this one waits for its own planned hits
+        misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in from_store]
+        got.update(self._read_storage(misses, stats, causes))
+        fetched = self._read_storage(plan.fetch.tolist(), stats, causes) if plan.fetch.size else {}
+        stats.prefetched = len(fetched)
         t = time.perf_counter()
-        self._apply_store_changes(plan, got, fetched)
-        if plan.wait_s > 0 and any(i not in got for i in planned_hits):
-            stats.waited_hits = self._wait_for_peers(hit_ids, got, plan.wait_s)
+        lost = self._store_changes(plan, got, fetched)
         stats.store_s += time.perf_counter() - t
+        if plan.wait_s > 0 and any(i not in got for i in from_store):
+            before = len(got)
+            wrong += self._read_hits(from_store, got, stats, plan.wait_s)
+            stats.waited_hits = len(got) - before
         stats.store_failures = self.store.failures - failures0
         stats.refused_puts = self.store.refused - refused0
-        self._count_hits(plan, hit_ids, got, stats)
-        late = [i for i in dict.fromkeys(hit_ids) if i not in got]
-        if late:  # planned hits that were not there: from storage, counted
-            got.update(self._read_storage(late, stats))
+        stored = set(from_store) & set(got)
+        served_once = stored | (admitted & set(got))  # from the store, or this batch's read
+        stats.hits = sum(1 for i in hit_pos if i in served_once)
+        if plan.substituted is not None:
+            subs = plan.ids[plan.substituted & plan.hits].tolist()
+            stats.substitute_hits = sum(1 for i in subs if i in served_once)
+        stats.bytes_from_store = sum(len(got[i]) for i in stored)
+        stats.late_misses = len(hit_pos) - stats.hits
+        stats.misses = len(plan) - len(hit_pos)
+        absent = [i for i in from_store if i not in got]
+        if absent:  # planned hits that were not there: from storage, counted
+            got.update(self._read_storage(absent, stats, causes))
 
         t = time.perf_counter()
-        served = np.array([i for i in plan.ids.tolist() if i in got], dtype=np.int64)
-        inputs = self._inputs(served.tolist(), got)
+        served, inputs = self._decode_batch(plan.ids.tolist(), got, stats, causes)
         stats.decode_s = time.perf_counter() - t
-        stats.batches, stats.samples = 1, int(served.size)
+        if len(plan) and len(plan) - len(served) > self.max_skipped * len(plan):
+            raise SkipLimitError(
+                f"a batch lost {len(plan) - len(served)} of its {len(plan)} samples "
+                f"(more than max_skipped={self.max_skipped:g}); first cause: "
+                f"{causes[0] if causes else 'unknown'}"
+            )
+        served_ids = np.array(served, dtype=np.int64)
+        stats.batches, stats.samples = 1, int(served_ids.size)
+        report = PlanReport(
+            epoch=plan.epoch,
+            index=plan.index,
+            stored=np.array([i for i in dict.fromkeys([*admitted, *fetched]) if i not in lost],
+                            np.int64),
+            lost=np.array(lost, np.int64),
+            absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
+            causes=causes[:3],
+        )  # fmt: skip
         # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
         # id and label arrays are pickled inline and become tensors in the loader.
         return {
             "inputs": inputs,
-            "targets": self.labels[served],
-            "ids": served,
+            "targets": self.labels[served_ids],
+            "ids": served_ids,
             "stats": asdict(stats),
+            "report": report,
         }
 
 
@@ -231,7 +297,13 @@ def _pass_through(batch: dict) -> dict:
 class HotsetLoader:
     """A DataLoader over a :class:`~hotset.plan.PlanSource`: iterate it as usual,
     ``set_epoch`` it as a DistributedSampler, read ``stats`` (or ``counters()``) for what
-    happened."""
+    happened.
+
+    Each batch's report goes back to the planner as the batch reaches the training loop;
+    at the start and end of each epoch a planner that owns its cache is reconciled with
+    the store's contents (entries nobody plans for are deleted). ``owns_store``: the
+    store was made for this loader, and ``close()`` (or the interpreter's exit) removes it.
+    """
 
     def __init__(
         self,
@@ -241,6 +313,7 @@ class HotsetLoader:
         num_workers: int = 2,
         progress: bool = False,
         desc: str = "",
+        owns_store: bool = False,
         **dataloader_kwargs,
     ) -> None:
         if num_workers > 0 and not dataset.store.shared_across_processes:
@@ -257,6 +330,11 @@ class HotsetLoader:
         self.desc = desc
         self.stats = LoaderStats()
         self._warned_store = False
+        self._synced = False
+        self._closed = False
+        self._remove_store = (
+            weakref.finalize(self, dataset.store.close, destroy=True) if owns_store else None
+        )
         self.dataloader = DataLoader(
             dataset,
             batch_sampler=planner,
@@ -279,8 +357,16 @@ class HotsetLoader:
             else it
         )
         pin = self.dataloader.pin_memory
+        if not self._synced:  # a store an earlier job left: adopt what the plan holds
+            self.sync_with_store()
+        served, causes = 0, []
         for n, raw in enumerate(bar):
-            self.planner.batch_consumed()
+            report: PlanReport = raw["report"]
+            if report.absent.size:  # a slow worker's write, or gone for good?
+                report = replace(report, absent=report.absent[~self.dataset.held(report.absent)])
+            self.planner.batch_consumed(report)
+            causes += report.causes
+            served += int(raw["ids"].size)
             self.stats.add(raw["stats"])
             if self.stats.store_failures and not self._warned_store:
                 self._warned_store = True
@@ -297,6 +383,28 @@ class HotsetLoader:
                 targets.pin_memory() if pin else targets,
                 torch.from_numpy(raw["ids"]),
             )
+        self.sync_with_store()
+        if not served and len(self):
+            raise SkipLimitError(
+                f"the epoch served no sample; first cause: {causes[0] if causes else 'unknown'}"
+            )
+
+    def sync_with_store(self) -> None:
+        """Reconcile a planner that owns its cache with what the store holds now: it
+        forgets what the store lacks, and entries it does not hold are deleted."""
+        self._synced = True
+        if not self.planner.owns_cache:
+            return
+        try:
+            held = self.dataset.ids_of(self.dataset.store.list_keys())
+        except HotsetError as exc:
+            log.debug("cannot reconcile with the store: %s", exc)
+            return
+        extra = self.planner.sync_with_store(held)
+        if extra.size:
+            log.info("deleting %d store entries the plan does not hold", extra.size)
+            self.dataset.store.delete_many([self.dataset.keys[i] for i in extra.tolist()])
+        self.dataset.store.reconcile()
 
     @property
     def wants_embeddings(self) -> bool:
@@ -324,9 +432,14 @@ class HotsetLoader:
         return out
 
     def close(self) -> None:
-        """Stop background threads (iCACHE's packager, SpiderCache's graph worker) and
-        leave the multi-job service."""
+        """Stop background threads (iCACHE's packager, SpiderCache's graph worker), leave
+        the multi-job service, and remove a store made for this loader."""
+        if self._closed:
+            return
+        self._closed = True
         self.planner.close()
+        if self._remove_store is not None:
+            self._remove_store()
 
     def __enter__(self) -> HotsetLoader:
         return self
@@ -366,6 +479,7 @@ def make_loader(
     decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     on_error: str = "raise",
+    max_skipped: float = 0.5,
     drop_last: bool = False,
     progress: bool = False,
     policy_options: dict | None = None,
@@ -384,7 +498,8 @@ def make_loader(
         capacity_bytes: its size in bytes (give exactly one of the two).
         store: where cached bytes live: ``"shared"`` (LMDB on /dev/shm, shared by the
             workers), ``"memory"`` (this process only: ``num_workers=0``), a
-            ``redis://`` URL, or a ``Store`` holding at least the capacity.
+            ``redis://`` URL (each made for this loader and removed by ``close()``), or
+            a ``Store`` holding at least the capacity (the caller's to close).
         sampler: what each epoch reads, by name (``hotset.SAMPLERS``): ``uniform``,
             ``shade``, ``iis``, ``spider``.
         seed: seeds the sampler's orders and the policy's random choices.
@@ -392,7 +507,10 @@ def make_loader(
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> array or tensor (default: ``.npy`` or any PIL image).
         transform: per-sample tensor -> tensor, after decoding.
-        on_error: ``"raise"`` on a missing or corrupt sample, or ``"skip"`` it (counted).
+        on_error: ``"raise"`` on a missing, corrupt or undecodable sample, or ``"skip"``
+            it (counted in ``skipped``).
+        max_skipped: with ``"skip"``, the share of a batch that may be lost before
+            ``SkipLimitError`` (an epoch that serves nothing raises it too).
         drop_last: drop the last incomplete batch of each epoch.
         progress: show a tqdm bar per epoch.
         policy_options: keyword arguments of the policy's constructor.
@@ -405,26 +523,47 @@ def make_loader(
             sampler and collation itself.
     """
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
-    if isinstance(store, str):
+    owns_store = isinstance(store, str)
+    if owns_store:
         store = make_store(store, capacity)
     elif store.capacity_bytes < capacity:
         raise ConfigError(
             f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
         )
-    pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
-    sampler_options = dict(sampler_options or {})
-    if sampler_class(sampler).needs_labels:
-        sampler_options.setdefault("labels", storage.labels)
-    smp = make_sampler(
-        sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed, **sampler_options
-    )
-    prefetch = dataloader_kwargs.get("prefetch_factor") or (2 if num_workers else 0)
-    pol.set_pipeline_depth(prefetch * num_workers)  # plans a DataLoader runs at once
-    planner = Planner(
-        smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
-        package_dir=package_dir,
-    )  # fmt: skip
-    dataset = CachedDataset(storage, store, decode=decode, transform=transform, on_error=on_error)
-    return HotsetLoader(
-        dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs
-    )
+    # one dataset's entries: another job's planner on the same store never touches them
+    store = NamespacedStore(store, dataset_namespace(storage.keys))
+    try:
+        pol = make_policy(
+            policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {})
+        )
+        sampler_options = dict(sampler_options or {})
+        if sampler_class(sampler).needs_labels:
+            sampler_options.setdefault("labels", storage.labels)
+        smp = make_sampler(
+            sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
+            **sampler_options,
+        )  # fmt: skip
+        planner = Planner(
+            smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
+            package_dir=package_dir,
+        )  # fmt: skip
+        dataset = CachedDataset(
+            storage, store, decode=decode, transform=transform, on_error=on_error,
+            max_skipped=max_skipped,
+        )  # fmt: skip
+        return HotsetLoader(
+            dataset, planner, num_workers=num_workers, progress=progress,
+            owns_store=owns_store, **dataloader_kwargs,
+        )  # fmt: skip
+    except BaseException:
+        if owns_store:  # nothing else will ever remove it
+            store.close(destroy=True)
+        raise
+
+
+def dataset_namespace(keys: list[str]) -> str:
+    """A prefix for a dataset's store keys: a digest of its manifest's keys."""
+    digest = hashlib.blake2b(digest_size=6)
+    for k in keys:
+        digest.update(k.encode())
+    return digest.hexdigest() + ":"

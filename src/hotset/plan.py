@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -71,6 +72,21 @@ class BatchPlan:
         return cls(epoch=epoch, index=index, ids=ids, hits=np.zeros(ids.size, bool))
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanReport:
+    """What the data plane did with one plan: ``stored`` — its admissions and fetches now
+    in the store; ``lost`` — those that are not (refused by the budget, a store failure,
+    unreadable); ``absent`` — planned hits the store did not hold (or held wrong bytes);
+    ``causes`` — why samples were skipped."""
+
+    epoch: int
+    index: int
+    stored: np.ndarray = field(default_factory=_empty)
+    lost: np.ndarray = field(default_factory=_empty)
+    absent: np.ndarray = field(default_factory=_empty)
+    causes: list[str] = field(default_factory=list)
+
+
 @runtime_checkable
 class PlanSource(Protocol):
     """What a :class:`~hotset.loader.HotsetLoader` talks to: the ``batch_sampler`` that
@@ -79,6 +95,9 @@ class PlanSource(Protocol):
 
     #: whether ``feedback`` needs the batch's embeddings (graph importance)
     wants_embeddings: bool
+    #: whether it alone decides what this loader's store namespace holds (then the loader
+    #: hands it the store's contents to reconcile with, ``sync_with_store``)
+    owns_cache: bool
 
     def set_epoch(self, epoch: int) -> None: ...
 
@@ -94,8 +113,13 @@ class PlanSource(Protocol):
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch."""
 
-    def batch_consumed(self) -> None:
-        """The loader handed one more batch to the training loop: its plan has run."""
+    def batch_consumed(self, report: PlanReport | None = None) -> None:
+        """The loader handed one more batch to the training loop: its plan has run, and
+        ``report`` says what really happened."""
+
+    def sync_with_store(self, held: np.ndarray) -> np.ndarray:
+        """The ids the store holds at an epoch boundary: forget residents it lacks;
+        returns the entries it should not hold (to delete)."""
 
     def drain(self, timeout: float = 60.0) -> None:
         """Wait for background work on fed-back batches to finish."""
@@ -121,11 +145,20 @@ class Planner:
     and the next epoch's order at each epoch start, unless ``feed_future=False`` (the
     caller gave it a longer future itself, as the simulator does).
 
-    ``storage`` and ``store``: where the policy's feeder (``Policy.make_feeder``, iCACHE's
-    package threads) reads and writes, under ``package_dir``; without them the feeder
-    works on ids alone (the simulator). ``lock`` guards the policy: a feeder thread that
-    changes the cache takes it too.
+    ``storage`` and ``store``: where the data plane executes the plans. With a store, the
+    ids a plan serves from the store (hits and substitutes) stay pinned (never evicted)
+    until the loader reports it consumed (``batch_consumed``), and the report is
+    reconciled at once: what the store lacks after all is forgotten by the policy
+    (``phantoms``), fetches that landed are confirmed. A plan that hits an id an earlier
+    plan in flight is still writing tells its worker to wait up to ``wait_s`` for it; the
+    deletion of an entry such a plan writes waits until it has run (it goes out with the
+    next plan). Without a store (the simulator) each plan counts
+    as executed when yielded. The policy's feeder (``Policy.make_feeder``, iCACHE's
+    package threads) works under ``package_dir``. ``lock`` guards the policy: a feeder
+    thread that changes the cache takes it too.
     """
+
+    owns_cache = True
 
     def __init__(
         self,
@@ -137,6 +170,7 @@ class Planner:
         storage: Storage | None = None,
         store: Store | None = None,
         package_dir: str | None = None,
+        wait_s: float = 0.2,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -163,6 +197,14 @@ class Planner:
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
         self.feed_future = feed_future
+        self.executes = store is not None  # plans run elsewhere and are reported back
+        self.wait_s = float(wait_s)
+        self._inflight: deque[tuple[int, np.ndarray, np.ndarray]] = deque()  # seq, pins, writes
+        self._writing: dict[int, int] = {}  # id -> the last plan in flight that writes it
+        self._deferred: dict[int, int] = {}  # evicted id -> the plan in flight writing it
+        self._due: dict[int, None] = {}  # deferred deletions whose writer has run
+        self._seq = 0
+        self.phantoms = 0  # residents forgotten because the store lacked them
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
 
@@ -190,14 +232,53 @@ class Planner:
     def report_accuracy(self, accuracy: float) -> None:
         self.sampler.report_accuracy(float(accuracy))
 
-    def batch_consumed(self) -> None:
-        """Nothing to release yet: the single-job policy does not pin planned reads."""
+    def batch_consumed(self, report: PlanReport | None = None) -> None:
+        """Release the oldest plan in flight and reconcile the policy with its report."""
+        if not self._inflight:
+            return
+        seq, pins, writes = self._inflight.popleft()
+        with self.lock:
+            self.policy.pin(pins, -1)
+            for i in writes.tolist():
+                if self._writing.get(i) == seq:
+                    del self._writing[i]
+                if self._deferred.get(i) == seq:
+                    del self._deferred[i]
+                    self._due[i] = None
+            if report is None:
+                return
+            lost = np.concatenate([report.lost, report.absent])
+            # an id a later plan in flight writes again is that plan's to report
+            lost = lost[[self._writing.get(i, -1) < seq for i in lost.tolist()]]
+            self.phantoms += len(self.policy.reconcile(report.stored, lost))
+
+    def _release_all(self) -> None:
+        """Plans handed out and never consumed (an abandoned epoch) hold nothing now."""
+        with self.lock:
+            while self._inflight:
+                self.policy.pin(self._inflight.popleft()[1], -1)
+            self._writing.clear()
+            self._deferred.clear()  # the epoch's end reconciles the store
+            self._due.clear()
+
+    def sync_with_store(self, held: np.ndarray) -> np.ndarray:
+        """Reconcile at an epoch boundary (no plan in flight): forget the residents the
+        store lacks, and return the store's entries the policy does not hold (left by an
+        earlier job, or by a plan abandoned mid-flight) for the loader to delete."""
+        with self.lock:
+            cached = self.policy.cached_ids()
+            self.phantoms += len(self.policy.discard(np.setdiff1d(cached, held)))
+            return np.setdiff1d(held, cached)
 
     def drain(self, timeout: float = 60.0) -> None:
         self.sampler.drain(timeout)
 
     def counters(self) -> dict:
-        out = {"planning_s": self.planning_s, "feedback_s": self.feedback_s}
+        out = {
+            "planning_s": self.planning_s,
+            "feedback_s": self.feedback_s,
+            "phantoms": self.phantoms,
+        }
         out.update(self.sampler.counters())
         if self.feeder is not None:
             out.update(self.feeder.counters())
@@ -251,22 +332,57 @@ class Planner:
             if hints:
                 self.policy.apply_hints(hints)
             r = self.policy.access(ids)
+            served = ids if r.served is None else r.served
+            writes = r.admitted if r.fetch is None else np.concatenate([r.admitted, r.fetch])
+            wait_s, evicted = self._track(served[r.hits], writes, r.evicted)
             if self.feeder is not None:
                 self.feeder.poll()
         substituting = r.served is not None
         return BatchPlan(
+            wait_s=wait_s,
             epoch=epoch,
             index=index,
-            ids=r.served if substituting else ids,
+            ids=served,
             hits=r.hits,
             admitted=r.admitted,
-            evicted=r.evicted,
+            evicted=evicted,
             substituted=r.substituted,
             requested=ids if substituting else None,
             fetch=_EMPTY if r.fetch is None else r.fetch,
         )
 
+    def _track(
+        self, reads: np.ndarray, writes: np.ndarray, evicted: np.ndarray
+    ) -> tuple[float, np.ndarray]:
+        """A new plan that serves ``reads`` from the store, writes ``writes`` and evicts
+        ``evicted``. With a data plane: pin its reads until it is consumed, hold back the
+        deletions of entries earlier plans in flight still write, and return how long its
+        worker should wait for reads they write, and the deletions it makes now. Without:
+        it counts as executed."""
+        if not self.executes:
+            self.policy.reconcile(writes, _EMPTY)
+            return 0.0, evicted
+        seq, self._seq = self._seq, self._seq + 1
+        self.policy.pin(reads, +1)
+        self._inflight.append((seq, reads, writes))
+        writing, deferred, due = self._writing, self._deferred, self._due
+        wait = any(i in writing for i in reads.tolist())
+        now = []
+        for i in evicted.tolist():
+            if i in writing:
+                deferred[i] = writing[i]
+            else:
+                now.append(i)
+        for i in writes.tolist():  # written again: an earlier deletion must not reach it
+            writing[i] = seq
+            deferred.pop(i, None)
+            due.pop(i, None)
+        now += due
+        due.clear()
+        return (self.wait_s if wait else 0.0), np.array(now, np.int64)
+
     def __iter__(self) -> Iterator[BatchPlan]:
+        self._release_all()
         start = time.perf_counter()
         epoch = self.sampler.epoch
         order = self._start_epoch(epoch)

@@ -18,6 +18,8 @@ class LoaderStats:
       job's fetch (the multi-job service's co-operative misses); counted in ``hits``.
     * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
     * ``refused_puts``: admissions the store refused because they would exceed its budget.
+    * ``corrupt_hits``: store entries whose bytes did not match the sample's digest: never
+      served, deleted, the sample read from storage (counted in ``late_misses`` too).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
     * ``prefetched``: samples read and cached that no batch requested (a homophily node).
 
@@ -36,6 +38,7 @@ class LoaderStats:
     waited_hits: int = 0
     store_failures: int = 0
     refused_puts: int = 0
+    corrupt_hits: int = 0
     skipped: int = 0
     prefetched: int = 0
     bytes_from_storage: int = 0

@@ -89,6 +89,8 @@ class Policy(ABC):
         self._sizes: list[int] = sizes.tolist()
         self.seed = seed
         self.used = 0  # bytes of resident samples, per the manifest sizes
+        #: plans in flight that read or write each id: a pinned id is never evicted
+        self.pinned = np.zeros(self.num_samples, np.int32)
 
     @property
     @abstractmethod
@@ -133,6 +135,7 @@ class Policy(ABC):
         on_hit = self._on_hit if cls._on_hit is not base._on_hit else None
         wants = self._wants if cls._wants is not base._wants else None
         victim = self._victim if cls._victim is not base._victim else None
+        pinned = self.pinned
         for p, i in enumerate(ids):
             if on_hit(p, i) if on_hit else i in resident:
                 hits.append(True)
@@ -141,13 +144,18 @@ class Policy(ABC):
             s = sizes[i]
             if s > cap or (wants and not wants(p, i)):
                 continue
-            victims = []
+            victims, held = [], []
             while used + s > cap and victim:
                 j = victim(p, i)
                 if j < 0:
                     break
+                if pinned[j]:  # a plan in flight reads or writes it: passed over
+                    held.append(j)
+                    continue
                 victims.append(j)
                 used -= sizes[j]
+            if held:
+                self._restore(held)
             if used + s > cap:  # the rest is worth more than i: put the victims back
                 if victims:
                     self._restore(victims)
@@ -219,12 +227,33 @@ class Policy(ABC):
         """``delta`` future reads of each of ``ids`` are planned (negative: a job left);
         policies that count them (RefCnt) evict by them."""
 
-    def pin(self, ids, delta: int = 1) -> None:  # noqa: B027 - optional hook
-        """Hold (``delta=1``) or release (``-1``) ids whose planned reads have not run:
-        a policy that honours pins never evicts a pinned id."""
+    def pin(self, ids, delta: int = 1) -> None:
+        """Hold (``delta=1``) or release (``-1``) ids whose planned reads or writes have
+        not run: a pinned id is never evicted (nor deleted from the store)."""
+        np.add.at(self.pinned, np.asarray(ids, np.int64), int(delta))
+        np.maximum(self.pinned, 0, out=self.pinned)
 
-    def set_pipeline_depth(self, plans: int) -> None:  # noqa: B027 - optional hook
-        """How many plans may be in flight (planned, not yet executed) at once."""
+    def _remove(self, i: int) -> None:
+        """Forget resident ``i`` (``discard`` keeps ``used``)."""
+        raise TypeError(f"{type(self).__name__} must implement _remove or discard")
+
+    def discard(self, ids) -> list[int]:
+        """Forget residents the store does not hold after all (a refused or failed put,
+        an entry gone or corrupt); returns those that were resident. Nothing is deleted:
+        the store lacks them already."""
+        out = []
+        for i in np.asarray(ids, np.int64).tolist():
+            if i in self:
+                self._remove(i)
+                self.used -= self._sizes[i]
+                out.append(i)
+        return out
+
+    def reconcile(self, stored: np.ndarray, lost: np.ndarray) -> list[int]:
+        """What the data plane did with a plan: ``stored`` ids are in the store (its
+        admissions and fetches that landed), ``lost`` ids are not although the policy
+        counts them resident. Returns the residents forgotten."""
+        return self.discard(lost)
 
     def make_feeder(
         self,
@@ -241,7 +270,9 @@ class Policy(ABC):
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> Policy:
         """Another policy of this kind for a partition of the same cache (a multi-job
         service's per-dataset share); it shares what the kind keeps cache-wide."""
-        return type(self)(capacity_bytes, sizes, self.seed)
+        part = type(self)(capacity_bytes, sizes, self.seed)
+        part.pinned = self.pinned
+        return part
 
     def __repr__(self) -> str:
         return (

@@ -73,13 +73,16 @@ class BeladyPolicy(Policy):
         return False
 
     def _victim(self, p: int, i: int) -> int:
-        _, level = self._heap.peek()  # type: ignore[misc]
-        if FAR - level <= self._next[self._pos + p]:
+        top = self._heap.peek()
+        if top is None or FAR - top[1] <= self._next[self._pos + p]:
             return -1  # every remaining resident is needed sooner than i: bypass
         return self._heap.take()
 
     def _restore(self, victims: list[int]) -> None:
-        self._heap.put_back()
+        self._heap.put_back(victims)
+
+    def _remove(self, i: int) -> None:
+        self._heap.drop(i)
 
     def _insert(self, p: int, i: int) -> None:
         self._heap.settle()

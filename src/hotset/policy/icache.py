@@ -82,19 +82,57 @@ class ICachePolicy(Policy):
             max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
         )
         self.h_capacity = self.capacity_bytes - self.l_capacity
+        held = []
         while self.h_used > self.h_capacity:
-            self._evict_h_min()
-        for i in sorted(self._l, key=lambda i: not self._l[i]):  # used ones first
-            if self.l_used <= self.l_capacity:
-                break
-            del self._l[i]
-            self.l_used -= self._sizes[i]
-            self._evict_next.append(i)
+            src = self._src()
+            top = src.peek()
+            if top is None:
+                break  # what is left is pinned: it goes once its plans have run
+            j = src.pop()
+            if self.pinned[j]:
+                held.append((src, j, top[1]))
+                continue
+            self.h_used -= self._sizes[j]
+            self._evicted(j)
+        for src, j, level in held:
+            src.push(j, level)
+        self._evict_next += self._free_l(0)
         self.used = self.h_used + self.l_used
+
+    def _free_l(self, need: int) -> list[int]:
+        """Remove unpinned L residents, used ones first (the longest-used first), until
+        ``need`` more bytes fit the L-cache; returns them."""
+        out = []
+        for used_first in (True, False):
+            for i, used in list(self._l.items()):
+                if self.l_used + need <= self.l_capacity:
+                    return out
+                if used == used_first and not self.pinned[i]:
+                    del self._l[i]
+                    self.l_used -= self._sizes[i]
+                    out.append(i)
+        return out
 
     @property
     def _resident(self):
         return ChainMap(self._h, self._l)
+
+    def discard(self, ids) -> list[int]:
+        out = []
+        for i in np.asarray(ids, np.int64).tolist():
+            if i in self._h:
+                self.heap.drop(i)
+                if self.shadow is not None:
+                    self.shadow.drop(i)
+                del self._h[i]
+                self.h_used -= self._sizes[i]
+                out.append(i)
+            elif i in self._l:
+                del self._l[i]
+                self.l_used -= self._sizes[i]
+                out.append(i)
+        self.used = self.h_used + self.l_used
+        return out
 
     def h_residents(self) -> np.ndarray:
         """The H-cache's residents."""
@@ -167,11 +205,6 @@ class ICachePolicy(Policy):
         del self._h[i]
         self._evict_next.append(i)
 
-    def _evict_h_min(self) -> None:
-        i = self._src().pop()
-        self.h_used -= self._sizes[i]
-        self._evicted(i)
-
     def _admit_h(self, i: int) -> bool:
         """Algorithm 1, lines 9-16: admit while there is room, else only by displacing
         residents that are all less important than ``i`` (line 14)."""
@@ -190,13 +223,16 @@ class ICachePolicy(Policy):
                 break
             j = src.pop()
             popped.append((src, j, top[1]))
-            if j not in victims:
+            if j not in victims and not self.pinned[j]:  # a pinned one is put back
                 victims[j] = None
                 self.h_used -= sizes[j]
-        if self.h_used + s > cap:  # could not make room: put them back
-            for src, j, level in popped:
-                src.push(j, level)
+        if self.h_used + s > cap:  # could not make room: put them all back
             self.h_used += sum(sizes[j] for j in victims)
+            victims.clear()
+        for src, j, level in popped:
+            if j not in victims:
+                src.push(j, level)
+        if self.h_used + s > cap:
             return False
         for j in victims:
             self._evicted(j)
@@ -320,15 +356,7 @@ class ICachePolicy(Policy):
         fit = np.cumsum([sizes[i] for i in ids.tolist()]) <= self.l_capacity
         accepted = ids[fit] if ids.size else ids
         need = sum(sizes[i] for i in accepted.tolist())
-        victims = []
-        for used_first in (True, False):
-            for i, used in list(self._l.items()):
-                if self.l_used + need <= self.l_capacity:
-                    break
-                if used == used_first:
-                    del self._l[i]
-                    self.l_used -= sizes[i]
-                    victims.append(i)
+        victims = self._free_l(need)
         self.l_used += need
         self.loading += 1
         self.used = self.h_used + self.l_used

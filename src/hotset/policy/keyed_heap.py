@@ -20,7 +20,7 @@ class KeyedHeap:
         self.bits, self.mask = int(bits), (1 << int(bits)) - 1
         self.heap: list[int] = []
         self.live: dict[int, int] = {}  # id -> its live packed key
-        self._taken: list[int] = []  # keys popped for an admission not yet decided
+        self._taken: dict[int, int] = {}  # id -> key, popped for an admission not decided
 
     @classmethod
     def for_ids(cls, num_ids: int) -> KeyedHeap:
@@ -58,20 +58,24 @@ class KeyedHeap:
 
     # -- victims for one admission: taken, then kept out or put back ----------------------
     def take(self) -> int:
-        """Pop the minimum as a victim of the admission being tried; returns its id."""
-        i, level = self.peek()  # type: ignore[misc]
-        self._taken.append(self.key(i, level))
+        """Pop the minimum as a victim of the admission being tried; returns its id (-1
+        when empty)."""
+        top = self.peek()
+        if top is None:
+            return -1
+        self._taken[top[0]] = self.key(*top)
         return self.pop()
 
-    def put_back(self) -> None:
-        """The admission failed: the victims taken for it are members again."""
-        for k in self._taken:
-            self.push(k & self.mask, k >> self.bits)
-        self._taken = []
+    def put_back(self, ids) -> None:
+        """These taken ``ids`` are members again (the admission failed, or they are
+        pinned)."""
+        for i in ids:
+            k = self._taken.pop(i)
+            self.push(i, k >> self.bits)
 
     def settle(self) -> None:
         """The admission succeeded: the victims taken for it are gone for good."""
-        self._taken = []
+        self._taken.clear()
 
     def compact(self) -> None:
         """Drop the stale entries once they outnumber the live ones."""

@@ -36,7 +36,14 @@ class LFUPolicy(Policy):
         return False
 
     def _victim(self, p: int, i: int) -> int:
-        return self._heap.pop()
+        return self._heap.take()
+
+    def _restore(self, victims: list[int]) -> None:
+        self._heap.put_back(victims)
 
     def _insert(self, p: int, i: int) -> None:
+        self._heap.settle()
         self._heap.push(i, self._level)
+
+    def _remove(self, i: int) -> None:
+        self._heap.drop(i)

@@ -71,20 +71,26 @@ class LRUPolicy(Policy):
         self._clock += k
 
     def _oldest(self, need: int) -> tuple[np.ndarray, int] | None:
-        """The minimal prefix of live entries whose sizes reach ``need`` bytes, and the
-        queue head after it; ``None`` if the live entries do not reach it."""
-        pos, freed, parts = self._head, 0, []
+        """The minimal prefix of unpinned live entries whose sizes reach ``need`` bytes,
+        and the queue head after it (not past a pinned entry, which stays queued);
+        ``None`` if they do not reach it."""
+        pos, freed, parts, stop = self._head, 0, [], None
         chunk = 256
         while pos < self._tail:
             hi = min(self._tail, pos + chunk)
-            where = np.flatnonzero(self._live(pos, hi))
+            live = self._live(pos, hi)
+            held = live & (self.pinned[self._q_id[pos:hi]] > 0)
+            if stop is None and held.any():
+                stop = pos + int(np.argmax(held))
+            where = np.flatnonzero(live & ~held)
             ids = self._q_id[pos:hi][where]
             if ids.size:
                 cum = np.cumsum(self._size[ids]) + freed
                 if cum[-1] >= need:
                     k = int(np.searchsorted(cum, need))
                     parts.append(ids[: k + 1])
-                    return np.concatenate(parts), pos + int(where[k]) + 1
+                    head = pos + int(where[k]) + 1
+                    return np.concatenate(parts), head if stop is None else min(stop, head)
                 parts.append(ids)
                 freed = int(cum[-1])
             pos, chunk = hi, chunk * 2
@@ -95,7 +101,12 @@ class LRUPolicy(Policy):
         self.capacity_bytes = int(capacity_bytes)
         if self.used <= self.capacity_bytes:
             return []
-        victims, self._head = self._oldest(self.used - self.capacity_bytes)  # type: ignore[misc]
+        found = self._oldest(self.used - self.capacity_bytes)
+        if found is None:  # pinned ones stay until their plans have run
+            order = self.recency_order()
+            victims = order[self.pinned[order] == 0]
+        else:
+            victims, self._head = found
         self._in[victims] = False
         self.used -= int(self._size[victims].sum())
         self._count -= victims.size
@@ -126,10 +137,15 @@ class LRUPolicy(Policy):
         add = int(self._size[admitted].sum())
         need = self.used + add - self.capacity_bytes
         victims, head = _EMPTY, self._head
-        if need > 0:
-            found = self._oldest(need)
-            if found is None:
+        found = self._oldest(need) if need > 0 else None
+        if need > 0 and found is None:
+            if ids.size > 1:
                 return None
+            # one access, and what it would displace is pinned by plans in flight:
+            # it is read without being admitted
+            admit[:] = False
+            admitted, add = admitted[:0], 0
+        elif need > 0:
             victims, head = found
             self._scratch[victims] = -1
             self._scratch[uniq] = 0
@@ -183,6 +199,10 @@ class LRUPolicy(Policy):
     @property
     def _resident(self):
         return set(self.cached_ids().tolist())
+
+    def _remove(self, i: int) -> None:
+        self._in[i] = False  # its queue entry turns stale
+        self._count -= 1
 
     def __contains__(self, i: int) -> bool:
         return bool(self._in[int(i)])

@@ -15,24 +15,28 @@ class MinIOPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._set: set[int] = set()
-        self._order: list[int] = []  # admission order
+        self._order: dict[int, None] = {}  # residents in admission order
 
     @property
     def _resident(self):
-        return self._set
+        return self._order
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
-        """Never evicting has no victim order: the most recently admitted go first."""
+        """Never evicting has no victim order: the most recently admitted go first
+        (pinned ones stay until their plans have run)."""
         self.capacity_bytes = int(capacity_bytes)
         out = []
-        while self.used > self.capacity_bytes:
-            j = self._order.pop()
-            self._set.discard(j)
-            self.used -= self._sizes[j]
-            out.append(j)
+        for j in reversed(list(self._order)):
+            if self.used <= self.capacity_bytes:
+                break
+            if not self.pinned[j]:
+                del self._order[j]
+                self.used -= self._sizes[j]
+                out.append(j)
         return out
 
     def _insert(self, p: int, i: int) -> None:
-        self._set.add(i)
-        self._order.append(i)
+        self._order[i] = None
+
+    def _remove(self, i: int) -> None:
+        del self._order[i]

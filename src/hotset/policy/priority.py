@@ -64,11 +64,18 @@ class PriorityPolicy(Policy):
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Set a smaller capacity, evicting the lowest-scored residents to fit; returns them."""
         self.capacity_bytes = int(capacity_bytes)
-        out = []
+        out, held = [], []
         while self.used > self.capacity_bytes:
-            j = self._heap.pop()
+            j = self._heap.take()
+            if j < 0:
+                break  # what is left is pinned: it goes once its plans have run
+            if self.pinned[j]:
+                held.append(j)
+                continue
             self.used -= self._sizes[j]
             out.append(j)
+        self._heap.put_back(held)
+        self._heap.settle()
         return out
 
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:
@@ -95,7 +102,10 @@ class PriorityPolicy(Policy):
         return self._heap.take()
 
     def _restore(self, victims: list[int]) -> None:
-        self._heap.put_back()
+        self._heap.put_back(victims)
+
+    def _remove(self, i: int) -> None:
+        self._heap.drop(i)
 
     def _insert(self, p: int, i: int) -> None:
         self._heap.settle()

@@ -23,15 +23,19 @@ class RandomPolicy(Policy):
 
     def _victim(self, p: int, i: int) -> int:
         """A uniformly chosen resident, removed by swapping the last one into its slot."""
+        if not self._ids:
+            return -1
+        j = self._ids[int(self._rng.random() * len(self._ids))]
+        self._remove(j)
+        return j
+
+    def _remove(self, j: int) -> None:
         pos, lst = self._pos, self._ids
-        k = int(self._rng.random() * len(lst))
-        j = lst[k]
+        k = pos.pop(j)
         last = lst.pop()
         if k < len(lst):
             lst[k] = last
             pos[last] = k
-        del pos[j]
-        return j
 
     def _insert(self, p: int, i: int) -> None:
         self._pos[i] = len(self._ids)

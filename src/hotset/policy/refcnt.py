@@ -30,7 +30,8 @@ class RefCntPolicy(Policy):
         future reads for several partitions of one cache)."""
         super().__init__(capacity_bytes, sizes, seed)
         self.refs = np.zeros(self.num_samples, np.int64) if refs is None else refs
-        self.pinned = np.zeros(self.num_samples, np.int64) if pinned is None else pinned
+        if pinned is not None:
+            self.pinned = pinned
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
 
@@ -46,11 +47,6 @@ class RefCntPolicy(Policy):
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
         np.add.at(self.refs, np.asarray(ids, np.int64), int(delta))
         np.maximum(self.refs, 0, out=self.refs)
-
-    def pin(self, ids, delta: int = 1) -> None:
-        """Hold (``delta=1``) or release (``-1``) ids with planned reads not yet run."""
-        np.add.at(self.pinned, np.asarray(ids, np.int64), int(delta))
-        np.maximum(self.pinned, 0, out=self.pinned)
 
     def _evict(self, k: int) -> int:
         pos, res = self._pos, self._ids
@@ -94,6 +90,9 @@ class RefCntPolicy(Policy):
         if pinned[res[k]] or refs[res[k]] > refs[i]:
             return -1
         return self._evict(k)
+
+    def _remove(self, i: int) -> None:
+        self._evict(self._pos[i])
 
     def _insert(self, p: int, i: int) -> None:
         self._pos[i] = len(self._pos)

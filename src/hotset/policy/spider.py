@@ -11,11 +11,10 @@
 The caches are exclusive: a node already held by one is not added to the other. The
 split between them is ``imp_ratio`` (the elastic manager's hint, section 4.3).
 
-A new node serves its neighbours only ``activation_delay`` batches after the batch
-that fetches it: DataLoader workers run up to ``prefetch_factor * num_workers`` plans
-at once, so by then the fetch has landed and a substitute is a real store hit, not a
-late miss (the planner sets the delay through ``set_pipeline_depth``; the simulator has
-no such window).
+A new node serves its neighbours once the data plane reports its fetch landed
+(``reconcile``): DataLoader workers run several plans at once, and a substitute must be
+a real store hit, not a late miss. A node that plans in flight serve (it is pinned) is
+not dropped from the FIFO until they have run.
 """
 
 from __future__ import annotations
@@ -38,13 +37,11 @@ class SpiderPolicy(Policy):
         sizes,
         seed: int = 0,
         imp_ratio: float = 0.9,
-        activation_delay: int = 0,
     ) -> None:
         super().__init__(capacity_bytes, sizes, seed)
-        self.activation_delay = int(activation_delay)
-        self._batch = 0
-        self._pending: dict[int, int] = {}  # node -> the batch from which it serves
+        self._pending: set[int] = set()  # nodes whose fetch has not landed yet
         self.importance = PriorityPolicy(int(capacity_bytes * imp_ratio), sizes, seed)
+        self.importance.pinned = self.pinned  # one count of pins for both caches
         self.homophily: dict[int, np.ndarray] = {}  # node -> neighbour ids, FIFO order
         self.owner = np.full(self.num_samples, -1, np.int64)  # neighbour -> its node
         self.hom_used = 0
@@ -66,11 +63,6 @@ class SpiderPolicy(Policy):
         hom = np.fromiter(self.homophily, np.int64, len(self.homophily))
         return np.concatenate([self.importance.cached_ids(), hom])
 
-    def set_pipeline_depth(self, plans: int) -> None:
-        """Plans in flight at once: a new node serves its neighbours after that many
-        batches, when its fetch has surely landed."""
-        self.activation_delay = int(plans)
-
     def attach_scores(self, board) -> None:
         self.importance.attach_scores(board)
 
@@ -86,27 +78,36 @@ class SpiderPolicy(Policy):
         self.hom_capacity = self.capacity_bytes - imp_cap
         self._evicted += self.importance.shrink_to(imp_cap)
         self.importance.capacity_bytes = imp_cap
-        while self.hom_used > self.hom_capacity:
-            self._drop_node(next(iter(self.homophily)))
+        self._make_room(0)
 
-    def _drop_node(self, node: int) -> None:
-        self._pending.pop(node, None)
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop the oldest unpinned nodes until ``nbytes`` more fit; whether they do."""
+        for node in list(self.homophily):
+            if self.hom_used + nbytes <= self.hom_capacity:
+                break
+            if not self.pinned[node]:
+                self._drop_node(node)
+        return self.hom_used + nbytes <= self.hom_capacity
+
+    def _drop_node(self, node: int, evict: bool = True) -> None:
+        self._pending.discard(node)
         nbrs = self.homophily.pop(node)
         mine = nbrs[self.owner[nbrs] == node]
         self.owner[mine] = -1
         self.hom_used -= self._sizes[node]
-        self._evicted.append(node)
+        if evict:
+            self._evicted.append(node)
 
     def add_node(self, node: int, neighbours: np.ndarray) -> bool:
         """Line 22: the batch's highest-degree node joins the FIFO (oldest out)."""
         s = self._sizes[node]
         if node in self.importance or node in self.homophily or s > self.hom_capacity:
             return False
-        while self.hom_used + s > self.hom_capacity:
-            self._drop_node(next(iter(self.homophily)))
+        if not self._make_room(s):
+            return False
         nbrs = np.asarray(neighbours, np.int64)
         self.homophily[node] = nbrs
-        self._pending[node] = self._batch + 1 + self.activation_delay
+        self._pending.add(node)
         self.hom_used += s
         self._fetch.append(node)
         return True
@@ -118,15 +119,26 @@ class SpiderPolicy(Policy):
             self.add_node(int(node), neighbours)
 
     # -- accesses ----------------------------------------------------------------------
-    def _activate(self) -> None:
-        due = [n for n, b in self._pending.items() if b <= self._batch]
-        for node in due:
-            del self._pending[node]
-            self.owner[self.homophily[node]] = node
+    def reconcile(self, stored: np.ndarray, lost: np.ndarray) -> list[int]:
+        """Fetched nodes that landed start serving their neighbours; lost ones go."""
+        for node in np.asarray(stored, np.int64).tolist():
+            if node in self._pending:
+                self._pending.discard(node)
+                nbrs = self.homophily[node]
+                self.owner[nbrs] = node
+        return self.discard(lost)
+
+    def discard(self, ids) -> list[int]:
+        ids = np.asarray(ids, np.int64)
+        out = self.importance.discard(ids)
+        for node in ids.tolist():
+            if node in self.homophily:
+                self._drop_node(node, evict=False)
+                out.append(node)
+        self.used = self.importance.used + self.hom_used
+        return out
 
     def access(self, ids) -> AccessResult:
-        self._activate()
-        self._batch += 1
         pending = self._pending
         ids_list = np.asarray(ids, np.int64).tolist()
         n = len(ids_list)

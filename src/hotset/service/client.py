@@ -135,6 +135,7 @@ class RemotePlanner:
     multi-job :class:`~hotset.plan.PlanSource`."""
 
     wants_embeddings = False  # the service samples by losses alone
+    owns_cache = False  # the service decides what the shared store holds
 
     def __init__(
         self,
@@ -245,7 +246,7 @@ class RemotePlanner:
         for lo in range(0, rest.size, self.batch_size):
             yield BatchPlan.uncached(rest[lo : lo + self.batch_size], epoch)
 
-    def batch_consumed(self) -> None:
+    def batch_consumed(self, report=None) -> None:
         """The loader got one more batch: its plan's reads have run (the service may now
         evict what it read)."""
         self.done += 1
@@ -265,6 +266,10 @@ class RemotePlanner:
 
     def drain(self, timeout: float = 60.0) -> None:
         """Nothing: losses travel with the next plan request."""
+
+    def sync_with_store(self, held: np.ndarray) -> np.ndarray:
+        """Nothing: the service reconciles the shared store."""
+        return held[:0]
 
     def counters(self) -> dict:
         return {

@@ -11,11 +11,12 @@ from hotset.errors import ConfigError
 class Store(ABC):
     """A key -> bytes map that never holds more than ``capacity_bytes`` of values.
 
-    ``put_many`` refuses (and counts) entries that would exceed the budget rather than
+    ``put`` refuses (and counts) entries that would exceed the budget rather than
     evicting: only the planner decides evictions. Keys are global sample keys, so an
     existing key already holds the right bytes and a second put of it is a no-op.
-    ``failures`` counts backend errors this process absorbed (reads then return ``None``
-    and the caller falls back to storage).
+    ``failures`` counts backend errors this process absorbed (reads then return ``None``,
+    puts store nothing, and the caller falls back to storage): a backend that is down,
+    out of memory or out of map space never stops training.
     """
 
     #: whether DataLoader workers and other processes see the same entries
@@ -33,8 +34,13 @@ class Store(ABC):
         """The value of each key, or ``None`` where absent (or the backend is down)."""
 
     @abstractmethod
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        """Store what fits in the budget; returns how many new entries were stored, and
+        the keys it does not hold afterwards (refused, or lost to a backend failure)."""
+
     def put_many(self, items: Mapping[str, bytes]) -> int:
         """Store what fits in the budget; returns how many new entries were stored."""
+        return self.put(items)[0]
 
     @abstractmethod
     def delete_many(self, keys: Sequence[str]) -> None:
@@ -60,6 +66,15 @@ class Store(ABC):
     def clear(self) -> None:
         """Remove every entry."""
 
+    def list_keys(self) -> list[str]:
+        """Every key held (for reconciling with a planner; not for the batch path)."""
+        raise ConfigError(f"{type(self).__name__} cannot list its keys")
+
+    def reconcile(self) -> int:
+        """Recount the bytes held from the entries themselves (a server may have evicted
+        some behind the budget counter's back); returns the corrected ``used_bytes``."""
+        return self.used_bytes
+
     def close(self, destroy: bool = False) -> None:  # noqa: B027 - optional hook
         """Release handles; ``destroy=True`` also removes the backing data."""
 
@@ -68,3 +83,75 @@ class Store(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StoreWrapper(Store):
+    """A store that keeps its entries in ``inner`` under other names (a namespace, sealed
+    ids): budget, counters, sharing and lifetime are the inner store's."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner.capacity_bytes)
+        self.inner = inner
+        self.shared_across_processes = inner.shared_across_processes
+
+    @property
+    def failures(self) -> int:  # the backend's counters are the ones that matter
+        return self.inner.failures
+
+    @failures.setter
+    def failures(self, value: int) -> None:
+        pass
+
+    @property
+    def refused(self) -> int:
+        return self.inner.refused
+
+    @refused.setter
+    def refused(self, value: int) -> None:
+        pass
+
+    def delete_store_keys(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)  # already the inner store's names
+
+    @property
+    def used_bytes(self) -> int:
+        return self.inner.used_bytes
+
+    def reconcile(self) -> int:
+        return self.inner.reconcile()
+
+    def close(self, destroy: bool = False) -> None:
+        self.inner.close(destroy=destroy)
+
+
+class NamespacedStore(StoreWrapper):
+    """Entries under ``prefix + key`` in ``inner``: one dataset's part of a store that
+    other datasets (other jobs) may share, so no planner touches another's entries."""
+
+    def __init__(self, inner: Store, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self.inner.get_many([self.prefix + k for k in keys])
+
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        p, n = self.prefix, len(self.prefix)
+        stored, out = self.inner.put({p + k: v for k, v in items.items()})
+        return stored, [k[n:] for k in out]
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many([self.prefix + k for k in keys])
+
+    def contains(self, key: str) -> bool:
+        return self.inner.contains(self.prefix + key)
+
+    def list_keys(self) -> list[str]:
+        n = len(self.prefix)
+        return [k[n:] for k in self.inner.list_keys() if k.startswith(self.prefix)]
+
+    def __len__(self) -> int:
+        return len(self.list_keys())
+
+    def clear(self) -> None:
+        self.inner.delete_many([self.prefix + k for k in self.list_keys()])

@@ -23,19 +23,24 @@ class MemoryStore(Store):
         get = self._data.get
         return [get(k) for k in keys]
 
-    def put_many(self, items: Mapping[str, bytes]) -> int:
-        stored = 0
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        stored, out = 0, []
         with self._lock:
             for k, v in items.items():
                 if k in self._data:
                     continue
                 if self._used + len(v) > self.capacity_bytes:
                     self.refused += 1
+                    out.append(k)
                     continue
                 self._data[k] = bytes(v)
                 self._used += len(v)
                 stored += 1
-        return stored
+        return stored, out
+
+    def list_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._data)
 
     def delete_many(self, keys: Sequence[str]) -> None:
         with self._lock:

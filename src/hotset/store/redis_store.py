@@ -6,7 +6,9 @@ hash tag ``{namespace}`` so the scripts also run on a Redis Cluster slot.
 
 If the server goes away, calls return "absent" / do nothing, ``failures`` is counted, and
 the server is not asked again for ``retry_after_s`` seconds: the loader then reads from
-storage and training goes on.
+storage and training goes on. A server out of memory (``maxmemory`` with ``noeviction``)
+refuses the put, counted the same way; one that evicts keys itself (``allkeys-lru``)
+leaves the budget counter high, which ``reconcile`` recounts from the keys.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 _PUT = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local cap = tonumber(ARGV[1])
-local stored, refused = 0, 0
+local stored, refused = 0, {}
 for i = 2, #KEYS do
   local v = ARGV[i]
   if redis.call('EXISTS', KEYS[i]) == 0 then
@@ -33,7 +35,7 @@ for i = 2, #KEYS do
       used = used + #v
       stored = stored + 1
     else
-      refused = refused + 1
+      refused[#refused + 1] = i - 2
     end
   end
 end
@@ -97,7 +99,8 @@ class RedisStore(Store):
         return self._client
 
     def _call(self, fn, fallback):
-        """Run ``fn(client)``; on a connection failure count it and return ``fallback``."""
+        """Run ``fn(client)``; on a connection failure or a server out of memory count it
+        and return ``fallback``."""
         import redis
 
         if time.monotonic() < self._down_until:
@@ -110,6 +113,12 @@ class RedisStore(Store):
             self._down_until = time.monotonic() + self.retry_after_s
             log.debug("redis store %s unavailable: %s", self.url, exc)
             return fallback
+        except redis.exceptions.ResponseError as exc:
+            if "OOM" not in str(exc):
+                raise
+            self.failures += 1  # maxmemory reached: nothing stored, the server stays up
+            log.debug("redis store %s is out of memory: %s", self.url, exc)
+            return fallback
 
     def _k(self, key: str) -> str:
         return self._prefix + key
@@ -119,17 +128,34 @@ class RedisStore(Store):
             return []
         return self._call(lambda r: r.mget([self._k(k) for k in keys]), [None] * len(keys))
 
-    def put_many(self, items: Mapping[str, bytes]) -> int:
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
         if not items:
-            return 0
-        keys = [self._used_key] + [self._k(k) for k in items]
+            return 0, []
+        names = list(items)
+        keys = [self._used_key] + [self._k(k) for k in names]
 
         def put(r):
             stored, refused = self._put(keys=keys, args=[self.capacity_bytes, *items.values()])
-            self.refused += int(refused)
-            return int(stored)
+            self.refused += len(refused)
+            return int(stored), [names[int(i)] for i in refused]
 
-        return self._call(put, 0)
+        return self._call(put, (0, names))
+
+    def list_keys(self) -> list[str]:
+        n = len(self._prefix)
+        return self._call(lambda r: [k.decode()[n:] for k in self._data_keys(r)], [])
+
+    def reconcile(self) -> int:
+        def recount(r):
+            keys = self._data_keys(r)
+            pipe = r.pipeline(transaction=False)
+            for k in keys:
+                pipe.strlen(k)
+            used = int(sum(pipe.execute())) if keys else 0
+            r.set(self._used_key, used)
+            return used
+
+        return self._call(recount, self.used_bytes)
 
     def delete_many(self, keys: Sequence[str]) -> None:
         if keys:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hotset.storage.manifest import content_key
-from hotset.store.base import Store
+from hotset.store.base import Store, StoreWrapper
 
 
 def sealed_id(key: str) -> str:
@@ -30,30 +30,12 @@ def _xor(key: str, data: bytes) -> bytes:
     return (np.frombuffer(data, np.uint8) ^ np.frombuffer(stream, np.uint8)).tobytes()
 
 
-class SealedStore(Store):
+class SealedStore(StoreWrapper):
     """Wraps a store: entries under ``sealed_id(key)``, bytes sealed with ``key``."""
 
     def __init__(self, inner: Store) -> None:
-        super().__init__(inner.capacity_bytes)
-        self.inner = inner
-        self.shared_across_processes = inner.shared_across_processes
+        super().__init__(inner)
         self.rejected = 0  # entries whose unsealed bytes did not match their digest
-
-    @property
-    def failures(self) -> int:  # the backend's counters are the ones that matter
-        return self.inner.failures
-
-    @failures.setter
-    def failures(self, value: int) -> None:
-        pass
-
-    @property
-    def refused(self) -> int:
-        return self.inner.refused
-
-    @refused.setter
-    def refused(self, value: int) -> None:
-        pass
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
@@ -65,27 +47,20 @@ class SealedStore(Store):
             out.append(data)
         return out
 
-    def put_many(self, items: Mapping[str, bytes]) -> int:
-        return self.inner.put_many({sealed_id(k): _xor(k, v) for k, v in items.items()})
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        of = {sealed_id(k): k for k in items}
+        stored, out = self.inner.put({s: _xor(k, items[k]) for s, k in of.items()})
+        return stored, [of[s] for s in out]
+
 
     def delete_many(self, keys: Sequence[str]) -> None:
         self.inner.delete_many([sealed_id(k) for k in keys])
 
-    def delete_store_keys(self, keys: Sequence[str]) -> None:
-        self.inner.delete_many(keys)  # already sealed ids (from the service)
-
     def contains(self, key: str) -> bool:
         return self.inner.contains(sealed_id(key))
-
-    @property
-    def used_bytes(self) -> int:
-        return self.inner.used_bytes
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def clear(self) -> None:
         self.inner.clear()
-
-    def close(self, destroy: bool = False) -> None:
-        self.inner.close(destroy=destroy)

@@ -3,13 +3,22 @@
 Every process on the node that opens the same path (DataLoader workers, other jobs)
 reads the same memory-mapped pages: no per-worker copy. Writes are serialised by LMDB's
 single-writer lock, and the byte budget is kept in the same write transaction as the
-entries, so it holds across processes. Chosen over Redis-on-loopback for one node by
-``benchmarks/store_latency.py`` (batched reads are served from the page cache with no
-socket round trip).
+entries, so it holds across processes.
+
+A full map (``MapFullError``) or a tmpfs without room for a write (which would kill the
+writer with SIGBUS when LMDB touches the page) is absorbed: the put stores nothing and is
+counted in ``failures``. A store made without a path is owned by its process (an
+``owner`` file with its pid and start time); ``close(destroy=True)`` removes it, and
+``remove_stale_stores`` removes those whose owner is gone (a process killed with -9).
+
+Chosen over Redis-on-loopback for one node by ``benchmarks/store_latency.py`` (batched
+reads are served from the page cache with no socket round trip).
 """
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 import shutil
 import tempfile
@@ -20,8 +29,14 @@ import lmdb
 from hotset.errors import ConfigError
 from hotset.store.base import Store
 
+log = logging.getLogger(__name__)
+
 _USED = b"used_bytes"
 _CAPACITY = b"capacity_bytes"
+PREFIX = "hotset-store-"
+OWNER = "owner"
+#: room a write needs on the tmpfs beyond its values (LMDB pages, B-tree, free list)
+WRITE_MARGIN = 4 << 20
 
 
 # One environment per path per process: LMDB forbids opening the same files twice in a
@@ -61,6 +76,36 @@ def default_shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _owner_alive(path: str) -> bool:
+    try:
+        with open(os.path.join(path, OWNER)) as f:
+            pid, start = f.read().split()
+    except (OSError, ValueError):
+        return True  # not ours to judge
+    return _start_time(int(pid)) == start
+
+
+def remove_stale_stores(directory: str | None = None) -> list[str]:
+    """Remove the stores in ``directory`` (default: /dev/shm) whose owning process is
+    gone; returns their paths."""
+    directory = directory or default_shm_dir() or tempfile.gettempdir()
+    gone = [p for p in glob.glob(os.path.join(directory, PREFIX + "*")) if not _owner_alive(p)]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed the stale store %s (its process is gone)", path)
+    return gone
+
+
 class SharedStore(Store):
     """LMDB-backed store shared by all processes that open ``path``.
 
@@ -72,7 +117,13 @@ class SharedStore(Store):
 
     def __init__(self, capacity_bytes: int, path: str | None = None) -> None:
         super().__init__(capacity_bytes)
-        self.path = path or tempfile.mkdtemp(prefix="hotset-store-", dir=default_shm_dir())
+        self.owned = path is None
+        if self.owned:
+            remove_stale_stores()
+            path = tempfile.mkdtemp(prefix=PREFIX, dir=default_shm_dir())
+            with open(os.path.join(path, OWNER), "w") as f:
+                f.write(f"{os.getpid()} {_start_time(os.getpid())}")
+        self.path = path
         # Sparse on tmpfs: the map size reserves address space, not memory. LMDB needs
         # room for page overhead and for pages freed while readers still hold them.
         self.map_size = 3 * self.capacity_bytes + (256 << 20)
@@ -97,8 +148,17 @@ class SharedStore(Store):
         with self._open().begin(db=self._data) as txn:
             return [txn.get(k.encode()) for k in keys]
 
-    def put_many(self, items: Mapping[str, bytes]) -> int:
-        stored = 0
+    def _room_on_disk(self, nbytes: int) -> bool:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize >= nbytes + WRITE_MARGIN
+
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        if not items:
+            return 0, []
+        if not self._room_on_disk(sum(len(v) for v in items.values())):
+            self.failures += 1  # the tmpfs is full: writing would raise SIGBUS
+            return 0, list(items)
+        stored, out = 0, []
         try:
             with self._open().begin(write=True) as txn:
                 used = int(txn.get(_USED, db=self._meta))
@@ -108,15 +168,26 @@ class SharedStore(Store):
                         continue
                     if used + len(v) > self.capacity_bytes:
                         self.refused += 1
+                        out.append(k)
                         continue
                     txn.put(kb, v, db=self._data)
                     used += len(v)
                     stored += 1
                 txn.put(_USED, str(used).encode(), db=self._meta)
         except lmdb.MapFullError:
-            self.failures += 1
-            return 0
-        return stored
+            self.failures += 1  # the transaction is aborted: nothing was stored
+            return 0, list(items)
+        return stored, out
+
+    def list_keys(self) -> list[str]:
+        with self._open().begin(db=self._data) as txn:
+            return [bytes(k).decode() for k in txn.cursor().iternext(values=False)]
+
+    def reconcile(self) -> int:
+        with self._open().begin(write=True) as txn:
+            used = sum(len(v) for _, v in txn.cursor(db=self._data))
+            txn.put(_USED, str(used).encode(), db=self._meta)
+        return used
 
     def delete_many(self, keys: Sequence[str]) -> None:
         with self._open().begin(write=True) as txn:
