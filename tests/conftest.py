@@ -42,8 +42,9 @@ def make_imagefolder(root: Path, classes=("cat", "dog", "eel"), per_class=5, see
 class RedisServer:
     """A real redis-server on a unix socket in a temp dir; can be stopped and restarted."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra: list[str] | None = None) -> None:
         self.workdir = workdir
+        self.extra = list(extra or [])
         self.sock = str(workdir / "redis.sock")
         self.url = f"unix://{self.sock}"
         self.proc: subprocess.Popen | None = None
@@ -64,6 +65,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.workdir),
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

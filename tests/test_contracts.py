@@ -166,7 +166,7 @@ def test_a_new_policy_and_sampler_run_everywhere_through_the_declared_defaults()
     planner.report_accuracy(0.5)
     planner.drain()
     assert [len(p) for p in planner] == [8] * 6 + [2]
-    assert set(planner.counters()) == {"planning_s", "feedback_s", "phantoms"}
+    assert set(planner.counters()) == {"planning_s", "feedback_s", "phantoms", "sync_fixes"}
     planner.load_state_dict({**planner.state_dict(), "epoch": 3})
     assert planner.sampler.epoch == 3
     planner.close()

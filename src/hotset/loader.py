@@ -194,6 +194,10 @@ class CachedDataset(Dataset):
         have = {**fetched, **got}
         items = {keys[i]: have[i] for i in wanted if i in have}
         _, out = self.store.put(items) if items else (0, [])
+        deadline = time.perf_counter() + plan.wait_s
+        while out and time.perf_counter() < deadline:  # earlier plans' deletions to come
+            time.sleep(0.002)
+            _, out = self.store.put({k: items[k] for k in out})
         refused = set(out)
         return [i for i in wanted if i not in have or keys[i] in refused]
 

@@ -244,8 +244,9 @@ class Packager:
                 self.storage.charge(size)
                 accepted = set(ids.tolist())
                 good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
-                self.store.put_many(good)
-                loaded = [i for i, k, _ in entries if k in good]
+                _, refused = self.store.put(good)
+                held = good.keys() - set(refused)
+                loaded = [i for i, k, _ in entries if k in held]
                 self._counters["packages_loaded"] += 1
                 self._counters["package_bytes_loaded"] += size
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier

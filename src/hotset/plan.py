@@ -47,7 +47,8 @@ class BatchPlan:
     From the multi-job service: ``evict_keys`` are entries to delete as the store files
     them (sealed: they may belong to another job's dataset, whose digests it never
     sees), and ``wait_s`` how long a worker waits for a planned hit that another job is
-    still fetching (co-operative misses) before reading storage.
+    still fetching (co-operative misses) before reading storage. The single-job planner
+    uses it too, for what earlier plans still in flight write or free.
     """
 
     epoch: int
@@ -146,13 +147,12 @@ class Planner:
     caller gave it a longer future itself, as the simulator does).
 
     ``storage`` and ``store``: where the data plane executes the plans. With a store, the
-    ids a plan serves from the store (hits and substitutes) stay pinned (never evicted)
-    until the loader reports it consumed (``batch_consumed``), and the report is
-    reconciled at once: what the store lacks after all is forgotten by the policy
-    (``phantoms``), fetches that landed are confirmed. A plan that hits an id an earlier
-    plan in flight is still writing tells its worker to wait up to ``wait_s`` for it; the
-    deletion of an entry such a plan writes waits until it has run (it goes out with the
-    next plan). Without a store (the simulator) each plan counts
+    ids a plan serves from the store (hits and substitutes) and those it writes stay
+    pinned (never evicted, so never deleted under a worker) until the loader reports it
+    consumed (``batch_consumed``), and the report is reconciled at once: what the store
+    lacks after all is forgotten by the policy (``phantoms``), fetches that landed are
+    confirmed. A plan that hits an id an earlier plan in flight is still writing tells its
+    worker to wait up to ``wait_s`` for it. Without a store (the simulator) each plan counts
     as executed when yielded. The policy's feeder (``Policy.make_feeder``, iCACHE's
     package threads) works under ``package_dir``. ``lock`` guards the policy: a feeder
     thread that changes the cache takes it too.
@@ -199,12 +199,13 @@ class Planner:
         self.feed_future = feed_future
         self.executes = store is not None  # plans run elsewhere and are reported back
         self.wait_s = float(wait_s)
-        self._inflight: deque[tuple[int, np.ndarray, np.ndarray]] = deque()  # seq, pins, writes
+        # plans handed out, not consumed: (seq, pinned ids, ids it writes, ids it deletes)
+        self._inflight: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._writing: dict[int, int] = {}  # id -> the last plan in flight that writes it
-        self._deferred: dict[int, int] = {}  # evicted id -> the plan in flight writing it
-        self._due: dict[int, None] = {}  # deferred deletions whose writer has run
+        self._deleting: dict[int, int] = {}  # id -> the last plan in flight that deletes it
         self._seq = 0
-        self.phantoms = 0  # residents forgotten because the store lacked them
+        self.phantoms = 0  # residents forgotten because a plan's report said the store lacked them
+        self.sync_fixes = 0  # disagreements with the store found at epoch boundaries
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
 
@@ -236,15 +237,13 @@ class Planner:
         """Release the oldest plan in flight and reconcile the policy with its report."""
         if not self._inflight:
             return
-        seq, pins, writes = self._inflight.popleft()
+        seq, pins, writes, deletes = self._inflight.popleft()
         with self.lock:
             self.policy.pin(pins, -1)
-            for i in writes.tolist():
-                if self._writing.get(i) == seq:
-                    del self._writing[i]
-                if self._deferred.get(i) == seq:
-                    del self._deferred[i]
-                    self._due[i] = None
+            for ids, plans in ((writes, self._writing), (deletes, self._deleting)):
+                for i in ids.tolist():
+                    if plans.get(i) == seq:
+                        del plans[i]
             if report is None:
                 return
             lost = np.concatenate([report.lost, report.absent])
@@ -258,8 +257,7 @@ class Planner:
             while self._inflight:
                 self.policy.pin(self._inflight.popleft()[1], -1)
             self._writing.clear()
-            self._deferred.clear()  # the epoch's end reconciles the store
-            self._due.clear()
+            self._deleting.clear()
 
     def sync_with_store(self, held: np.ndarray) -> np.ndarray:
         """Reconcile at an epoch boundary (no plan in flight): forget the residents the
@@ -267,8 +265,11 @@ class Planner:
         earlier job, or by a plan abandoned mid-flight) for the loader to delete."""
         with self.lock:
             cached = self.policy.cached_ids()
-            self.phantoms += len(self.policy.discard(np.setdiff1d(cached, held)))
-            return np.setdiff1d(held, cached)
+            writing = self.policy.writing_ids()  # the feeder's loads in flight: theirs
+            forgotten = self.policy.discard(np.setdiff1d(cached, held))
+            extra = np.setdiff1d(np.setdiff1d(held, cached), writing)
+            self.sync_fixes += len(forgotten) + extra.size
+            return extra
 
     def drain(self, timeout: float = 60.0) -> None:
         self.sampler.drain(timeout)
@@ -278,6 +279,7 @@ class Planner:
             "planning_s": self.planning_s,
             "feedback_s": self.feedback_s,
             "phantoms": self.phantoms,
+            "sync_fixes": self.sync_fixes,
         }
         out.update(self.sampler.counters())
         if self.feeder is not None:
@@ -333,8 +335,8 @@ class Planner:
                 self.policy.apply_hints(hints)
             r = self.policy.access(ids)
             served = ids if r.served is None else r.served
-            writes = r.admitted if r.fetch is None else np.concatenate([r.admitted, r.fetch])
-            wait_s, evicted = self._track(served[r.hits], writes, r.evicted)
+            fetch = _EMPTY if r.fetch is None else r.fetch
+            wait_s, admitted, fetch = self._track(served[r.hits], r.admitted, fetch, r.evicted)
             if self.feeder is not None:
                 self.feeder.poll()
         substituting = r.served is not None
@@ -344,42 +346,43 @@ class Planner:
             index=index,
             ids=served,
             hits=r.hits,
-            admitted=r.admitted,
-            evicted=evicted,
+            admitted=admitted,
+            evicted=r.evicted,
             substituted=r.substituted,
             requested=ids if substituting else None,
-            fetch=_EMPTY if r.fetch is None else r.fetch,
+            fetch=fetch,
         )
 
     def _track(
-        self, reads: np.ndarray, writes: np.ndarray, evicted: np.ndarray
-    ) -> tuple[float, np.ndarray]:
-        """A new plan that serves ``reads`` from the store, writes ``writes`` and evicts
-        ``evicted``. With a data plane: pin its reads until it is consumed, hold back the
-        deletions of entries earlier plans in flight still write, and return how long its
-        worker should wait for reads they write, and the deletions it makes now. Without:
-        it counts as executed."""
+        self, reads: np.ndarray, admitted: np.ndarray, fetch: np.ndarray, deletes: np.ndarray
+    ) -> tuple[float, np.ndarray, np.ndarray]:
+        """A new plan that serves ``reads`` from the store, writes ``admitted`` and
+        ``fetch`` and deletes ``deletes``. With a data plane: pin what it reads and writes
+        until it is consumed; a write of an id that an earlier plan in flight deletes is
+        dropped (its worker might delete it after this one's put) and the policy forgets
+        it; returns how long its worker should wait for reads that earlier plans in flight
+        are still writing, and the writes it keeps. Without: it counts as executed."""
         if not self.executes:
-            self.policy.reconcile(writes, _EMPTY)
-            return 0.0, evicted
+            self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
+            return 0.0, admitted, fetch
+        deleting, writing = self._deleting, self._writing
+        blocked = [i for i in (*admitted.tolist(), *fetch.tolist()) if i in deleting]
+        if blocked:
+            self.phantoms += len(self.policy.discard(blocked))
+            admitted, fetch = (a[~np.isin(a, blocked)] for a in (admitted, fetch))
+        writes = np.concatenate([admitted, fetch])
         seq, self._seq = self._seq, self._seq + 1
-        self.policy.pin(reads, +1)
-        self._inflight.append((seq, reads, writes))
-        writing, deferred, due = self._writing, self._deferred, self._due
-        wait = any(i in writing for i in reads.tolist())
-        now = []
-        for i in evicted.tolist():
-            if i in writing:
-                deferred[i] = writing[i]
-            else:
-                now.append(i)
-        for i in writes.tolist():  # written again: an earlier deletion must not reach it
+        pins = np.concatenate([reads, writes])
+        self.policy.pin(pins, +1)
+        self._inflight.append((seq, pins, writes, deletes))
+        # its worker may have to wait for earlier workers: for the reads they write, or for
+        # the room their deletions free before its own writes fit
+        wait = any(i in writing for i in reads.tolist()) or bool(writes.size and deleting)
+        for i in writes.tolist():
             writing[i] = seq
-            deferred.pop(i, None)
-            due.pop(i, None)
-        now += due
-        due.clear()
-        return (self.wait_s if wait else 0.0), np.array(now, np.int64)
+        for i in deletes.tolist():
+            deleting[i] = seq
+        return (self.wait_s if wait else 0.0), admitted, fetch
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()

@@ -249,6 +249,11 @@ class Policy(ABC):
                 out.append(i)
         return out
 
+    def writing_ids(self) -> np.ndarray:
+        """Ids the policy's feeder is putting into the store right now (not yet resident:
+        their entries may already be there)."""
+        return np.empty(0, np.int64)
+
     def reconcile(self, stored: np.ndarray, lost: np.ndarray) -> list[int]:
         """What the data plane did with a plan: ``stored`` ids are in the store (its
         admissions and fetches that landed), ``lost`` ids are not although the policy

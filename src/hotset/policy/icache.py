@@ -66,6 +66,7 @@ class ICachePolicy(Policy):
         self._served: set[int] = set()  # L residents served this epoch
         self.l_used = 0  # bytes of L residents plus those reserved for a loading package
         self.loading = 0
+        self._writing: dict[int, int] = {}  # ids reserved for packages being loaded
         self.freq_h = self.freq_l = 0  # accesses this epoch (III-A's frequencies)
         self.swaps = 0  # completed shadow-heap swaps
         self._rng = random.Random(seed)
@@ -133,6 +134,9 @@ class ICachePolicy(Policy):
                 out.append(i)
         self.used = self.h_used + self.l_used
         return out
+
+    def writing_ids(self) -> np.ndarray:
+        return np.fromiter(self._writing, np.int64, len(self._writing))
 
     def h_residents(self) -> np.ndarray:
         """The H-cache's residents."""
@@ -359,6 +363,8 @@ class ICachePolicy(Policy):
         victims = self._free_l(need)
         self.l_used += need
         self.loading += 1
+        for i in accepted.tolist():
+            self._writing[i] = self._writing.get(i, 0) + 1
         self.used = self.h_used + self.l_used
         return np.array(victims, np.int64), accepted
 
@@ -367,6 +373,11 @@ class ICachePolicy(Policy):
         all); the reservation of the others is released."""
         self.loading -= 1
         ids = np.asarray(ids, np.int64).tolist()
+        for i in ids:
+            if self._writing.get(i, 0) <= 1:
+                self._writing.pop(i, None)
+            else:
+                self._writing[i] -= 1
         ok = set(ids) if loaded is None else set(np.asarray(loaded, np.int64).tolist())
         for i in ids:
             if i in ok and i not in self._l and i not in self._h:

@@ -113,9 +113,7 @@ class RedisStore(Store):
             self._down_until = time.monotonic() + self.retry_after_s
             log.debug("redis store %s unavailable: %s", self.url, exc)
             return fallback
-        except redis.exceptions.ResponseError as exc:
-            if "OOM" not in str(exc):
-                raise
+        except redis.exceptions.OutOfMemoryError as exc:
             self.failures += 1  # maxmemory reached: nothing stored, the server stays up
             log.debug("redis store %s is out of memory: %s", self.url, exc)
             return fallback

@@ -52,7 +52,6 @@ class SealedStore(StoreWrapper):
         stored, out = self.inner.put({s: _xor(k, items[k]) for s, k in of.items()})
         return stored, [of[s] for s in out]
 
-
     def delete_many(self, keys: Sequence[str]) -> None:
         self.inner.delete_many([sealed_id(k) for k in keys])
 

@@ -5,8 +5,8 @@ reads the same memory-mapped pages: no per-worker copy. Writes are serialised by
 single-writer lock, and the byte budget is kept in the same write transaction as the
 entries, so it holds across processes.
 
-A full map (``MapFullError``) or a tmpfs without room for a write (which would kill the
-writer with SIGBUS when LMDB touches the page) is absorbed: the put stores nothing and is
+A full map (``MapFullError``) or a tmpfs without room for a write (checked before the
+write, and any LMDB error of the write itself) is absorbed: the put stores nothing and is
 counted in ``failures``. A store made without a path is owned by its process (an
 ``owner`` file with its pid and start time); ``close(destroy=True)`` removes it, and
 ``remove_stale_stores`` removes those whose owner is gone (a process killed with -9).
@@ -36,7 +36,7 @@ _CAPACITY = b"capacity_bytes"
 PREFIX = "hotset-store-"
 OWNER = "owner"
 #: room a write needs on the tmpfs beyond its values (LMDB pages, B-tree, free list)
-WRITE_MARGIN = 4 << 20
+WRITE_MARGIN = 1 << 20
 
 
 # One environment per path per process: LMDB forbids opening the same files twice in a
@@ -174,8 +174,8 @@ class SharedStore(Store):
                     used += len(v)
                     stored += 1
                 txn.put(_USED, str(used).encode(), db=self._meta)
-        except lmdb.MapFullError:
-            self.failures += 1  # the transaction is aborted: nothing was stored
+        except lmdb.Error:  # map full, no space left: the transaction stored nothing
+            self.failures += 1
             return 0, list(items)
         return stored, out
 
@@ -190,15 +190,18 @@ class SharedStore(Store):
         return used
 
     def delete_many(self, keys: Sequence[str]) -> None:
-        with self._open().begin(write=True) as txn:
-            used = int(txn.get(_USED, db=self._meta))
-            for k in keys:
-                kb = k.encode()
-                v = txn.get(kb, db=self._data)
-                if v is not None:
-                    txn.delete(kb, db=self._data)
-                    used -= len(v)
-            txn.put(_USED, str(used).encode(), db=self._meta)
+        try:
+            with self._open().begin(write=True) as txn:
+                used = int(txn.get(_USED, db=self._meta))
+                for k in keys:
+                    kb = k.encode()
+                    v = txn.get(kb, db=self._data)
+                    if v is not None:
+                        txn.delete(kb, db=self._data)
+                        used -= len(v)
+                txn.put(_USED, str(used).encode(), db=self._meta)
+        except lmdb.Error:  # no room even to delete: the planner reconciles at epoch end
+            self.failures += 1
 
     def contains(self, key: str) -> bool:
         with self._open().begin(db=self._data) as txn:

@@ -1,0 +1,332 @@
+"""The plan is the truth: what the planner counts as cached is what the store holds, under
+workers, duplicate ids, wrong entries, faults and restarts; owned stores are removed."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hotset import ConfigError, MemoryStore, SharedStore, make_loader
+from hotset.errors import CorruptSampleError, SkipLimitError
+from hotset.loader import dataset_namespace
+from hotset.storage import FileStorage
+from hotset.store import RedisStore
+from hotset.store.base import NamespacedStore
+from hotset.store.shared import PREFIX, default_shm_dir
+from hotset.systems import resolve_system
+
+SYSTEMS = ["lru", "minio", "belady", "shade", "icache", "spider"]
+
+
+def synthetic_feedback(loader, ids, labels, epoch):
+    """Losses that persist per sample and shrink, embeddings that cluster by label: what
+    the importance systems learn from, without a model step."""
+    ids = ids.numpy()
+    losses = (1.0 + (ids * 7919) % 97 / 97.0) * 0.8**epoch
+    emb = None
+    if loader.wants_embeddings:  # ten clusters, a distinct point per sample
+        emb = np.eye(10, dtype=np.float32)[labels.numpy()]
+        emb += 0.3 * np.sin(0.37 * ids[:, None] * np.arange(1, 11)).astype(np.float32)
+    loader.feedback(ids, losses, emb)
+
+
+def store_ids(loader) -> set[int]:
+    return set(loader.dataset.ids_of(loader.dataset.store.list_keys()).tolist())
+
+
+def run_system(storage, name, num_workers, fraction, batch_size, epochs=3, **kw):
+    """Train ``epochs`` epochs of ``name`` with synthetic feedback; after each, the
+    policy's residents and the store's entries, and the loader's counters."""
+    system = resolve_system(name)
+    options = dict(system.sampler_options)
+    if name == "spider":
+        options.update(total_epochs=epochs, background=False)
+    loader = make_loader(
+        storage, batch_size=batch_size, policy=system.policy, sampler=system.sampler,
+        sampler_options=options, cache_fraction=fraction, num_workers=num_workers,
+        seed=1, persistent_workers=num_workers > 0, **kw,
+    )  # fmt: skip
+    snapshots, first = [], {}
+    try:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for _, y, ids in loader:
+                synthetic_feedback(loader, ids, y, epoch)
+            snapshots.append((set(loader.planner.policy.cached_ids().tolist()), store_ids(loader)))
+            first = first or loader.counters()
+        c = loader.counters()
+        c["steady"] = {k: c[k] - first[k] for k in ("hits", "late_misses")}
+        return snapshots, c
+    finally:
+        loader.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", SYSTEMS)
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fraction=st.sampled_from([0.05, 0.2, 0.5]), batch_size=st.sampled_from([16, 50]))
+def test_residents_equal_the_store_after_every_epoch(
+    fmnist_dir, name, num_workers, fraction, batch_size
+):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    snapshots, c = run_system(storage, name, num_workers, fraction, batch_size)
+    for resident, held in snapshots:
+        assert resident == held
+    # reconciled as the batches came back: the epochs' ends found nothing to fix
+    assert c["sync_fixes"] == 0
+    steady = c["steady"]  # after the first epoch: at most 0.5% of planned hits are late
+    assert steady["late_misses"] <= 0.005 * (steady["hits"] + steady["late_misses"]) + 1
+    assert c["corrupt_hits"] == 0
+
+
+def test_duplicate_ids_in_a_batch_are_read_once_and_admitted(fmnist_dir):
+    """Sampling with replacement puts one uncached id twice in a batch: planned as a miss
+    that is admitted, then a hit. The worker reads it once and stores it."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(
+        storage, batch_size=100, policy="lru", cache_fraction=0.3, store="memory",
+        num_workers=0, sampler_options={"replacement": True},
+    )  # fmt: skip
+    try:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+            assert set(loader.planner.policy.cached_ids().tolist()) == store_ids(loader)
+        c = loader.counters()
+        assert c["phantoms"] == 0 and c["sync_fixes"] == 0 and c["late_misses"] == 0
+    finally:
+        loader.close()
+
+
+def test_a_planted_wrong_entry_is_never_served(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = MemoryStore(10**7)
+    loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.5,
+                         store=store, num_workers=0)  # fmt: skip
+    try:
+        loader.set_epoch(0)
+        for _ in loader:
+            pass
+        cached = loader.planner.policy.cached_ids()[:20].tolist()
+        ns = dataset_namespace(storage.keys)
+        for a, b in zip(cached[:10], cached[10:], strict=True):  # swap ten pairs of images
+            va, vb = store.get_many([ns + storage.keys[a], ns + storage.keys[b]])
+            store.delete_many([ns + storage.keys[a], ns + storage.keys[b]])
+            store.put_many({ns + storage.keys[a]: vb, ns + storage.keys[b]: va})
+        loader.set_epoch(1)
+        for x, _, ids in loader:
+            for row, i in zip(x, ids.tolist(), strict=True):
+                if i in cached:
+                    expect = loader.dataset[i][0]
+                    assert np.array_equal(row.numpy(), expect.numpy())  # the right image
+        c = loader.counters()
+        assert c["corrupt_hits"] == 20
+        assert not set(cached) & set(loader.planner.policy.cached_ids().tolist())
+    finally:
+        loader.close()
+
+
+def test_a_plain_store_of_another_dataset_is_not_touched(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    shared = SharedStore(10**7, path=str(tmp_path / "shm"))
+    shared.put_many({"someone-else:k1": b"x" * 100})
+    loader = make_loader(storage, batch_size=50, policy="lru", cache_fraction=0.2,
+                         store=shared, num_workers=0)  # fmt: skip
+    try:
+        loader.set_epoch(0)
+        for _ in loader:
+            pass
+        assert shared.get_many(["someone-else:k1"]) == [b"x" * 100]
+    finally:
+        loader.close()
+        shared.close(destroy=True)
+
+
+def test_a_restarted_job_adopts_nothing_it_does_not_plan_and_frees_the_budget(fmnist_dir, tmp_path):
+    """A job left its entries in a named store; the next job (a fresh planner) deletes
+    them before its first epoch instead of losing that budget for good."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    spec = f"shared://{tmp_path}/named"
+    shared = SharedStore(int(0.2 * storage.manifest.total_bytes), path=f"{tmp_path}/named")
+    for _ in range(2):
+        loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.2,
+                             store=shared, num_workers=0)  # fmt: skip
+        loader.set_epoch(0)
+        for _ in loader:
+            pass
+        c = loader.counters()
+        assert c["refused_puts"] == 0 and c["hits"] == 0  # the whole budget, every time
+        loader.close()
+    assert len(NamespacedStore(shared, dataset_namespace(storage.keys))) > 0
+    shared.close(destroy=True)
+    assert not os.path.exists(spec[len("shared://") :])
+
+
+@pytest.mark.parametrize("policy", ["lru", "minio"])
+def test_a_redis_that_evicts_or_refuses_keeps_training_right(redis_server, fmnist_dir, policy):
+    """Redis at ``maxmemory`` below the cache's budget: with ``noeviction`` it refuses
+    writes (OOM), with ``allkeys-lru`` it drops keys behind the planner's back. Training
+    serves the right bytes, the plan follows the server, the budget counter is recounted."""
+    import redis
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    server = redis.Redis.from_url(redis_server.url)
+    for maxmem in ("allkeys-lru", "noeviction"):
+        server.flushall()
+        used = int(server.info("memory")["used_memory"])
+        half = int(storage.manifest.total_bytes) // 2
+        server.config_set("maxmemory", used + half)
+        server.config_set("maxmemory-policy", maxmem)
+        store = RedisStore(10**8, url=redis_server.url)  # the budget allows more than Redis
+        loader = make_loader(storage, batch_size=50, policy=policy, cache_fraction=1.0,
+                             store=store, num_workers=0)  # fmt: skip
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for x, _, ids in loader:
+                i = int(ids[0])
+                assert np.array_equal(x[0].numpy(), loader.dataset[i][0].numpy())
+        c = loader.counters()
+        assert c["samples"] == 3 * len(storage)
+        resident = set(loader.planner.policy.cached_ids().tolist())
+        if maxmem == "noeviction":
+            assert c["store_failures"] > 0  # OOM refused, absorbed
+            assert resident == store_ids(loader)
+            # the budget counter agrees with the entries after the epochs' reconciling
+            keys = store.list_keys()
+            assert store.used_bytes == sum(len(v) for v in store.get_many(keys))
+        else:  # the server evicts at any command, so at best the plan holds what it holds
+            assert c["phantoms"] + c["sync_fixes"] > 0  # it evicted, the plan followed
+            assert store_ids(loader) <= resident
+        loader.close()
+    server.config_set("maxmemory", 0)
+
+
+def test_a_tiny_lmdb_map_is_absorbed(fmnist_dir, tmp_path, monkeypatch):
+    import hotset.store.shared as shared_mod
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = SharedStore(10**8, path=str(tmp_path / "tiny"))
+    monkeypatch.setattr(store, "map_size", 64 << 10)  # reopen with a 64 KiB map
+    shared_mod._ENVS.pop(store.path)[0].close()
+    loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.5,
+                         store=store, num_workers=2)  # fmt: skip
+    try:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            n = sum(int(ids.numel()) for _, _, ids in loader)
+            assert n == len(storage)
+        c = loader.counters()
+        assert c["store_failures"] > 0
+        assert set(loader.planner.policy.cached_ids().tolist()) == store_ids(loader)
+    finally:
+        loader.close()
+        store.close(destroy=True)
+
+
+def test_a_full_tmpfs_is_absorbed(fmnist_dir, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small-shm"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        storage = FileStorage(str(fmnist_dir / "train"))
+        (mnt / "ballast").write_bytes(b"\0" * (4 << 20))  # leave ~1 MB
+        store = SharedStore(10**8, path=str(mnt / "store"))
+        loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=1.0,
+                             store=store, num_workers=2)  # fmt: skip
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for x, _, ids in loader:
+                i = int(ids[-1])
+                assert np.array_equal(x[-1].numpy(), loader.dataset[i][0].numpy())
+        c = loader.counters()
+        assert c["store_failures"] > 0 and c["samples"] == 2 * len(storage)
+        assert set(loader.planner.policy.cached_ids().tolist()) == store_ids(loader)
+        loader.close()
+        store.close(destroy=True)
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def shm_stores() -> set[str]:
+    return set(glob.glob(os.path.join(default_shm_dir() or "/tmp", PREFIX + "*")))
+
+
+def test_no_store_is_left_behind(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    before = shm_stores()
+    loader = make_loader(storage, batch_size=50, cache_fraction=0.1)
+    assert len(shm_stores() - before) == 1
+    loader.close()
+    assert shm_stores() == before  # close() removes the store it made
+    with pytest.raises(ConfigError, match="unknown sampler"):
+        make_loader(storage, batch_size=50, cache_fraction=0.1, sampler="nope")
+    assert shm_stores() == before  # and so does a make_loader that failed
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from hotset import FileStorage, make_loader
+        loader = make_loader(FileStorage({str(fmnist_dir / "train")!r}), batch_size=50,
+                             cache_fraction=0.1)
+        for _ in loader:
+            break
+        print(loader.dataset.store.inner.path, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == -signal.SIGKILL
+    left = out.stdout.strip()
+    assert os.path.isdir(left)  # kill -9: nothing could remove it ...
+    loader = make_loader(storage, batch_size=50, cache_fraction=0.1)  # ... the next start does
+    assert not os.path.exists(left)
+    loader.close()
+    assert shm_stores() == before
+
+
+def test_skip_covers_decode_errors_and_stops_at_its_limits(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+
+    def bad_every_tenth(data: bytes):
+        from hotset.codecs import decode_sample
+
+        x = decode_sample(data)
+        if int(x.sum()) % 10 == 0:
+            raise ValueError("not an image I like")
+        return x
+
+    loader = make_loader(storage, batch_size=50, cache_fraction=0.1, store="memory",
+                         num_workers=0, decode=bad_every_tenth, on_error="skip")  # fmt: skip
+    served = sum(int(ids.numel()) for _, _, ids in loader)
+    c = loader.counters()
+    assert c["skipped"] > 0 and served == len(storage) - c["skipped"]
+    loader.close()
+    raising = make_loader(storage, batch_size=50, cache_fraction=0.1, store="memory",
+                          num_workers=0, decode=bad_every_tenth)  # fmt: skip
+    with pytest.raises(CorruptSampleError, match="cannot decode"):
+        for _ in raising:
+            pass
+    raising.close()
+
+    def never(data: bytes):
+        raise ValueError("broken codec")
+
+    for limit, what in ((0.5, "a batch lost 50 of its 50"), (1.0, "the epoch served no")):
+        loader = make_loader(storage, batch_size=50, cache_fraction=0.1, store="memory",
+                             num_workers=0, decode=never, on_error="skip",
+                             max_skipped=limit)  # fmt: skip
+        with pytest.raises(SkipLimitError, match=f"{what}.*broken codec"):
+            for _ in loader:
+                pass
+        loader.close()
