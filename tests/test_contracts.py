@@ -167,8 +167,11 @@ def test_a_new_policy_and_sampler_run_everywhere_through_the_declared_defaults()
     planner.drain()
     assert [len(p) for p in planner] == [8] * 6 + [2]
     assert set(planner.counters()) == {"planning_s", "feedback_s", "phantoms", "sync_fixes"}
-    planner.load_state_dict({**planner.state_dict(), "epoch": 3})
-    assert planner.sampler.epoch == 3
+    planner.set_epoch(3)
+    other = Planner(make_sampler("test-even-first", 50), make_policy("test-lowest-id", 10,
+                    sizes=np.ones(50)), batch_size=8)  # fmt: skip
+    other.load_state_dict(planner.state_dict())  # the declared defaults save and restore
+    assert other.sampler.epoch == 3 and set(other.policy.cached_ids()) == set(range(10))
     planner.close()
     co = JobCoordinator(20, max_samples=100, policy="test-lowest-id", sampling="isa")
     job = co.register("a", [f"k{i}" for i in range(40)], np.ones(40), batch_size=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -330,3 +331,98 @@ def test_skip_covers_decode_errors_and_stops_at_its_limits(fmnist_dir, tmp_path)
             for _ in loader:
                 pass
         loader.close()
+
+
+# -- resume -----------------------------------------------------------------------------
+def _loader(storage, name, num_workers, store="shared", seed=3):
+    system = resolve_system(name)
+    options = dict(system.sampler_options)
+    if name == "spider":
+        options.update(total_epochs=4, background=False)
+    return make_loader(
+        storage, batch_size=40, policy=system.policy, sampler=system.sampler,
+        sampler_options=options, cache_fraction=0.2, num_workers=num_workers, seed=seed,
+        store=store,
+    )  # fmt: skip
+
+
+def _epoch(loader, epoch, stop=None):
+    """Batches of ``epoch`` (served ids), with synthetic feedback; ``stop``: after that
+    many batches, return the state saved there as well."""
+    loader.set_epoch(epoch)
+    batches, state = [], None
+    for n, (_, y, ids) in enumerate(loader):
+        synthetic_feedback(loader, ids, y, epoch)
+        batches.append(ids.tolist())
+        if n + 1 == stop:
+            state = pickle.loads(pickle.dumps(loader.state_dict()))  # as torch.save would
+    return batches, state
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", ["lru", "belady", "shade", "icache", "spider"])
+def test_a_resumed_loader_serves_exactly_the_rest_of_the_epoch(fmnist_dir, name, num_workers):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    ref = _loader(storage, name, num_workers)
+    _epoch(ref, 0)
+    batches, state = _epoch(ref, 1, stop=7)
+    rest, board = batches[7:], ref.planner.sampler.board
+    resumed = _loader(storage, name, num_workers)
+    resumed.load_state_dict(state)
+    again, _ = _epoch(resumed, 1)
+    if name in ("icache", "spider"):  # substitutes depend on what each cache holds
+        assert sum(map(len, again)) == sum(map(len, rest))
+    else:
+        assert again == rest  # the same ids, batch by batch
+        if board is not None:  # the same scores: the next epoch's distribution is the same
+            assert np.allclose(resumed.planner.sampler.board.score, board.score)
+    assert resumed.counters()["samples"] == ref.counters()["samples"]
+    if name in ("lru", "belady"):  # no feedback: the next epochs are the same too
+        assert _epoch(resumed, 2)[0] == _epoch(ref, 2)[0]
+    for ld in (ref, resumed):
+        assert set(ld.planner.policy.cached_ids().tolist()) == store_ids(ld)
+        ld.close()
+
+
+def test_the_same_seed_gives_the_same_order_for_every_system(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    for name in ["lru", "minio", "belady", "shade", "spider"]:
+        runs = []
+        for _ in range(2):
+            loader = _loader(storage, name, 0, store="memory")
+            runs.append([_epoch(loader, e)[0] for e in range(3)])
+            loader.close()
+        assert runs[0] == runs[1], name
+
+
+def test_a_job_killed_mid_epoch_resumes_with_the_exact_remaining_ids(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    spec = f"shared://{tmp_path}/store"
+    script = textwrap.dedent(f"""
+        import os, pickle, signal, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_truth import _epoch, _loader
+        from hotset import FileStorage
+        loader = _loader(FileStorage({str(fmnist_dir / "train")!r}), "lru", 2, store={spec!r})
+        _epoch(loader, 0)
+        loader.set_epoch(1)
+        for n, _ in enumerate(loader):
+            if n == 5:
+                with open({str(tmp_path / "state.pkl")!r}, "wb") as f:
+                    pickle.dump(loader.state_dict(), f)
+            if n == 8:  # three more batches, then the machine goes away
+                os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    ref = _loader(storage, "lru", 0, store="memory")
+    _epoch(ref, 0)
+    rest = _epoch(ref, 1)[0][6:]
+    with open(tmp_path / "state.pkl", "rb") as f:
+        state = pickle.load(f)
+    resumed = _loader(storage, "lru", 2, store=spec)  # the store the killed job left
+    resumed.load_state_dict(state)
+    assert _epoch(resumed, 1)[0] == rest
+    assert set(resumed.planner.policy.cached_ids().tolist()) == store_ids(resumed)
+    resumed.close()
+    assert not os.path.exists(f"{tmp_path}/store")

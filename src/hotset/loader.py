@@ -445,6 +445,17 @@ class HotsetLoader:
         if self._remove_store is not None:
             self._remove_store()
 
+    def state_dict(self) -> dict:
+        """Where training stands (as torch's stateful loaders): save it with the model's
+        checkpoint; ``load_state_dict`` in a loader made with the same arguments serves
+        exactly the rest of the epoch, then goes on as the saved run would have."""
+        return {"planner": self.planner.state_dict(), "stats": asdict(self.stats)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.planner.load_state_dict(state["planner"])
+        self.stats = LoaderStats(**state["stats"])
+        self._synced = False  # the store may hold what the saved plan does, or not
+
     def __enter__(self) -> HotsetLoader:
         return self
 

@@ -137,6 +137,10 @@ class PlanSource(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+#: the planner's counters, saved with its state
+COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes")
+
+
 class Planner:
     """Iterable of :class:`BatchPlan` for the sampler's current epoch; a ``batch_sampler``
     and the single-job :class:`PlanSource`.
@@ -204,6 +208,9 @@ class Planner:
         self._writing: dict[int, int] = {}  # id -> the last plan in flight that writes it
         self._deleting: dict[int, int] = {}  # id -> the last plan in flight that deletes it
         self._seq = 0
+        self._order = _EMPTY  # the epoch being planned, as drawn at its start
+        self._consumed = 0  # its batches the loader handed to the training loop
+        self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
         self.phantoms = 0  # residents forgotten because a plan's report said the store lacked them
         self.sync_fixes = 0  # disagreements with the store found at epoch boundaries
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
@@ -237,6 +244,7 @@ class Planner:
         """Release the oldest plan in flight and reconcile the policy with its report."""
         if not self._inflight:
             return
+        self._consumed += 1
         seq, pins, writes, deletes = self._inflight.popleft()
         with self.lock:
             self.policy.pin(pins, -1)
@@ -275,12 +283,7 @@ class Planner:
         self.sampler.drain(timeout)
 
     def counters(self) -> dict:
-        out = {
-            "planning_s": self.planning_s,
-            "feedback_s": self.feedback_s,
-            "phantoms": self.phantoms,
-            "sync_fixes": self.sync_fixes,
-        }
+        out = {k: getattr(self, k) for k in COUNTERS}
         out.update(self.sampler.counters())
         if self.feeder is not None:
             out.update(self.feeder.counters())
@@ -293,17 +296,34 @@ class Planner:
         self.sampler.close()
 
     def state_dict(self) -> dict:
-        """The epoch to resume at and the control plane's timers."""
-        return {
-            "epoch": self.sampler.epoch,
-            "planning_s": self.planning_s,
-            "feedback_s": self.feedback_s,
-        }
+        """Where training stands: the epoch, its order as drawn and how many of its
+        batches were consumed, the sampler's and the policy's state, the counters. Plans
+        handed out but not consumed are not in it: after a restart they are planned
+        again (the cache is then reconciled with what the store really holds)."""
+        with self.lock:
+            return {
+                "epoch": self.sampler.epoch,
+                "order": self._order.copy(),
+                "consumed": self._consumed,
+                "sampler": self.sampler.state_dict(),
+                "policy": self.policy.state_dict(),
+                "counters": {k: getattr(self, k) for k in COUNTERS},
+            }
 
     def load_state_dict(self, state: dict) -> None:
-        self.set_epoch(int(state["epoch"]))
-        self.planning_s = float(state["planning_s"])
-        self.feedback_s = float(state["feedback_s"])
+        """Continue from ``state``: the next ``__iter__`` serves exactly the rest of the
+        saved epoch, in its order."""
+        with self.lock:
+            self._release_all()
+            self.sampler.load_state_dict(state["sampler"])
+            self.policy.load_state_dict(state["policy"])
+            if self.policy.needs_scores:
+                self.policy.attach_scores(self.sampler.board)
+            for k, v in state["counters"].items():
+                setattr(self, k, v)
+            order = np.asarray(state["order"], np.int64)
+            if order.size:
+                self._resume = (int(state["epoch"]), order, int(state["consumed"]))
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -388,9 +408,19 @@ class Planner:
         self._release_all()
         start = time.perf_counter()
         epoch = self.sampler.epoch
-        order = self._start_epoch(epoch)
+        first = 0
+        if self._resume is not None and self._resume[0] == epoch:  # the rest of a saved epoch
+            _, order, first = self._resume
+            if self.policy.needs_future and self.feed_future:
+                rest = order[first * self.batch_size :]
+                self.policy.set_future(np.concatenate([rest, self.sampler.epoch_order(epoch + 1)]))
+        else:
+            order = self._start_epoch(epoch)
+        self._resume = None
+        self._order, self._consumed = order, first
         self.planning_s += time.perf_counter() - start
-        for index, lo in enumerate(range(0, order.size, self.batch_size)):
+        for index in range(first, -(-order.size // self.batch_size)):
+            lo = index * self.batch_size
             start = time.perf_counter()
             plan = self._plan(epoch, index, order[lo : lo + self.batch_size])
             self.planning_s += time.perf_counter() - start

@@ -10,6 +10,7 @@ loop is the whole per-sample cost of the control plane.
 
 from __future__ import annotations
 
+import copy
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Container, Sequence
@@ -248,6 +249,24 @@ class Policy(ABC):
                 self.used -= self._sizes[i]
                 out.append(i)
         return out
+
+    def state_dict(self) -> dict:
+        """A copy of the policy's residents and their order or keys (not its pins, nor
+        an attached score board: the planner attaches its sampler's again)."""
+        return {
+            k: v.state_dict() if isinstance(v, Policy) else copy.deepcopy(v)
+            for k, v in vars(self).items()
+            if k not in ("pinned", "board")
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = vars(self)
+        for k, v in state.items():
+            if isinstance(mine.get(k), Policy):  # a policy inside (Spider's importance)
+                mine[k].load_state_dict(v)
+            else:
+                mine[k] = copy.deepcopy(v)
+        self.pinned[:] = 0  # nothing is in flight after a restart
 
     def writing_ids(self) -> np.ndarray:
         """Ids the policy's feeder is putting into the store right now (not yet resident:

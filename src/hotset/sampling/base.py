@@ -7,6 +7,7 @@ arrays and knows nothing of torch, so the same object drives the simulator.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import ClassVar
@@ -36,6 +37,8 @@ class Sampler(ABC):
     needs_labels: ClassVar[bool] = False
     #: the per-sample importance scores a score-keyed policy reads (``None``: no scores)
     board: ScoreBoard | None = None
+    #: attributes that are not state (threads, locks): left out of ``state_dict``
+    transient: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -95,6 +98,15 @@ class Sampler(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background threads."""
+
+    def state_dict(self) -> dict:
+        """A copy of everything the sampler learnt and drew (scores, orders, RNG state):
+        ``load_state_dict`` on a sampler made with the same arguments continues exactly."""
+        self.drain()
+        return copy.deepcopy({k: v for k, v in vars(self).items() if k not in self.transient})
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(copy.deepcopy(state))
 
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""

@@ -42,6 +42,7 @@ class SpiderSampler(Sampler):
     learns_from_feedback = True
     needs_embeddings = True
     needs_labels = True
+    transient = ("_lock", "_cv", "_pending", "_busy", "_worker", "_stop")
 
     def __init__(
         self,
