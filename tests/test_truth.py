@@ -426,3 +426,24 @@ def test_a_job_killed_mid_epoch_resumes_with_the_exact_remaining_ids(fmnist_dir,
     assert set(resumed.planner.policy.cached_ids().tolist()) == store_ids(resumed)
     resumed.close()
     assert not os.path.exists(f"{tmp_path}/store")
+
+
+def test_minio_recovers_its_hits_after_a_redis_restart(redis_server, fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    store = RedisStore(10**8, url=redis_server.url, retry_after_s=0.1)
+    loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.3,
+                         store=store, num_workers=0)  # fmt: skip
+    hits = []
+    for epoch in range(4):
+        if epoch == 2:  # the server restarts empty (no persistence)
+            redis_server.stop()
+            redis_server.start()
+        before = loader.counters()["hits"]
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        hits.append(loader.counters()["hits"] - before)
+    assert hits[1] > 0.25 * len(storage) and hits[2] == 0  # warm, then nothing is left
+    assert hits[3] > 0.25 * len(storage)  # the plan learnt it and filled the cache again
+    assert set(loader.planner.policy.cached_ids().tolist()) == store_ids(loader)
+    loader.close()

@@ -194,7 +194,8 @@ def record_oracle(
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'exact':>7} {'subst':>7} {'steady':>7} "
-        f"{'late':>6} {'read':>8} {'epoch s':>8} {'test acc':>8} {'plan us':>8}"
+        f"{'late':>6} {'refused':>7} {'phantom':>7} {'read':>8} {'epoch s':>8} {'test acc':>8} "
+        f"{'plan us':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -204,7 +205,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(
             f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['hit_ratio']:>9.4f} "
             f"{c['exact_hits'] / n:>7.4f} {c['substitute_hits'] / n:>7.4f} "
-            f"{r['steady_hit_ratio']:>7.4f} {c['late_misses']:>6d} {c['accesses']:>8d} "
+            f"{r['steady_hit_ratio']:>7.4f} {c['late_misses']:>6d} {c['refused_puts']:>7d} "
+            f"{c['phantoms']:>7d} {c['accesses']:>8d} "
             f"{r['epoch_time_s']:>8.2f} {acc:>8} {r['planning_us_per_sample']:>8.2f}"
         )
     return "\n".join(lines)
