@@ -62,7 +62,9 @@ def run_system(storage, name, num_workers, fraction, batch_size, epochs=3, **kw)
             loader.set_epoch(epoch)
             for _, y, ids in loader:
                 synthetic_feedback(loader, ids, y, epoch)
-            snapshots.append((set(loader.planner.policy.cached_ids().tolist()), store_ids(loader)))
+            with loader.planner.lock:  # iCACHE's package thread changes both under it
+                resident = set(loader.planner.policy.cached_ids().tolist())
+                snapshots.append((resident, store_ids(loader)))
             first = first or loader.counters()
         c = loader.counters()
         c["steady"] = {k: c[k] - first[k] for k in ("hits", "late_misses")}

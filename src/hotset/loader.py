@@ -227,7 +227,7 @@ class CachedDataset(Dataset):
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
             plan = BatchPlan.uncached(plan)
         stats, causes = LoaderStats(), []
-        failures0, refused0 = self.store.failures, self.store.refused
+        failures0 = self.store.failures
         got: dict[int, bytes] = {}
         # an id this plan admits is read once, from storage, even where a later position
         # of the batch plans it as a hit (sampling with replacement)
@@ -249,7 +249,7 @@ class CachedDataset(Dataset):
             wrong += self._read_hits(from_store, got, stats, plan.wait_s)
             stats.waited_hits = len(got) - before
         stats.store_failures = self.store.failures - failures0
-        stats.refused_puts = self.store.refused - refused0
+        stats.refused_puts = len(lost)  # writes that did not land, whatever the reason
         stored = set(from_store) & set(got)
         served_once = stored | (admitted & set(got))  # from the store, or this batch's read
         stats.hits = sum(1 for i in hit_pos if i in served_once)

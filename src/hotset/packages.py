@@ -233,27 +233,33 @@ class Packager:
                 path, ids, size = self._ready.popleft()
                 self._need = False
                 self._cv.notify_all()
-            with self.lock:
-                victims, ids = self.policy.l_make_room(ids)
-            loaded: list[int] = []
             try:
-                keys = self.storage.keys
-                if victims.size:
-                    self.store.delete_many([keys[i] for i in victims.tolist()])
                 entries = read_package(path)
                 self.storage.charge(size)
-                accepted = set(ids.tolist())
-                good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
-                _, refused = self.store.put(good)
-                held = good.keys() - set(refused)
-                loaded = [i for i, k, _ in entries if k in held]
-                self._counters["packages_loaded"] += 1
-                self._counters["package_bytes_loaded"] += size
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)
-            finally:
-                with self.lock:
+                continue
+            keys = self.storage.keys
+            # the store and the policy change together: a planner reconciling with the
+            # store never sees the one changed without the other
+            with self.lock:
+                victims, ids = self.policy.l_make_room(ids)
+                loaded: list[int] = []
+                try:
+                    if victims.size:
+                        self.store.delete_many([keys[i] for i in victims.tolist()])
+                    accepted = set(ids.tolist())
+                    good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
+                    _, refused = self.store.put(good)
+                    held = good.keys() - set(refused)
+                    loaded = [i for i, k, _ in entries if k in held]
+                    self._counters["packages_loaded"] += 1
+                    self._counters["package_bytes_loaded"] += size
+                except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
+                    self.errors += 1
+                    log.warning("loading package %s failed: %s", path, exc)
+                finally:
                     self.policy.l_commit(ids, loaded=loaded)
                     if self.policy.l_wants_package():
                         with self._cv:

@@ -17,7 +17,8 @@ class LoaderStats:
     * ``waited_hits``: planned hits that arrived while the worker waited for another
       job's fetch (the multi-job service's co-operative misses); counted in ``hits``.
     * ``store_failures``: store calls that failed (e.g. Redis went away) and were absorbed.
-    * ``refused_puts``: admissions the store refused because they would exceed its budget.
+    * ``refused_puts``: admissions and prefetches that did not land in the store (its
+      budget, a store failure, an unreadable sample); the planner forgets them.
     * ``corrupt_hits``: store entries whose bytes did not match the sample's digest: never
       served, deleted, the sample read from storage (counted in ``late_misses`` too).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).

@@ -230,9 +230,9 @@ class Policy(ABC):
 
     def pin(self, ids, delta: int = 1) -> None:
         """Hold (``delta=1``) or release (``-1``) ids whose planned reads or writes have
-        not run: a pinned id is never evicted (nor deleted from the store)."""
-        np.add.at(self.pinned, np.asarray(ids, np.int64), int(delta))
-        np.maximum(self.pinned, 0, out=self.pinned)
+        not run: a pinned id is never evicted (nor deleted from the store). Counts plans,
+        not repeats within one: a release must name what its hold named."""
+        self.pinned[np.asarray(ids, np.int64)] += int(delta)
 
     def _remove(self, i: int) -> None:
         """Forget resident ``i`` (``discard`` keeps ``used``)."""
