@@ -204,9 +204,11 @@ class Planner:
         self.executes = store is not None  # plans run elsewhere and are reported back
         self.wait_s = float(wait_s)
         # plans handed out, not consumed: (seq, pinned ids, ids it writes, ids it deletes)
-        self._inflight: deque[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = deque()
-        self._writing: dict[int, int] = {}  # id -> the last plan in flight that writes it
-        self._deleting: dict[int, int] = {}  # id -> the last plan in flight that deletes it
+        self._inflight: deque[tuple[int, np.ndarray]] = deque()  # (seq, pinned ids)
+        # per id, the last plan that wrote / deleted it: in flight if >= the oldest in flight
+        self._writer = np.full(policy.num_samples, -1, np.int64)
+        self._deleter = np.full(policy.num_samples, -1, np.int64)
+        self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
         self._consumed = 0  # its batches the loader handed to the training loop
@@ -245,18 +247,13 @@ class Planner:
         if not self._inflight:
             return
         self._consumed += 1
-        seq, pins, writes, deletes = self._inflight.popleft()
+        seq, pins = self._inflight.popleft()
         with self.lock:
             self.policy.pin(pins, -1)
-            for ids, plans in ((writes, self._writing), (deletes, self._deleting)):
-                for i in ids.tolist():
-                    if plans.get(i) == seq:
-                        del plans[i]
             if report is None:
                 return
             lost = np.concatenate([report.lost, report.absent])
-            # an id a later plan in flight writes again is that plan's to report
-            lost = lost[[self._writing.get(i, -1) < seq for i in lost.tolist()]]
+            lost = lost[self._writer[lost] <= seq]  # one a later plan writes is its to report
             self.phantoms += len(self.policy.reconcile(report.stored, lost))
 
     def _release_all(self) -> None:
@@ -264,8 +261,6 @@ class Planner:
         with self.lock:
             while self._inflight:
                 self.policy.pin(self._inflight.popleft()[1], -1)
-            self._writing.clear()
-            self._deleting.clear()
 
     def sync_with_store(self, held: np.ndarray) -> np.ndarray:
         """Reconcile at an epoch boundary (no plan in flight): forget the residents the
@@ -385,23 +380,25 @@ class Planner:
         if not self.executes:
             self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
             return 0.0, admitted, fetch
-        deleting, writing = self._deleting, self._writing
-        blocked = [i for i in (*admitted.tolist(), *fetch.tolist()) if i in deleting]
-        if blocked:
-            self.phantoms += len(self.policy.discard(blocked))
-            admitted, fetch = (a[~np.isin(a, blocked)] for a in (admitted, fetch))
+        oldest = self._inflight[0][0] if self._inflight else self._seq
+        blocked = [a[self._deleter[a] >= oldest] for a in (admitted, fetch)]
+        if blocked[0].size or blocked[1].size:
+            self.phantoms += len(self.policy.discard(np.concatenate(blocked)))
+            admitted, fetch = (a[self._deleter[a] < oldest] for a in (admitted, fetch))
         writes = np.concatenate([admitted, fetch])
         seq, self._seq = self._seq, self._seq + 1
         pins = np.concatenate([reads, writes])
         self.policy.pin(pins, +1)
-        self._inflight.append((seq, pins, writes, deletes))
+        self._inflight.append((seq, pins))
         # its worker may have to wait for earlier workers: for the reads they write, or for
         # the room their deletions free before its own writes fit
-        wait = any(i in writing for i in reads.tolist()) or bool(writes.size and deleting)
-        for i in writes.tolist():
-            writing[i] = seq
-        for i in deletes.tolist():
-            deleting[i] = seq
+        wait = (self._writer[reads] >= oldest).any() or (
+            writes.size and self._last_delete >= oldest
+        )
+        self._writer[writes] = seq
+        self._deleter[deletes] = seq
+        if deletes.size:
+            self._last_delete = seq
         return (self.wait_s if wait else 0.0), admitted, fetch
 
     def __iter__(self) -> Iterator[BatchPlan]:

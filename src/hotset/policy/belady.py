@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.policy.base import Policy, register_policy
-from hotset.policy.keyed_heap import KeyedHeap
+from hotset.policy.base import register_policy
+from hotset.policy.keyed_heap import HeapPolicy, KeyedHeap
 
 
 def next_use(sequence: np.ndarray, never: int) -> np.ndarray:
@@ -30,20 +30,15 @@ FAR = 1 << 40  # heap level = FAR - next use: the furthest next use on top
 
 
 @register_policy
-class BeladyPolicy(Policy):
+class BeladyPolicy(HeapPolicy):
     name = "belady"
     needs_future = True
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._heap = KeyedHeap.for_ids(self.num_samples)  # residents by next use
         self._seq: list[int] = []
         self._next: list[int] = []
         self._pos = 0
-
-    @property
-    def _resident(self):
-        return self._heap.live
 
     def set_future(self, sequence: np.ndarray) -> None:
         seq = np.asarray(sequence, dtype=np.int64)
@@ -66,9 +61,12 @@ class BeladyPolicy(Policy):
                 f"(at position {pos}); Belady needs the sampler's exact future order"
             )
 
+    def _level(self, p: int, i: int) -> int:
+        return FAR - self._next[self._pos + p]  # its next use from here
+
     def _on_hit(self, p: int, i: int) -> bool:
         if i in self._heap.live:
-            self._heap.push(i, FAR - self._next[self._pos + p])  # its next use from here
+            self._heap.push(i, self._level(p, i))
             return True
         return False
 
@@ -77,16 +75,6 @@ class BeladyPolicy(Policy):
         if top is None or FAR - top[1] <= self._next[self._pos + p]:
             return -1  # every remaining resident is needed sooner than i: bypass
         return self._heap.take()
-
-    def _restore(self, victims: list[int]) -> None:
-        self._heap.put_back(victims)
-
-    def _remove(self, i: int) -> None:
-        self._heap.drop(i)
-
-    def _insert(self, p: int, i: int) -> None:
-        self._heap.settle()
-        self._heap.push(i, FAR - self._next[self._pos + p])
 
     def _access(self, ids, hits, admitted, evicted):
         super()._access(ids, hits, admitted, evicted)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import heapq
 
+from hotset.policy.base import Policy
+
 
 class KeyedHeap:
     """Members ``id -> level`` with the minimum level (then id) on top."""
@@ -87,3 +89,30 @@ class KeyedHeap:
 
     def __len__(self) -> int:
         return len(self.live)
+
+
+class HeapPolicy(Policy):
+    """A policy whose residents sit in one ``KeyedHeap`` (``_heap``), the lowest level
+    evicted first: the miss path's bookkeeping is shared, a subclass gives ``_level(p,
+    i)`` (the level of the access at batch position ``p``) and when to stop evicting."""
+
+    def __init__(self, capacity_bytes, sizes, seed: int = 0):
+        super().__init__(capacity_bytes, sizes, seed)
+        self._heap = KeyedHeap.for_ids(self.num_samples)
+
+    @property
+    def _resident(self):
+        return self._heap.live
+
+    def _level(self, p: int, i: int) -> int:
+        raise TypeError(f"{type(self).__name__} must give _level")
+
+    def _restore(self, victims: list[int]) -> None:
+        self._heap.put_back(victims)
+
+    def _remove(self, i: int) -> None:
+        self._heap.drop(i)
+
+    def _insert(self, p: int, i: int) -> None:
+        self._heap.settle()
+        self._heap.push(i, self._level(p, i))

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.policy.base import Policy, register_policy
-from hotset.policy.keyed_heap import KeyedHeap
+from hotset.policy.base import register_policy
+from hotset.policy.keyed_heap import HeapPolicy
 
 SCALE = float(1 << 24)
 
 
 @register_policy
-class PriorityPolicy(Policy):
+class PriorityPolicy(HeapPolicy):
     name = "pq"
     needs_scores = True
     #: evict residents whose score equals the newcomer's (APP's ``x >= min_score``)
@@ -27,14 +27,9 @@ class PriorityPolicy(Policy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._heap = KeyedHeap.for_ids(self.num_samples)  # residents by score
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []
-
-    @property
-    def _resident(self):
-        return self._heap.live
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -101,12 +96,5 @@ class PriorityPolicy(Policy):
             return -1  # the newcomer is the least important: do not admit it
         return self._heap.take()
 
-    def _restore(self, victims: list[int]) -> None:
-        self._heap.put_back(victims)
-
-    def _remove(self, i: int) -> None:
-        self._heap.drop(i)
-
-    def _insert(self, p: int, i: int) -> None:
-        self._heap.settle()
-        self._heap.push(i, self._q[p])
+    def _level(self, p: int, i: int) -> int:
+        return self._q[p]
