@@ -337,6 +337,8 @@ def test_skip_covers_decode_errors_and_stops_at_its_limits(fmnist_dir, tmp_path)
 
 # -- resume -----------------------------------------------------------------------------
 def _loader(storage, name, num_workers, store="shared", seed=3):
+    """The reproducible form of each system: no threads between plans and the cache
+    (SpiderCache scores inline, iCACHE packages in the planner's thread)."""
     system = resolve_system(name)
     options = dict(system.sampler_options)
     if name == "spider":
@@ -344,7 +346,7 @@ def _loader(storage, name, num_workers, store="shared", seed=3):
     return make_loader(
         storage, batch_size=40, policy=system.policy, sampler=system.sampler,
         sampler_options=options, cache_fraction=0.2, num_workers=num_workers, seed=seed,
-        store=store,
+        store=store, policy_options={"package_threads": False} if name == "icache" else None,
     )  # fmt: skip
 
 
@@ -388,10 +390,10 @@ def test_a_resumed_loader_serves_exactly_the_rest_of_the_epoch(fmnist_dir, name,
 
 def test_the_same_seed_gives_the_same_order_for_every_system(fmnist_dir):
     storage = FileStorage(str(fmnist_dir / "train"))
-    for name in ["lru", "minio", "belady", "shade", "spider"]:
+    for name in ["lru", "minio", "belady", "shade", "icache", "spider"]:
         runs = []
         for _ in range(2):
-            loader = _loader(storage, name, 0, store="memory")
+            loader = _loader(storage, name, 0)
             runs.append([_epoch(loader, e)[0] for e in range(3)])
             loader.close()
         assert runs[0] == runs[1], name

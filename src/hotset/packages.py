@@ -93,6 +93,10 @@ class Packager:
     ``keep_files`` package files are kept, and their samples are reused by later packages
     instead of being read from storage again. Packages written under an older H-list are
     not loaded (``epoch_started``): packages are rebuilt as the H-list changes.
+
+    ``threads=False`` packages and loads in the planner's thread, as soon as the policy
+    asks: slower planning, but what the L-cache holds then depends only on the plans, so
+    two runs with the same seed serve the same samples.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class Packager:
         directory: str | os.PathLike | None = None,
         ahead: int = 2,
         keep_files: int = 8,
+        threads: bool = True,
     ) -> None:
         self.storage, self.store, self.policy, self.lock = storage, store, policy, lock
         self._own_dir = directory is None
@@ -113,6 +118,7 @@ class Packager:
         except OSError as exc:
             raise ConfigError(f"package_dir {self.dir} is not writable: {exc}") from exc
         self.ahead, self.keep_files = int(ahead), int(keep_files)
+        self.threads = bool(threads)
         self._counters = {
             "packages_written": 0,
             "packages_loaded": 0,
@@ -134,6 +140,13 @@ class Packager:
 
     # -- planner side (planner lock held) ---------------------------------------------
     def poll(self) -> None:
+        if not self.threads:
+            while self.policy.l_wants_package():
+                ids = self.policy.l_next_package(prefer=np.fromiter(self._index, np.int64))
+                if not ids.size:
+                    return
+                self._load(*self._write(ids), ids)
+            return
         if not self._threads:
             self._start()
         if self.policy.l_wants_package():
@@ -233,37 +246,41 @@ class Packager:
                 path, ids, size = self._ready.popleft()
                 self._need = False
                 self._cv.notify_all()
+            self._load(path, size, ids)
+
+    def _load(self, path: Path, size: int, ids: np.ndarray) -> None:
+        """Read a package and put its samples into the store and the L-cache together
+        (under the planner lock: a planner reconciling with the store never sees the one
+        changed without the other)."""
+        try:
+            entries = read_package(path)
+            self.storage.charge(size)
+        except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
+            self.errors += 1
+            log.warning("loading package %s failed: %s", path, exc)
+            return
+        keys = self.storage.keys
+        with self.lock:
+            victims, ids = self.policy.l_make_room(ids)
+            loaded: list[int] = []
             try:
-                entries = read_package(path)
-                self.storage.charge(size)
+                if victims.size:
+                    self.store.delete_many([keys[i] for i in victims.tolist()])
+                accepted = set(ids.tolist())
+                good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
+                _, refused = self.store.put(good)
+                held = good.keys() - set(refused)
+                loaded = [i for i, k, _ in entries if k in held]
+                self._counters["packages_loaded"] += 1
+                self._counters["package_bytes_loaded"] += size
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)
-                continue
-            keys = self.storage.keys
-            # the store and the policy change together: a planner reconciling with the
-            # store never sees the one changed without the other
-            with self.lock:
-                victims, ids = self.policy.l_make_room(ids)
-                loaded: list[int] = []
-                try:
-                    if victims.size:
-                        self.store.delete_many([keys[i] for i in victims.tolist()])
-                    accepted = set(ids.tolist())
-                    good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
-                    _, refused = self.store.put(good)
-                    held = good.keys() - set(refused)
-                    loaded = [i for i, k, _ in entries if k in held]
-                    self._counters["packages_loaded"] += 1
-                    self._counters["package_bytes_loaded"] += size
-                except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
-                    self.errors += 1
-                    log.warning("loading package %s failed: %s", path, exc)
-                finally:
-                    self.policy.l_commit(ids, loaded=loaded)
-                    if self.policy.l_wants_package():
-                        with self._cv:
-                            self._need = True
+            finally:
+                self.policy.l_commit(ids, loaded=loaded)
+                if self.threads and self.policy.l_wants_package():
+                    with self._cv:
+                        self._need = True
 
     def close(self) -> None:
         with self._cv:

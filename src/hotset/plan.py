@@ -155,8 +155,10 @@ class Planner:
     pinned (never evicted, so never deleted under a worker) until the loader reports it
     consumed (``batch_consumed``), and the report is reconciled at once: what the store
     lacks after all is forgotten by the policy (``phantoms``), fetches that landed are
-    confirmed. A plan that hits an id an earlier plan in flight is still writing tells its
-    worker to wait up to ``wait_s`` for it. Without a store (the simulator) each plan counts
+    confirmed. A plan that hits an id an earlier plan in flight is still writing, or writes
+    while earlier plans in flight free room, tells its worker to wait up to ``wait_s`` for
+    them; a write of an id an earlier plan in flight deletes is dropped (the two workers
+    may run in either order). Without a store (the simulator) each plan counts
     as executed when yielded. The policy's feeder (``Policy.make_feeder``, iCACHE's
     package threads) works under ``package_dir``. ``lock`` guards the policy: a feeder
     thread that changes the cache takes it too.
@@ -203,8 +205,8 @@ class Planner:
         self.feed_future = feed_future
         self.executes = store is not None  # plans run elsewhere and are reported back
         self.wait_s = float(wait_s)
-        # plans handed out, not consumed: (seq, pinned ids, ids it writes, ids it deletes)
-        self._inflight: deque[tuple[int, np.ndarray]] = deque()  # (seq, pinned ids)
+        # plans handed out, not consumed: (seq, the ids it pinned)
+        self._inflight: deque[tuple[int, np.ndarray]] = deque()
         # per id, the last plan that wrote / deleted it: in flight if >= the oldest in flight
         self._writer = np.full(policy.num_samples, -1, np.int64)
         self._deleter = np.full(policy.num_samples, -1, np.int64)
@@ -213,7 +215,7 @@ class Planner:
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
         self._consumed = 0  # its batches the loader handed to the training loop
         self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
-        self.phantoms = 0  # residents forgotten because a plan's report said the store lacked them
+        self.phantoms = 0  # residents forgotten: the store lacked them, or never would hold them
         self.sync_fixes = 0  # disagreements with the store found at epoch boundaries
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying

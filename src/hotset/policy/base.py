@@ -92,6 +92,7 @@ class Policy(ABC):
         self.used = 0  # bytes of resident samples, per the manifest sizes
         #: plans in flight that read or write each id: a pinned id is never evicted
         self.pinned = np.zeros(self.num_samples, np.int32)
+        self._holds = np.zeros(1, np.int64)  # pins held now (none: the loop skips checks)
 
     @property
     @abstractmethod
@@ -136,7 +137,7 @@ class Policy(ABC):
         on_hit = self._on_hit if cls._on_hit is not base._on_hit else None
         wants = self._wants if cls._wants is not base._wants else None
         victim = self._victim if cls._victim is not base._victim else None
-        pinned = self.pinned
+        pinned = self.pinned if self._holds[0] else None
         for p, i in enumerate(ids):
             if on_hit(p, i) if on_hit else i in resident:
                 hits.append(True)
@@ -150,7 +151,7 @@ class Policy(ABC):
                 j = victim(p, i)
                 if j < 0:
                     break
-                if pinned[j]:  # a plan in flight reads or writes it: passed over
+                if pinned is not None and pinned[j]:  # a plan in flight reads or writes it
                     held.append(j)
                     continue
                 victims.append(j)
@@ -232,7 +233,9 @@ class Policy(ABC):
         """Hold (``delta=1``) or release (``-1``) ids whose planned reads or writes have
         not run: a pinned id is never evicted (nor deleted from the store). Counts plans,
         not repeats within one: a release must name what its hold named."""
-        self.pinned[np.asarray(ids, np.int64)] += int(delta)
+        ids = np.asarray(ids, np.int64)
+        self.pinned[ids] += int(delta)
+        self._holds[0] += int(delta) * ids.size
 
     def _remove(self, i: int) -> None:
         """Forget resident ``i`` (``discard`` keeps ``used``)."""
@@ -256,7 +259,7 @@ class Policy(ABC):
         return {
             k: v.state_dict() if isinstance(v, Policy) else copy.deepcopy(v)
             for k, v in vars(self).items()
-            if k not in ("pinned", "board")
+            if k not in ("pinned", "_holds", "board")
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -267,6 +270,7 @@ class Policy(ABC):
             else:
                 mine[k] = copy.deepcopy(v)
         self.pinned[:] = 0  # nothing is in flight after a restart
+        self._holds[0] = 0
 
     def writing_ids(self) -> np.ndarray:
         """Ids the policy's feeder is putting into the store right now (not yet resident:
@@ -295,8 +299,12 @@ class Policy(ABC):
         """Another policy of this kind for a partition of the same cache (a multi-job
         service's per-dataset share); it shares what the kind keeps cache-wide."""
         part = type(self)(capacity_bytes, sizes, self.seed)
-        part.pinned = self.pinned
+        self.share_pins(part)
         return part
+
+    def share_pins(self, other: Policy) -> None:
+        """``other`` (a partition, a cache inside this one) honours this policy's pins."""
+        other.pinned, other._holds = self.pinned, self._holds
 
     def __repr__(self) -> str:
         return (

@@ -43,7 +43,10 @@ class ICachePolicy(Policy):
         h_share: float = 0.9,
         package_bytes: int = 1 << 20,
         rebuild_per_batch: int = 2048,
+        package_threads: bool = True,
     ) -> None:
+        """``package_threads=False``: packages are made and loaded in the planner's
+        thread (reproducible runs; see ``packages.Packager``)."""
         super().__init__(capacity_bytes, sizes, seed)
         if not 0.0 <= h_share <= 1.0:
             raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
@@ -51,6 +54,7 @@ class ICachePolicy(Policy):
             raise ConfigError(f"package_bytes must be >= 1, got {package_bytes}")
         self.package_bytes = int(package_bytes)
         self.rebuild_per_batch = int(rebuild_per_batch)
+        self.package_threads = bool(package_threads)
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
@@ -153,7 +157,7 @@ class ICachePolicy(Policy):
             return InstantPackages(self)
         from hotset.packages import Packager  # the data plane: bytes, files, the store
 
-        return Packager(storage, store, self, lock, directory)
+        return Packager(storage, store, self, lock, directory, threads=self.package_threads)
 
     # -- H-list ----------------------------------------------------------------------
     def apply_hints(self, hints: dict) -> None:

@@ -25,13 +25,11 @@ PINNED = np.int64(1) << 40  # a pinned resident outranks any reference count
 class RefCntPolicy(Policy):
     name = "refcnt"
 
-    def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None, pinned=None):
-        """``refs`` / ``pinned``: arrays to share with other RefCnt policies (one count of
-        future reads for several partitions of one cache)."""
+    def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None):
+        """``refs``: an array to share with other RefCnt policies (one count of future
+        reads for several partitions of one cache)."""
         super().__init__(capacity_bytes, sizes, seed)
         self.refs = np.zeros(self.num_samples, np.int64) if refs is None else refs
-        if pinned is not None:
-            self.pinned = pinned
         self._pos: dict[int, int] = {}  # id -> index in _ids
         self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
 
@@ -41,7 +39,9 @@ class RefCntPolicy(Policy):
 
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> RefCntPolicy:
         """A partition sharing this one's counts of references and pins."""
-        return RefCntPolicy(capacity_bytes, sizes, self.seed, refs=self.refs, pinned=self.pinned)
+        part = RefCntPolicy(capacity_bytes, sizes, self.seed, refs=self.refs)
+        self.share_pins(part)
+        return part
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""

@@ -41,7 +41,7 @@ class SpiderPolicy(Policy):
         super().__init__(capacity_bytes, sizes, seed)
         self._pending: set[int] = set()  # nodes whose fetch has not landed yet
         self.importance = PriorityPolicy(int(capacity_bytes * imp_ratio), sizes, seed)
-        self.importance.pinned = self.pinned  # one count of pins for both caches
+        self.share_pins(self.importance)  # one count of pins for both caches
         self.homophily: dict[int, np.ndarray] = {}  # node -> neighbour ids, FIFO order
         self.owner = np.full(self.num_samples, -1, np.int64)  # neighbour -> its node
         self.hom_used = 0
