@@ -146,24 +146,27 @@ class Policy(ABC):
             s = sizes[i]
             if s > cap or (wants and not wants(p, i)):
                 continue
-            victims, held = [], []
-            while used + s > cap and victim:
-                j = victim(p, i)
-                if j < 0:
-                    break
-                if pinned is not None and pinned[j]:  # a plan in flight reads or writes it
-                    held.append(j)
+            if used + s > cap:
+                if victim is None:
+                    continue  # nothing is ever evicted
+                victims, held = [], []
+                while used + s > cap:
+                    j = victim(p, i)
+                    if j < 0:
+                        break
+                    if pinned is not None and pinned[j]:  # a plan in flight reads/writes it
+                        held.append(j)
+                        continue
+                    victims.append(j)
+                    used -= sizes[j]
+                if held:
+                    self._restore(held)
+                if used + s > cap:  # the rest is worth more than i: put the victims back
+                    if victims:
+                        self._restore(victims)
+                        used += sum(sizes[j] for j in victims)
                     continue
-                victims.append(j)
-                used -= sizes[j]
-            if held:
-                self._restore(held)
-            if used + s > cap:  # the rest is worth more than i: put the victims back
-                if victims:
-                    self._restore(victims)
-                    used += sum(sizes[j] for j in victims)
-                continue
-            evicted.extend(victims)
+                evicted.extend(victims)
             insert(p, i)
             used += s
             admitted.append(i)

@@ -62,11 +62,13 @@ class KeyedHeap:
     def take(self) -> int:
         """Pop the minimum as a victim of the admission being tried; returns its id (-1
         when empty)."""
-        top = self.peek()
-        if top is None:
+        if self.peek() is None:
             return -1
-        self._taken[top[0]] = self.key(*top)
-        return self.pop()
+        k = heapq.heappop(self.heap)  # the live minimum, after peek's cleaning
+        i = k & self.mask
+        del self.live[i]
+        self._taken[i] = k
+        return i
 
     def put_back(self, ids) -> None:
         """These taken ``ids`` are members again (the admission failed, or they are
