@@ -279,3 +279,27 @@ def test_short_training_run_learns(fmnist_dir):
     finally:
         loader.dataset.store.close(destroy=True)
     assert accuracy(model, xt, yt) > 0.6  # chance is 0.1
+
+
+def test_a_loop_that_never_calls_set_epoch_still_gets_new_epochs(fmnist_dir, caplog):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with make_loader(storage, batch_size=100, cache_fraction=0.1, store="memory",
+                     num_workers=0) as loader:  # fmt: skip
+        orders = [torch.cat([ids for _, _, ids in loader]).tolist() for _ in range(3)]
+        assert loader.epoch == 2 and len({tuple(o) for o in orders}) == 3
+        assert sum("set_epoch was never called" in r.message for r in caplog.records) == 1
+        loader.set_epoch(1)  # once the loop chooses, it is obeyed
+        again = [torch.cat([ids for _, _, ids in loader]).tolist() for _ in range(2)]
+        assert again == [orders[1], orders[1]]
+
+
+def test_pairs_with_the_ids_on_the_side(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with make_loader(storage, batch_size=100, sampler="shade", policy="app",
+                     cache_fraction=0.1, store="memory", num_workers=0,
+                     with_ids=False) as loader:  # fmt: skip
+        for x, y in loader:  # what frameworks that unpack two expect
+            assert x.shape[0] == y.shape[0] == loader.last_ids.shape[0]
+            loader.feedback(losses=torch.full((y.shape[0],), 2.0))
+        board = loader.planner.sampler.board
+        assert (board.count > 0).sum() == len(storage)  # every served id got its loss

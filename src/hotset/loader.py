@@ -237,7 +237,8 @@ class CachedDataset(Dataset):
         wrong = self._read_hits(from_store, got, stats, 0.0)
         # the plan's misses first, and their admissions: another job's (or worker's) plan
         # may be waiting for them while this one waits for its own planned hits
-        misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in from_store]
+        planned = set(from_store)
+        misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned]
         got.update(self._read_storage(misses, stats, causes))
         fetched = self._read_storage(plan.fetch.tolist(), stats, causes) if plan.fetch.size else {}
         stats.prefetched = len(fetched)
@@ -303,6 +304,12 @@ class HotsetLoader:
     ``set_epoch`` it as a DistributedSampler, read ``stats`` (or ``counters()``) for what
     happened.
 
+    Batches are ``Batch(inputs, targets, ids)``; with ``with_ids=False`` plain ``(inputs,
+    targets)`` pairs (for loops and frameworks that unpack two), the ids then in
+    ``last_ids`` and ``feedback(losses=...)`` using them. A loader whose ``set_epoch`` is
+    never called (frameworks that do not) advances its epoch by one at each iteration after
+    the first, with a warning the first time, instead of repeating one order.
+
     Each batch's report goes back to the planner as the batch reaches the training loop;
     at the start and end of each epoch a planner that owns its cache is reconciled with
     the store's contents (entries nobody plans for are deleted). ``owns_store``: the
@@ -318,6 +325,7 @@ class HotsetLoader:
         progress: bool = False,
         desc: str = "",
         owns_store: bool = False,
+        with_ids: bool = True,
         **dataloader_kwargs,
     ) -> None:
         if num_workers > 0 and not dataset.store.shared_across_processes:
@@ -333,6 +341,11 @@ class HotsetLoader:
         self.progress = progress
         self.desc = desc
         self.stats = LoaderStats()
+        self.with_ids = with_ids
+        self.last_ids: torch.Tensor | None = None  # the ids of the batch yielded last
+        self.epoch = 0
+        self._epochs_set = False  # whether set_epoch was ever called (or a state loaded)
+        self._iterated = False
         self._warned_store = False
         self._synced = False
         self._closed = False
@@ -348,7 +361,19 @@ class HotsetLoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
+        self._epochs_set = True
+        self.epoch = int(epoch)
         self.planner.set_epoch(epoch)
+
+    def _next_epoch(self) -> None:
+        """A new iteration of a loader whose ``set_epoch`` is never called."""
+        if self.epoch == 0:
+            log.warning(
+                "set_epoch was never called: hotset advances the epoch at each iteration "
+                "(call loader.set_epoch(epoch) to choose)"
+            )
+        self.epoch += 1
+        self.planner.set_epoch(self.epoch)
 
     def __len__(self) -> int:
         return len(self.planner)
@@ -361,6 +386,9 @@ class HotsetLoader:
             else it
         )
         pin = self.dataloader.pin_memory
+        if self._iterated and not self._epochs_set:
+            self._next_epoch()
+        self._iterated = True
         if not self._synced:  # a store an earlier job left: adopt what the plan holds
             self.sync_with_store()
         served, causes = 0, []
@@ -382,11 +410,9 @@ class HotsetLoader:
             if self.progress and n % 20 == 0:
                 bar.set_postfix(hit=f"{self.stats.hit_ratio:.3f}", late=self.stats.late_misses)
             targets = torch.from_numpy(raw["targets"])
-            yield Batch(
-                raw["inputs"],
-                targets.pin_memory() if pin else targets,
-                torch.from_numpy(raw["ids"]),
-            )
+            self.last_ids = torch.from_numpy(raw["ids"])
+            batch = Batch(raw["inputs"], targets.pin_memory() if pin else targets, self.last_ids)
+            yield batch if self.with_ids else batch[:2]
         self.sync_with_store()
         if not served and len(self):
             raise SkipLimitError(
@@ -415,11 +441,17 @@ class HotsetLoader:
         """Whether ``feedback`` needs the batch's embeddings (graph importance)."""
         return self.planner.wants_embeddings
 
-    def feedback(self, ids, losses, embeddings=None) -> None:
+    def feedback(self, ids=None, losses=None, embeddings=None) -> None:
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
-        (tensors or arrays): importance samplers and score-keyed policies use them.
-        SpiderCache also needs ``embeddings`` (one row per id, from the model's feature
-        layer); see ``wants_embeddings``."""
+        (tensors or arrays; default: the batch yielded last): importance samplers and
+        score-keyed policies use them. SpiderCache also needs ``embeddings`` (one row per
+        id, from the model's feature layer); see ``wants_embeddings``."""
+        if losses is None:
+            raise ConfigError("feedback: give the batch's per-sample losses")
+        if ids is None:
+            if self.last_ids is None:
+                raise ConfigError("feedback: no batch was served yet; give ids=")
+            ids = self.last_ids
         emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
         self.planner.feedback(
             as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64), emb
@@ -453,6 +485,7 @@ class HotsetLoader:
 
     def load_state_dict(self, state: dict) -> None:
         self.planner.load_state_dict(state["planner"])
+        self.set_epoch(int(state["planner"]["epoch"]))
         self.stats = LoaderStats(**state["stats"])
         self._synced = False  # the store may hold what the saved plan does, or not
 
@@ -500,6 +533,7 @@ def make_loader(
     policy_options: dict | None = None,
     sampler_options: dict | None = None,
     package_dir: str | None = None,
+    with_ids: bool = True,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a Storage to a cached loader: store, policy, sampler, planner, loader.
@@ -533,6 +567,8 @@ def make_loader(
             ``needs_labels``, ``spider``, gets the storage's unless given).
         package_dir: where a policy's feeder writes its files (``icache``'s packages),
             beside the storage (default: a temporary directory removed by ``close()``).
+        with_ids: yield ``(inputs, targets, ids)`` (default) or ``(inputs, targets)``
+            with the ids in ``loader.last_ids`` (``feedback(losses=...)`` uses them).
         **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ...); hotset sets the batch
             sampler and collation itself.
@@ -568,7 +604,7 @@ def make_loader(
         )  # fmt: skip
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress,
-            owns_store=owns_store, **dataloader_kwargs,
+            owns_store=owns_store, with_ids=with_ids, **dataloader_kwargs,
         )  # fmt: skip
     except BaseException:
         if owns_store:  # nothing else will ever remove it
