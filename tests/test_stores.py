@@ -155,3 +155,16 @@ def test_make_store_specs(tmp_path):
         make_store("nope", 10)
     with pytest.raises(ConfigError, match="capacity_bytes"):
         MemoryStore(-1)
+
+
+def test_list_keys_by_prefix_and_namespaces(store_factory):
+    from hotset.store.base import NamespacedStore
+
+    s = store_factory(1000)
+    s.put_many({"a:1": b"x", "a:2": b"y", "b:1": b"z", "ab": b"w"})
+    assert sorted(s.list_keys()) == ["a:1", "a:2", "ab", "b:1"]
+    assert sorted(s.list_keys("a:")) == ["a:1", "a:2"]
+    ns = NamespacedStore(s, "a:")
+    assert sorted(ns.list_keys()) == ["1", "2"] and len(ns) == 2
+    ns.clear()  # only its own entries
+    assert sorted(s.list_keys()) == ["ab", "b:1"]

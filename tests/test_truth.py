@@ -40,6 +40,13 @@ def synthetic_feedback(loader, ids, labels, epoch):
     loader.feedback(ids, losses, emb)
 
 
+def read_epoch(loader, epoch: int) -> None:
+    """One epoch of ``loader`` with no training step."""
+    loader.set_epoch(epoch)
+    for _ in loader:
+        pass
+
+
 def store_ids(loader) -> set[int]:
     return set(loader.dataset.ids_of(loader.dataset.store.list_keys()).tolist())
 
@@ -102,9 +109,7 @@ def test_duplicate_ids_in_a_batch_are_read_once_and_admitted(fmnist_dir):
     )  # fmt: skip
     try:
         for epoch in range(3):
-            loader.set_epoch(epoch)
-            for _ in loader:
-                pass
+            read_epoch(loader, epoch)
             assert set(loader.planner.policy.cached_ids().tolist()) == store_ids(loader)
         c = loader.counters()
         assert c["phantoms"] == 0 and c["sync_fixes"] == 0 and c["late_misses"] == 0
@@ -118,15 +123,14 @@ def test_a_planted_wrong_entry_is_never_served(fmnist_dir):
     loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.5,
                          store=store, num_workers=0)  # fmt: skip
     try:
-        loader.set_epoch(0)
-        for _ in loader:
-            pass
+        read_epoch(loader, 0)
         cached = loader.planner.policy.cached_ids()[:20].tolist()
-        ns = dataset_namespace(storage.keys)
+        mine = NamespacedStore(store, dataset_namespace(storage.keys))  # what the loader sees
         for a, b in zip(cached[:10], cached[10:], strict=True):  # swap ten pairs of images
-            va, vb = store.get_many([ns + storage.keys[a], ns + storage.keys[b]])
-            store.delete_many([ns + storage.keys[a], ns + storage.keys[b]])
-            store.put_many({ns + storage.keys[a]: vb, ns + storage.keys[b]: va})
+            ka, kb = storage.keys[a], storage.keys[b]
+            va, vb = mine.get_many([ka, kb])
+            mine.delete_many([ka, kb])
+            mine.put_many({ka: vb, kb: va})
         loader.set_epoch(1)
         for x, _, ids in loader:
             for row, i in zip(x, ids.tolist(), strict=True):
@@ -147,9 +151,7 @@ def test_a_plain_store_of_another_dataset_is_not_touched(fmnist_dir, tmp_path):
     loader = make_loader(storage, batch_size=50, policy="lru", cache_fraction=0.2,
                          store=shared, num_workers=0)  # fmt: skip
     try:
-        loader.set_epoch(0)
-        for _ in loader:
-            pass
+        read_epoch(loader, 0)
         assert shared.get_many(["someone-else:k1"]) == [b"x" * 100]
     finally:
         loader.close()
@@ -165,9 +167,7 @@ def test_a_restarted_job_adopts_nothing_it_does_not_plan_and_frees_the_budget(fm
     for _ in range(2):
         loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=0.2,
                              store=shared, num_workers=0)  # fmt: skip
-        loader.set_epoch(0)
-        for _ in loader:
-            pass
+        read_epoch(loader, 0)
         c = loader.counters()
         assert c["refused_puts"] == 0 and c["hits"] == 0  # the whole budget, every time
         loader.close()
@@ -443,9 +443,7 @@ def test_minio_recovers_its_hits_after_a_redis_restart(redis_server, fmnist_dir)
             redis_server.stop()
             redis_server.start()
         before = loader.counters()["hits"]
-        loader.set_epoch(epoch)
-        for _ in loader:
-            pass
+        read_epoch(loader, epoch)
         hits.append(loader.counters()["hits"] - before)
     assert hits[1] > 0.25 * len(storage) and hits[2] == 0  # warm, then nothing is left
     assert hits[3] > 0.25 * len(storage)  # the plan learnt it and filled the cache again

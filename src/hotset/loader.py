@@ -8,6 +8,7 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -139,9 +140,13 @@ class CachedDataset(Dataset):
         values = self.store.get_many([self.keys[i] for i in np.asarray(ids).tolist()])
         return np.array([v is not None for v in values], bool)
 
+    @functools.cached_property
+    def _id_of(self) -> dict[str, int]:
+        return {k: i for i, k in enumerate(self.keys)}
+
     def ids_of(self, keys: list[str]) -> np.ndarray:
         """The ids of this dataset's samples among ``keys`` (others are skipped)."""
-        index = {k: i for i, k in enumerate(self.keys)}
+        index = self._id_of
         return np.array([index[k] for k in keys if k in index], np.int64)
 
     # -- executing a plan, step by step ------------------------------------------------
@@ -276,8 +281,6 @@ class CachedDataset(Dataset):
         served_ids = np.array(served, dtype=np.int64)
         stats.batches, stats.samples = 1, int(served_ids.size)
         report = PlanReport(
-            epoch=plan.epoch,
-            index=plan.index,
             stored=np.array([i for i in dict.fromkeys([*admitted, *fetched]) if i not in lost],
                             np.int64),
             lost=np.array(lost, np.int64),
@@ -348,6 +351,7 @@ class HotsetLoader:
         self._iterated = False
         self._warned_store = False
         self._synced = False
+        self._drift: tuple = ()  # what suggested the store's budget counter moved unseen
         self._closed = False
         self._remove_store = (
             weakref.finalize(self, dataset.store.close, destroy=True) if owns_store else None
@@ -434,7 +438,12 @@ class HotsetLoader:
         if extra.size:
             log.info("deleting %d store entries the plan does not hold", extra.size)
             self.dataset.store.delete_many([self.dataset.keys[i] for i in extra.tolist()])
-        self.dataset.store.reconcile()
+        # the budget counter is recounted only when something may have moved it unseen
+        s, c = self.stats, self.planner.counters()
+        drift = (s.store_failures, s.refused_puts, s.late_misses, c["phantoms"], c["sync_fixes"])
+        if drift != self._drift:
+            self._drift = drift
+            self.dataset.store.reconcile()
 
     @property
     def wants_embeddings(self) -> bool:

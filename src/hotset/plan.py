@@ -78,10 +78,8 @@ class PlanReport:
     """What the data plane did with one plan: ``stored`` — its admissions and fetches now
     in the store; ``lost`` — those that are not (refused by the budget, a store failure,
     unreadable); ``absent`` — planned hits the store did not hold (or held wrong bytes);
-    ``causes`` — why samples were skipped."""
+    ``causes`` — why samples were skipped. Reports come back in the plans' order."""
 
-    epoch: int
-    index: int
     stored: np.ndarray = field(default_factory=_empty)
     lost: np.ndarray = field(default_factory=_empty)
     absent: np.ndarray = field(default_factory=_empty)
@@ -208,8 +206,9 @@ class Planner:
         # plans handed out, not consumed: (seq, the ids it pinned)
         self._inflight: deque[tuple[int, np.ndarray]] = deque()
         # per id, the last plan that wrote / deleted it: in flight if >= the oldest in flight
-        self._writer = np.full(policy.num_samples, -1, np.int64)
-        self._deleter = np.full(policy.num_samples, -1, np.int64)
+        tracked = policy.num_samples if self.executes else 0
+        self._writer = np.full(tracked, -1, np.int64)
+        self._deleter = np.full(tracked, -1, np.int64)
         self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
@@ -383,11 +382,12 @@ class Planner:
             self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
             return 0.0, admitted, fetch
         oldest = self._inflight[0][0] if self._inflight else self._seq
-        blocked = [a[self._deleter[a] >= oldest] for a in (admitted, fetch)]
-        if blocked[0].size or blocked[1].size:
-            self.phantoms += len(self.policy.discard(np.concatenate(blocked)))
-            admitted, fetch = (a[self._deleter[a] < oldest] for a in (admitted, fetch))
         writes = np.concatenate([admitted, fetch])
+        blocked = self._deleter[writes] >= oldest
+        if blocked.any():
+            self.phantoms += len(self.policy.discard(writes[blocked]))
+            admitted, fetch = (a[self._deleter[a] < oldest] for a in (admitted, fetch))
+            writes = writes[~blocked]
         seq, self._seq = self._seq, self._seq + 1
         pins = np.concatenate([reads, writes])
         self.policy.pin(pins, +1)

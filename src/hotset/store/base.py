@@ -66,8 +66,9 @@ class Store(ABC):
     def clear(self) -> None:
         """Remove every entry."""
 
-    def list_keys(self) -> list[str]:
-        """Every key held (for reconciling with a planner; not for the batch path)."""
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """Every key held that starts with ``prefix`` (for reconciling with a planner; not
+        for the batch path)."""
         raise ConfigError(f"{type(self).__name__} cannot list its keys")
 
     def reconcile(self) -> int:
@@ -146,9 +147,9 @@ class NamespacedStore(StoreWrapper):
     def contains(self, key: str) -> bool:
         return self.inner.contains(self.prefix + key)
 
-    def list_keys(self) -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
         n = len(self.prefix)
-        return [k[n:] for k in self.inner.list_keys() if k.startswith(self.prefix)]
+        return [k[n:] for k in self.inner.list_keys(self.prefix + prefix)]
 
     def __len__(self) -> int:
         return len(self.list_keys())

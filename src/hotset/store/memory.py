@@ -38,9 +38,9 @@ class MemoryStore(Store):
                 stored += 1
         return stored, out
 
-    def list_keys(self) -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
         with self._lock:
-            return list(self._data)
+            return [k for k in self._data if k.startswith(prefix)]
 
     def delete_many(self, keys: Sequence[str]) -> None:
         with self._lock:

@@ -139,9 +139,9 @@ class RedisStore(Store):
 
         return self._call(put, (0, names))
 
-    def list_keys(self) -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
         n = len(self._prefix)
-        return self._call(lambda r: [k.decode()[n:] for k in self._data_keys(r)], [])
+        return self._call(lambda r: [k.decode()[n:] for k in self._data_keys(r, prefix)], [])
 
     def reconcile(self) -> int:
         def recount(r):
@@ -167,10 +167,10 @@ class RedisStore(Store):
     def used_bytes(self) -> int:
         return int(self._call(lambda r: r.get(self._used_key), None) or 0)
 
-    def _data_keys(self, r) -> list[bytes]:
+    def _data_keys(self, r, prefix: str = "") -> list[bytes]:
         return [
             k
-            for k in r.scan_iter(match=self._prefix + "*", count=1000)
+            for k in r.scan_iter(match=self._prefix + prefix + "*", count=1000)
             if k != self._used_key.encode()
         ]
 

@@ -179,9 +179,16 @@ class SharedStore(Store):
             return 0, list(items)
         return stored, out
 
-    def list_keys(self) -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
+        start, out = prefix.encode(), []
         with self._open().begin(db=self._data) as txn:
-            return [bytes(k).decode() for k in txn.cursor().iternext(values=False)]
+            cursor = txn.cursor()
+            if cursor.set_range(start):  # keys are sorted: the prefix's run only
+                for k in cursor.iternext(values=False):
+                    if not k.startswith(start):
+                        break
+                    out.append(bytes(k).decode())
+        return out
 
     def reconcile(self) -> int:
         with self._open().begin(write=True) as txn:
