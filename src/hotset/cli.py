@@ -108,7 +108,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         jobs = JobsConfig(
             data=args.data, jobs=args.jobs,
             **_given(args, "scenario", "samples", "epochs", "batch_size", "num_workers",
-                     "latency_ms", "concurrency", "stagger_s", "probe_batches", "seed"),
+                     "latency_ms", "concurrency", "stagger_s", "probe_batches", "seed",
+                     "device", "model"),
         )  # fmt: skip
         if args.cache_fractions is not None:
             jobs.cache_fraction = args.cache_fractions[0]
@@ -122,18 +123,37 @@ def cmd_compare(args: argparse.Namespace) -> None:
         policies=args.policies,
         cache_fractions=args.cache_fractions or [0.1, 0.2],
         progress=not args.no_progress,
+        sampler_options=_options(args.sampler_option, "--sampler-option"),
+        policy_options=_options(args.policy_option, "--policy-option"),
         **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
-                 "concurrency", "store", "seed"),
+                 "concurrency", "store", "seed", "device", "model", "val_fraction"),
     )  # fmt: skip
     run_compare(cfg, out_dir=args.out, json_path=args.json)
+
+
+def _options(items: list[str] | None, flag: str) -> dict:
+    """``KEY=VALUE`` pairs as keyword arguments; a VALUE is read as JSON where it parses
+    (``3``, ``0.5``, ``true``, ``[1, 2]``), else kept as a string."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise HotsetError(f"{flag} {item!r}: give KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def cmd_record(args: argparse.Namespace) -> None:
     from hotset.compare import record_oracle
 
     oracle = record_oracle(
-        args.data, args.epochs, args.out, **_given(args, "batch_size", "seed", "num_workers")
-    )
+        args.data, args.epochs, args.out,
+        **_given(args, "batch_size", "seed", "num_workers", "device", "model", "val_fraction",
+                 "embedding_dims"),
+    )  # fmt: skip
     print(f"wrote {args.out}: losses of {oracle.num_samples} samples over {oracle.epochs} epochs")
 
 
@@ -190,6 +210,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda")
+    p.add_argument("--model", choices=["tiny", "resnet18"], help="default: tiny")
+    p.add_argument("--val-fraction", type=float,
+                   help="training samples held out for decisions (default 1/12)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -236,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--concurrency", type=int, help="reads in flight on the storage")
     co.add_argument("--store", help="memory | shared (default) | redis://host:port/db")
     co.add_argument("--seed", type=int, help=DEFAULT)
+    _model_options(co)
+    co.add_argument("--sampler-option", action="append", metavar="KEY=VALUE",
+                    help="a sampler option (repeat), e.g. repetition=3")  # fmt: skip
+    co.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
+                    help="a policy option (repeat), e.g. package_bytes=65536")  # fmt: skip
     co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
@@ -265,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--batch-size", type=int, help=DEFAULT)
     rc.add_argument("--num-workers", type=int, help=DEFAULT)
     rc.add_argument("--seed", type=int, help=DEFAULT)
+    _model_options(rc)
+    rc.add_argument("--embedding-dims", type=int,
+                    help="keep a random projection of the embeddings to N dims")  # fmt: skip
     rc.set_defaults(func=cmd_record)
 
     sw = sub.add_parser("sweep", help="simulate systems x cache sizes with a loss oracle")

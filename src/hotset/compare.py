@@ -1,6 +1,8 @@
-"""`hotset compare`: the main job. Trains a small CNN through hotset for each policy and
-cache fraction, reading the dataset from emulated remote storage, and reports hit ratio,
-epoch time and test accuracy side by side (table, JSON, PNG)."""
+"""`hotset compare`: the main job. Trains a model (a small CNN, or ResNet-18 on a GPU)
+through hotset for each system and cache fraction, reading the dataset from emulated
+remote storage, and reports hit ratio, storage reads, epoch time and test accuracy side by
+side (table, JSON, PNG). Decisions that watch accuracy (SHADE's bias guard, SpiderCache's
+accuracy monitor) see a validation split held out of the training set, never the test set."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import logging
 import posixpath
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -20,10 +22,11 @@ from hotset.codecs import decode_sample, to_tensor
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
 from hotset.loader import make_loader
-from hotset.models import TinyCNN, accuracy
-from hotset.sampling import sampler_class
+from hotset.models import MODELS, accuracy, make_model, resolve_device
+from hotset.policy import POLICIES
+from hotset.sampling import SAMPLERS, sampler_class
 from hotset.sim.oracle import LossOracle
-from hotset.storage import FileStorage, ThrottledStorage
+from hotset.storage import FileStorage, Storage, SubsetStorage, ThrottledStorage
 from hotset.store import make_store
 from hotset.systems import resolve_system
 from hotset.training import train_epoch
@@ -31,6 +34,7 @@ from hotset.training import train_epoch
 log = logging.getLogger(__name__)
 
 IMAGE_SIZE = (28, 28)
+IN_MEMORY = "inmemory"  # the compute floor: torch's DataLoader over tensors in memory
 
 
 @dataclass
@@ -42,22 +46,44 @@ class CompareConfig:
     batch_size: int = 128
     num_workers: int = 2
     latency_ms: float = 2.0
-    bandwidth_mb_s: float = 0.0
+    bandwidth_mb_s: float = 100.0
     concurrency: int = 4
     store: str = "shared"
     seed: int = 0
     progress: bool = True
+    device: str = "auto"
+    model: str = "tiny"
+    val_fraction: float = 1 / 12  # 5,000 of Fashion-MNIST's 60,000
+    sampler_options: dict = field(default_factory=dict)
+    policy_options: dict = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
         for name in self.policies:
-            resolve_system(name)
+            if name != IN_MEMORY:
+                resolve_system(name)
         for f in self.cache_fractions:
             if not 0.0 <= f <= 1.0:
                 raise ConfigError(f"--cache-fractions: {f} is not in [0, 1]")
         if self.epochs < 1:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"--val-fraction: {self.val_fraction} is not in [0, 1)")
+        if self.model not in MODELS:
+            raise ConfigError(f"--model: unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        resolve_device(self.device)
+        systems = [resolve_system(name) for name in self.policies if name != IN_MEMORY]
+        for flag, options, registry, part in (
+            ("--sampler-option", self.sampler_options, SAMPLERS, "sampler"),
+            ("--policy-option", self.policy_options, POLICIES, "policy"),
+        ):
+            taken = set().union(*(registry.options_for(getattr(s, part), options) for s in systems))
+            if set(options) - taken:
+                raise ConfigError(
+                    f"{flag}: no {part} of {', '.join(self.policies)} takes "
+                    f"{', '.join(sorted(set(options) - taken))}"
+                )
 
 
 def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -71,34 +97,64 @@ def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tenso
     return inputs, torch.as_tensor(storage.labels, dtype=torch.int64)
 
 
-def _model_for(train: FileStorage, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _model_for(
+    train: Storage, seed: int, model: str = "tiny", device: str = "cpu"
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = TinyCNN(num_classes=max(len(train.classes), int(train.labels.max()) + 1))
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    net = make_model(model, num_classes=max(len(train.classes), int(train.labels.max()) + 1))
+    net = net.to(resolve_device(device))
+    return net, torch.optim.Adam(net.parameters(), lr=1e-3)
+
+
+def split_train(data: str, val_fraction: float, seed: int = 0) -> tuple[Storage, np.ndarray]:
+    """The training split less a held-out validation part: (the storage to train on, the
+    validation ids in the full split). The same ``seed`` holds out the same samples."""
+    full = FileStorage(posixpath.join(data, "train"))
+    n_val = int(round(val_fraction * len(full)))
+    if n_val == 0:
+        return full, np.zeros(0, np.int64)
+    perm = np.random.default_rng(seed).permutation(len(full))
+    return SubsetStorage(full, np.sort(perm[n_val:])), np.sort(perm[:n_val])
+
+
+def load_ids(storage: Storage, ids: np.ndarray, decode) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``ids`` of a (local) storage as in-memory tensors."""
+    inputs = to_tensor(np.stack([decode(b) for b in storage.read_many(ids.tolist())]))
+    return inputs, torch.as_tensor(storage.labels[ids], dtype=torch.int64)
 
 
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     """Train from scratch with one system and cache size; returns the row of the table."""
     system = resolve_system(name)
-    train = FileStorage(posixpath.join(cfg.data, "train"))
+    train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
+    decode = partial(decode_sample, size=IMAGE_SIZE)
+    val = (
+        load_ids(FileStorage(posixpath.join(cfg.data, "train")), val_ids, decode)
+        if val_ids.size
+        else None
+    )
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
-    sampler_options = dict(system.sampler_options)
+    sampler_options = {
+        **system.sampler_options,
+        **SAMPLERS.options_for(system.sampler, cfg.sampler_options),
+    }
     if sampler_class(system.sampler).needs_embeddings:
         sampler_options.setdefault("total_epochs", cfg.epochs)  # the ratio controller's T
+    device = resolve_device(cfg.device)
     loader = None
     try:
         loader = make_loader(
             storage, batch_size=cfg.batch_size, policy=system.policy, sampler=system.sampler,
-            sampler_options=sampler_options, capacity_bytes=capacity, store=store,
-            seed=cfg.seed, num_workers=cfg.num_workers,
-            decode=partial(decode_sample, size=IMAGE_SIZE), progress=cfg.progress,
-            persistent_workers=cfg.num_workers > 0,
-            package_dir=posixpath.join(cfg.data, "train.packages"),
+            sampler_options=sampler_options,
+            policy_options=POLICIES.options_for(system.policy, cfg.policy_options),
+            capacity_bytes=capacity, store=store, seed=cfg.seed, num_workers=cfg.num_workers,
+            decode=decode, progress=cfg.progress, persistent_workers=cfg.num_workers > 0,
+            pin_memory=device.type == "cuda",
         )  # fmt: skip
-        model, opt = _model_for(train, cfg.seed)
-        epoch_times, hit_ratios, accs, train_losses = [], [], [], []
+        model, opt = _model_for(train, cfg.seed, cfg.model, device)
+        epoch_times, hit_ratios, accs, train_losses, reads = [], [], [], [], []
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
             loader.desc = f"{name} {fraction:.0%} epoch {epoch + 1}/{cfg.epochs}"
@@ -109,11 +165,13 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             after = loader.counters()
             served = after["accesses"] - before["accesses"]
             hit_ratios.append((after["hits"] - before["hits"]) / served if served else 0.0)
-            if test is not None:
-                accs.append(accuracy(model, *test))
+            reads.append(after["storage_reads"] - before["storage_reads"])
+            if val is not None:
+                accs.append(accuracy(model, *val))
                 loader.report_accuracy(accs[-1])
         loader.planner.drain()  # graph importance: let the worker finish
         c = loader.counters()
+        test_acc = accuracy(model, *test) if test is not None else None
     finally:
         if loader is not None:
             loader.close()
@@ -129,9 +187,13 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "steady_hit_ratio": float(np.mean(hit_ratios[1:])) if cfg.epochs > 1 else hit_ratios[0],
         "hit_ratio_per_epoch": hit_ratios,
         "epoch_time_s": float(np.mean(epoch_times)),
+        "steady_epoch_time_s": float(np.mean(epoch_times[min(2, cfg.epochs - 1) :])),
         "epoch_times_s": epoch_times,
-        "test_accuracy": accs[-1] if accs else None,
-        "accuracy_per_epoch": accs,
+        "storage_reads_per_epoch": reads,
+        "test_accuracy": test_acc,
+        "val_accuracy_per_epoch": accs,
+        "model": cfg.model,
+        "device": str(device),
         "train_loss_per_epoch": train_losses,
         "bias_guard_epochs": c.get("bias_guard_epochs", []),
         "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
@@ -139,75 +201,130 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     }
 
 
+def train_in_memory(cfg: CompareConfig, test) -> dict:
+    """The compute floor: the same model, optimiser and epochs through a plain
+    ``DataLoader`` over the training split decoded into memory (no storage, no cache)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
+    decode = partial(decode_sample, size=IMAGE_SIZE)
+    full = FileStorage(posixpath.join(cfg.data, "train"))
+    val = load_ids(full, val_ids, decode) if val_ids.size else None
+    x, y = load_ids(train, np.arange(len(train)), decode)
+    device = resolve_device(cfg.device)
+    loader = DataLoader(
+        TensorDataset(x, y), batch_size=cfg.batch_size, shuffle=True,
+        generator=torch.Generator().manual_seed(cfg.seed), pin_memory=device.type == "cuda",
+    )  # fmt: skip
+    model, opt = _model_for(train, cfg.seed, cfg.model, device)
+    times, accs = [], []
+    for _ in range(cfg.epochs):
+        start = time.perf_counter()
+        model.train()
+        for xb, yb in loader:
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            loss = per_sample_loss(model(xb), yb).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        float(loss)  # the epoch ends when its last step has run
+        times.append(time.perf_counter() - start)
+        if val is not None:
+            accs.append(accuracy(model, *val))
+    return {
+        "policy": IN_MEMORY, "sampler": "uniform", "eviction": None, "cache_fraction": 1.0,
+        "epochs": cfg.epochs, "hit_ratio": 1.0, "steady_hit_ratio": 1.0,
+        "epoch_time_s": float(np.mean(times)), "epoch_times_s": times,
+        "steady_epoch_time_s": float(np.mean(times[min(2, cfg.epochs - 1) :])),
+        "test_accuracy": accuracy(model, *test) if test is not None else None,
+        "val_accuracy_per_epoch": accs, "model": cfg.model, "device": str(device),
+        "planning_us_per_sample": 0.0, "counters": {},
+    }  # fmt: skip
+
+
 def record_oracle(
-    data: str, epochs: int, out: str, batch_size: int = 128, seed: int = 0, num_workers: int = 2
+    data: str,
+    epochs: int,
+    out: str,
+    batch_size: int = 128,
+    seed: int = 0,
+    num_workers: int = 2,
+    model: str = "tiny",
+    device: str = "auto",
+    val_fraction: float = 1 / 12,
+    embedding_dims: int = 0,
 ) -> LossOracle:
-    """Train with uniform shuffling (local storage, no cache) and keep every sample's loss
-    at every epoch: the loss oracle the simulator replays."""
-    train = FileStorage(posixpath.join(data, "train"))
+    """Train with uniform shuffling (local storage, no cache) on the training split less
+    its validation part (as ``compare``) and keep every sample's loss and embedding at
+    every epoch: the oracle the simulator and the I/O-bound benchmark replay.
+    ``embedding_dims`` > 0 keeps a fixed random projection of the embeddings to that many
+    dimensions (distances preserved in expectation; a smaller file for a 512-d model)."""
+    train, _ = split_train(data, val_fraction, seed)
+    dev = resolve_device(device)
     store = make_store("shared" if num_workers else "memory", 0)
     loader = make_loader(
-        train,
-        batch_size=batch_size,
-        policy="minio",
-        capacity_bytes=0,
-        store=store,
-        seed=seed,
-        num_workers=num_workers,
-        decode=partial(decode_sample, size=IMAGE_SIZE),
-        progress=True,
-    )
-    model, opt = _model_for(train, seed)
+        train, batch_size=batch_size, policy="minio", capacity_bytes=0, store=store,
+        seed=seed, num_workers=num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
+        progress=True, pin_memory=dev.type == "cuda",
+    )  # fmt: skip
+    net, opt = _model_for(train, seed, model, dev)
+    dim = net.embedding_dim
+    project = None
+    if 0 < embedding_dims < dim:
+        g = torch.Generator().manual_seed(seed)
+        project = (torch.randn(dim, embedding_dims, generator=g) / embedding_dims**0.5).to(dev)
+        dim = embedding_dims
     losses = np.full((epochs, len(train)), np.nan, dtype=np.float32)
-    emb = np.zeros((epochs, len(train), model.head.in_features // 49), dtype=np.float16)
+    emb = np.zeros((epochs, len(train), dim), dtype=np.float16)
+
+    def keep(ids: np.ndarray, batch_losses: torch.Tensor, e: torch.Tensor) -> None:
+        losses[epoch, ids] = batch_losses.cpu().numpy()
+        emb[epoch, ids] = (e if project is None else e @ project).cpu().numpy()
+
     try:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             loader.desc = f"record epoch {epoch + 1}/{epochs}"
-            model.train()
+            net.train()
             for x, y, ids in loader:
-                logits, e = model.forward_with_embedding(x)
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                logits, e = net.forward_with_embedding(x)
                 batch_losses = per_sample_loss(logits, y)
                 opt.zero_grad(set_to_none=True)
                 batch_losses.mean().backward()
                 opt.step()
-                losses[epoch, ids.numpy()] = batch_losses.detach().numpy()
-                emb[epoch, ids.numpy()] = e.numpy()
+                keep(ids.numpy(), batch_losses.detach(), e)
     finally:
-        loader.dataset.store.close(destroy=True)
-    oracle = LossOracle(
-        losses,
-        {
-            "data": data,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "seed": seed,
-            "model": "TinyCNN",
-        },
-        embeddings=emb,
-        labels=train.labels,
-    )
+        loader.close()
+        store.close(destroy=True)
+    meta = {"data": data, "epochs": epochs, "batch_size": batch_size, "seed": seed,
+            "model": model, "val_fraction": val_fraction, "embedding_dims": dim}  # fmt: skip
+    oracle = LossOracle(losses, meta, embeddings=emb, labels=train.labels)
     oracle.save(out)
     return oracle
 
 
 def format_table(rows: list[dict]) -> str:
+    """One line per run: hits (exact and substituted), every storage request (misses, late
+    misses, prefetches, iCACHE's packaging reads and package loads), late misses, refused
+    puts, epoch time (all epochs; steady: from the third on) and test accuracy."""
     head = (
         f"{'policy':<10} {'cache':>6} {'hit ratio':>9} {'exact':>7} {'subst':>7} {'steady':>7} "
-        f"{'late':>6} {'refused':>7} {'phantom':>7} {'read':>8} {'epoch s':>8} {'test acc':>8} "
-        f"{'plan us':>8}"
+        f"{'storage':>8} {'late':>6} {'refused':>7} {'phantom':>7} {'epoch s':>8} "
+        f"{'steady s':>8} {'test acc':>8} {'plan us':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
-        c = r["counters"]
+        c = {k: 0 for k in ("accesses", "exact_hits", "substitute_hits", "storage_reads",
+                            "late_misses", "refused_puts", "phantoms")} | r["counters"]  # fmt: skip
         n = max(1, c["accesses"])
         lines.append(
             f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['hit_ratio']:>9.4f} "
             f"{c['exact_hits'] / n:>7.4f} {c['substitute_hits'] / n:>7.4f} "
-            f"{r['steady_hit_ratio']:>7.4f} {c['late_misses']:>6d} {c['refused_puts']:>7d} "
-            f"{c['phantoms']:>7d} {c['accesses']:>8d} "
-            f"{r['epoch_time_s']:>8.2f} {acc:>8} {r['planning_us_per_sample']:>8.2f}"
+            f"{r['steady_hit_ratio']:>7.4f} {c['storage_reads']:>8d} {c['late_misses']:>6d} "
+            f"{c['refused_puts']:>7d} {c['phantoms']:>7d} {r['epoch_time_s']:>8.2f} "
+            f"{r['steady_epoch_time_s']:>8.2f} {acc:>8} {r['planning_us_per_sample']:>8.2f}"
         )
     return "\n".join(lines)
 
@@ -247,6 +364,9 @@ def run_compare(
     FileStorage(posixpath.join(cfg.data, "train"))  # fail early on a wrong --data
     rows = []
     for policy in cfg.policies:
+        if policy == IN_MEMORY:
+            rows.append(train_in_memory(cfg, test))
+            continue
         for fraction in cfg.cache_fractions:
             rows.append(train_one(cfg, policy, fraction, test))
             log.info("%s at %.0f%%: %s", policy, 100 * fraction, rows[-1]["hit_ratio"])

@@ -75,6 +75,8 @@ class JobsConfig:
     stagger_s: float = 20.0
     probe_batches: int = 10  # benefit / iis: minibatches timed without, then with, the cache
     seed: int = 0
+    device: str = "auto"
+    model: str = "tiny"  # tiny: each job's width from its spec; resnet18: one for all
     specs: list[JobSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -130,7 +132,7 @@ def _run_job(
     from hotset.codecs import decode_sample
     from hotset.compare import IMAGE_SIZE, load_split
     from hotset.loader import make_loader
-    from hotset.models import TinyCNN, accuracy
+    from hotset.models import TinyCNN, accuracy, make_model, resolve_device
     from hotset.service.client import connect
     from hotset.training import train_epoch
 
@@ -159,7 +161,8 @@ def _run_job(
         time.sleep(spec.start_s)
         loader = open_loader()
     torch.manual_seed(cfg.seed)
-    model = TinyCNN(width=spec.width)
+    model = TinyCNN(width=spec.width) if cfg.model == "tiny" else make_model(cfg.model, 10)
+    model = model.to(resolve_device(cfg.device))
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     started = time.time() - t0
     times, hits = [], []
@@ -185,7 +188,7 @@ def _run_job(
             **asdict(spec), "mode": mode, "started_s": started, "epoch_times_s": times,
             "epoch_time_s": float(np.mean(times)),
             "hits_by_epoch": np.diff(hits, prepend=0).tolist(),
-            "samples_read": c["misses"] + c["late_misses"],
+            "samples_read": c["storage_reads"],
             "bytes_from_storage": c["bytes_from_storage"], "accesses": c["accesses"],
             "hit_ratio": c["hit_ratio"], "waited_hits": c["waited_hits"],
             "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
@@ -356,6 +357,13 @@ class HotsetLoader:
         self._remove_store = (
             weakref.finalize(self, dataset.store.close, destroy=True) if owns_store else None
         )
+        if dataloader_kwargs.get("pin_memory") and not torch.cuda.is_available():
+            # torch's DataLoader warns and goes on; so do we (the targets too stay unpinned)
+            warnings.warn(
+                "pin_memory=True but no accelerator is found: memory will not be pinned",
+                stacklevel=3,
+            )
+            dataloader_kwargs["pin_memory"] = False
         self.dataloader = DataLoader(
             dataset,
             batch_sampler=planner,
@@ -474,6 +482,16 @@ class HotsetLoader:
         """The data plane's counters (``LoaderStats``) with the control plane's."""
         out = self.stats.as_dict()
         out.update(self.planner.counters())
+        # every request the storage served: planned and late misses, prefetches, the
+        # packaging thread's sample reads and its package loads (one request each)
+        out["storage_reads"] = (
+            out["misses"] + out["late_misses"] + out["prefetched"]
+            + out.get("package_storage_reads", 0) + out.get("packages_loaded", 0)
+        )  # fmt: skip
+        out["storage_bytes"] = (
+            out["bytes_from_storage"] + out.get("package_storage_bytes", 0)
+            + out.get("package_bytes_loaded", 0)
+        )  # fmt: skip
         return out
 
     def close(self) -> None:

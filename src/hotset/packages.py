@@ -123,6 +123,8 @@ class Packager:
             "packages_written": 0,
             "packages_loaded": 0,
             "package_bytes_loaded": 0,
+            "package_storage_reads": 0,  # samples the packaging thread read from storage
+            "package_storage_bytes": 0,
         }
         self.errors = 0
         self._cv = threading.Condition()
@@ -187,6 +189,8 @@ class Packager:
                 got[i] = data
         rest = [i for i in ids if i not in got]
         got.update(zip(rest, self.storage.read_many(rest), strict=True))
+        self._counters["package_storage_reads"] += len(rest)
+        self._counters["package_storage_bytes"] += sum(len(got[i]) for i in rest)
         return [(i, keys[i], got[i]) for i in ids]
 
     def _write(self, ids: np.ndarray) -> tuple[Path, int]:

@@ -4,6 +4,7 @@ of a package so that a new class is one new file that registers itself."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Iterable
 
@@ -34,6 +35,15 @@ class Registry(dict):
             raise ConfigError(
                 f"unknown {self.kind} {name!r}; choose from: {', '.join(sorted(self))}"
             ) from None
+
+    def options_for(self, name: str, options: dict) -> dict:
+        """Those of ``options`` that class ``name``'s constructor (or a base's) takes."""
+        params: set[str] = set()
+        for klass in self.lookup(name).__mro__:
+            init = vars(klass).get("__init__")
+            if init is not None:
+                params.update(inspect.signature(init).parameters)
+        return {k: v for k, v in options.items() if k in params}
 
 
 def import_submodules(package: str, path: Iterable[str]) -> None:

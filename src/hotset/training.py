@@ -19,9 +19,10 @@ def train_epoch(
     opt: torch.optim.Optimizer,
     on_batch: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> float:
-    """One epoch over ``loader``; returns the mean training loss. ``on_batch(ids, losses)``
-    sees every batch's served ids and per-sample losses."""
+    """One epoch over ``loader`` on the model's device; returns the mean training loss.
+    ``on_batch(ids, losses)`` sees every batch's served ids and per-sample losses."""
     model.train()
+    device = next(model.parameters()).device
     total, count = 0.0, 0
     embed = loader.wants_embeddings
     # the one user-side protocol probed: a model that returns its feature-layer output
@@ -31,6 +32,7 @@ def train_epoch(
             "forward_with_embedding(x) -> (logits, embedding) method"
         )
     for x, y, ids in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         emb = None
         if embed:
             logits, emb = model.forward_with_embedding(x)
@@ -40,8 +42,8 @@ def train_epoch(
         opt.zero_grad(set_to_none=True)
         losses.mean().backward()  # Eq. 5
         opt.step()
-        detached = losses.detach()
-        loader.feedback(ids, detached, emb)
+        detached = losses.detach().cpu()
+        loader.feedback(ids, detached, None if emb is None else emb.cpu())
         if on_batch is not None:
             on_batch(ids.numpy(), detached.numpy())
         total += float(detached.sum())

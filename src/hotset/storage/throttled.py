@@ -15,14 +15,15 @@ class ThrottledStorage(Storage):
     object (DataLoader workers inherit the same OS semaphore), like an NFS mount or an
     object store with a request limit.
 
-    ``bandwidth_mb_s=0`` means unlimited bandwidth.
+    Bandwidth is charged by default (100 MB/s per read stream), so that a 1 MB package
+    costs more than one small sample; ``bandwidth_mb_s=0`` means unlimited bandwidth.
     """
 
     def __init__(
         self,
         inner: Storage,
         latency_ms: float = 2.0,
-        bandwidth_mb_s: float = 0.0,
+        bandwidth_mb_s: float = 100.0,
         concurrency: int = 4,
     ) -> None:
         if latency_ms < 0:
