@@ -77,7 +77,9 @@ def test_cli_record_and_sweep(fmnist_dir, tmp_path):
         "2",
     )
     o = LossOracle.load(oracle)
-    assert o.losses.shape == (2, 1000) and np.isfinite(o.losses).all()
+    held_out = round(1000 / 12)  # the validation split compare holds out too
+    assert o.losses.shape == (2, 1000 - held_out) and np.isfinite(o.losses).all()
+    assert o.embeddings.shape == (2, 1000 - held_out, 32)
     assert o.losses[1].mean() < o.losses[0].mean()  # the model learned
     out = hotset(
         "sweep",

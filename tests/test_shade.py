@@ -209,14 +209,15 @@ def test_scores_that_change_back_do_not_evict_twice(name):
     """A resident re-keyed to a new score and back has two identical live heap entries;
     one eviction must take it once (regression: KeyError / double-counted bytes)."""
     board = ScoreBoard(5)
-    p = make_policy(name, 2, num_samples=5)
+    ghost = {"ghost_epochs": 10} if name == "app" else {}  # all 7 scores stay fresh
+    p = make_policy(name, 2, num_samples=5, **ghost)
     p.attach_scores(board)
     board.update(np.arange(5), np.array([1.0, 2.0, 3.0, 3.0, 5.0]), np.zeros(5))
     p.access([0, 1])
     for v in (4.0, 1.0):  # 0: 1.0 -> 4.0 -> 1.0, pushing a second copy of its first key
         board.update(np.array([0]), np.array([v]), np.zeros(1))
         p.scores_updated(np.array([0]))
-    p2 = make_policy(name, 2, sizes=np.array([1, 1, 1, 2, 1]))
+    p2 = make_policy(name, 2, sizes=np.array([1, 1, 1, 2, 1]), **ghost)
     p2.attach_scores(board)
     r = p.access([4])  # evicts 0 (min), once
     assert r.evicted.tolist() == [0] and p.used == 2 and len(p) == 2

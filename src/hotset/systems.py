@@ -28,8 +28,9 @@ _COARSE = {"importance": "coarse", "repetition": 1.0}
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
-        System("shade", "shade", "app", {"importance": "rank", "repetition": 3.0},
-               "SHADE: rank importance (Eq. 6) + PADS + APP cache"),
+        System("shade", "shade", "app",
+               {"importance": "rank", "repetition": 3.0, "repetition_mode": "repeat"},
+               "SHADE: rank importance (Eq. 6) + PADS (the prototype's repetition) + APP"),
         System("icache", "iis", "icache", {},
                "iCACHE: I/O-oriented importance sampling + H-cache (heap) + L-cache packages"),
         System("spider", "spider", "spider", {},

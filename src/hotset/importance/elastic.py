@@ -18,6 +18,7 @@ import numpy as np
 from hotset.errors import ConfigError
 
 NOISE = 1e-9  # accuracy growth per step below this is rounding, not learning
+REL_NOISE = 1e-6  # a relative change of the scores' std below this is rounding too
 
 
 class RatioController:
@@ -51,7 +52,8 @@ class RatioController:
         s = self.stds[-self.window :]
         if len(s) < 2:
             return 0
-        return int(np.polyfit(np.arange(len(s)), s, 1)[0] < 0)
+        slope = np.polyfit(np.arange(len(s)), s, 1)[0]
+        return int(slope < -REL_NOISE * max(abs(float(np.mean(s))), NOISE))  # not rounding
 
     def delta(self) -> float:
         """Eq. 6: the mean growth of the smoothed accuracy over the last ``window`` steps."""

@@ -13,6 +13,15 @@ term has otherwise. The batch's node with the most same-class neighbours is retu
 with its neighbour ids: the Homophily Cache's candidate (lines 17-22). Scores use the
 ``k`` nearest neighbours (a small ``k`` keeps the per-batch query cheap); the chosen
 node's own list is queried once more with ``homophily_k`` (the paper's 500).
+
+Calibration (``calibrate=True``, the default): distances are divided by a unit chosen
+so that Eq. 3's threshold, ``-ln(alpha)/lambda`` units (2.02 with the defaults), is the
+``edge_quantile`` quantile of the neighbour distances measured in the previous epoch
+(each batch's own until the first epoch ends). Scores are then the same whatever the
+embedding's scale, and a dense region's node has more edges than a sparse one's. The
+paper's absolute threshold gives ResNet-18 features (neighbours ~4 apart) almost no edges
+and every score ln 2 (the cache then behaves like MinIO), and TinyCNN's (~0.1) an edge to
+every neighbour. ``calibrate=False`` keeps the absolute distance.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ class GraphImportance:
         ef_construction: int = 40,
         threads: int = 1,
         seed: int = 0,
+        calibrate: bool = True,
+        edge_quantile: float = 0.25,
     ) -> None:
         try:
             import hnswlib  # noqa: F401
@@ -42,8 +53,11 @@ class GraphImportance:
             raise ConfigError(
                 "graph importance needs hnswlib: pip install 'hotset[graph]'"
             ) from exc
-        if lam <= 0 or not 0 < alpha < 1 or k < 1:
-            raise ConfigError(f"need lam > 0, 0 < alpha < 1, k >= 1; got {lam}, {alpha}, {k}")
+        if lam <= 0 or not 0 < alpha < 1 or k < 1 or not 0 < edge_quantile < 1:
+            raise ConfigError(
+                f"need lam > 0, 0 < alpha < 1, k >= 1, 0 < edge_quantile < 1; "
+                f"got {lam}, {alpha}, {k}, {edge_quantile}"
+            )
         self.labels = np.asarray(labels, np.int64)
         self.num_samples = int(self.labels.size)
         self.lam, self.alpha, self.k = float(lam), float(alpha), int(k)
@@ -52,6 +66,40 @@ class GraphImportance:
         self.M, self.ef_construction, self.threads, self.seed = M, ef_construction, threads, seed
         self.index = None
         self.indexed = np.zeros(self.num_samples, bool)
+        self.calibrate, self.edge_quantile = bool(calibrate), float(edge_quantile)
+        self.scale = 1.0  # the distance unit of Eq. 2
+        self._calibrated = False  # from a whole epoch's distances (else each batch's own)
+        self._seen: list[np.ndarray] = []  # this epoch's neighbour distances
+        self.edges = 0  # edges found (Eq. 3) over all scored samples
+        self.retries = 0  # queries hnswlib refused at the first ef
+
+    def recalibrate(self, distances: np.ndarray | None = None) -> None:
+        """Set the distance unit from ``distances`` (default: those measured since the
+        last call, then forgotten: once per epoch)."""
+        if distances is None:
+            found, self._seen = self._seen, []
+            distances = np.concatenate(found) if found else np.zeros(0)
+            self._calibrated = self._calibrated or distances.size > 0
+        d = distances[distances > 0]
+        if self.calibrate and d.size:
+            threshold = -np.log(self.alpha) / self.lam  # Eq. 2-3 in units of the scale
+            self.scale = float(np.quantile(d, self.edge_quantile)) / threshold
+
+    def _query(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``k`` nearest neighbours and their distances; hnswlib refuses a query whose
+        search found fewer than ``k`` (a small ``ef`` on a sparse graph): retry wider."""
+        ef = max(k, 16)
+        for _ in range(3):
+            self.index.set_ef(ef)
+            try:
+                nbr, sq = self.index.knn_query(emb, k=k)
+                return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))  # Eq. 1 (l2 squared)
+            except RuntimeError:
+                self.retries += 1
+                ef *= 4
+        self.index.set_ef(self.index.get_current_count())  # exhaustive: cannot come up short
+        nbr, sq = self.index.knn_query(emb, k=k)
+        return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))
 
     def _ensure_index(self, dim: int) -> None:
         if self.index is None:
@@ -82,23 +130,23 @@ class GraphImportance:
         self.indexed[ids] = True
         count = self.index.get_current_count()
         k = min(self.k + 1, count)
-        self.index.set_ef(max(k, 16))
-        nbr, sq = self.index.knn_query(emb, k=k)
-        nbr = nbr.astype(np.int64)
-        d = np.sqrt(np.maximum(sq, 0.0))  # Eq. 1 (hnswlib's l2 is squared)
-        edge = (np.exp(-self.lam * d) > self.alpha) & (nbr != ids[:, None])  # Eq. 2-3
+        nbr, d = self._query(emb, k)
+        other = nbr != ids[:, None]
+        if self.calibrate:
+            self._seen.append(d[other])
+            if not self._calibrated:
+                self.recalibrate(d[other])
+        edge = (np.exp(-self.lam * d / self.scale) > self.alpha) & other  # Eq. 2-3
         same = edge & (self.labels[nbr] == self.labels[ids][:, None])
         x_same = same.sum(1)
         x_other = (edge & ~same).sum(1)
+        self.edges += int(edge.sum())
         inv = 1.0 / np.maximum(x_same, 1)  # x_same = 0: an isolated sample, 1/x_same := 1
         scores = np.log(inv + x_other / self.neighbor_max + 1.0)  # Eq. 4
         best = int(np.argmax(x_same))
         neighbours = nbr[best][edge[best]]
         if self.homophily_k > k and x_same[best] > 0:
-            kh = min(self.homophily_k, count)
-            self.index.set_ef(kh)
-            hn, hsq = self.index.knn_query(emb[best : best + 1], k=kh)
-            hn = hn[0].astype(np.int64)
-            near = np.exp(-self.lam * np.sqrt(np.maximum(hsq[0], 0.0))) > self.alpha
-            neighbours = hn[near & (hn != ids[best])]
+            hn, hd = self._query(emb[best : best + 1], min(self.homophily_k, count))
+            near = np.exp(-self.lam * hd[0] / self.scale) > self.alpha
+            neighbours = hn[0][near & (hn[0] != ids[best])]
         return ids, scores, int(ids[best]), neighbours

@@ -26,6 +26,8 @@ class ScoreBoard:
         self.updated = np.full(self.num_samples, -1, np.int64)
         self.count = np.zeros(self.num_samples, np.int64)
         self.step = 0
+        self.scores_given = 0  # ids scored over all steps (with repeats)
+        self.given_at = np.zeros(self.num_samples, np.int64)  # scores_given at i's latest
 
     def update(self, ids: np.ndarray, scores: np.ndarray, losses: np.ndarray) -> None:
         """Record one batch's scores (later entries win for a repeated id)."""
@@ -35,8 +37,14 @@ class ScoreBoard:
         self.score[ids] = scores
         self.loss[ids] = losses
         self.updated[ids] = self.step
+        self.given_at[ids] = self.scores_given
         np.add.at(self.count, ids, 1)
         self.step += 1
+        self.scores_given += int(ids.size)
+
+    def recent(self, ids: np.ndarray, window: float) -> np.ndarray:
+        """Whether each of ``ids`` has a score given among the last ``window`` scores."""
+        return (self.updated[ids] >= 0) & (self.scores_given - self.given_at[ids] < window)
 
     def fill_unseen(self, value: float) -> None:
         """Give every never-scored sample the score ``value`` (a sampler's prior)."""

@@ -5,7 +5,11 @@ Epoch 0 is a uniform permutation (nothing is scored yet). Each later epoch draws
 replacement, with the weight of every sample the cache holds multiplied by
 ``repetition`` (SHADE's cache-aware repetition of samples that are important and cached:
 the planner reports the cached ids at each epoch start); the list is then sharded across
-ranks like DistributedSampler.
+ranks like DistributedSampler. ``repetition_mode="repeat"`` does it as SHADE's prototype
+does instead: the ids are drawn by score alone, each drawn id the cache holds appears
+``repetition`` times, and the shuffled list is cut to ``num_samples`` (a cached share
+``c`` of the draw becomes ``c r / (c r + 1 - c)`` of the epoch: 0.60 where weighting
+gives 0.43 at a 20% cache).
 
 Bias guard: when the epoch mean training loss fell by more than ``steep_drop`` (a
 fraction) from one epoch to the next, or the validation accuracy reported with
@@ -38,6 +42,7 @@ class PADSSampler(Sampler):
         importance: str = "rank",
         b0: float = 10.0,
         repetition: float = 3.0,
+        repetition_mode: str = "weight",
         steep_drop: float = 0.5,
         stagnation: float = 0.001,
         patience: int = 3,
@@ -50,6 +55,9 @@ class PADSSampler(Sampler):
             raise ConfigError(f"b0 must be > 1 so that log(rank + b0) > 0, got {b0}")
         if repetition < 1.0:
             raise ConfigError(f"repetition must be >= 1, got {repetition}")
+        if repetition_mode not in ("weight", "repeat"):
+            raise ConfigError(f"repetition_mode must be weight or repeat, got {repetition_mode!r}")
+        self.repetition_mode = repetition_mode
         self.importance = importance
         self.b0 = float(b0)
         self._score = (
@@ -99,8 +107,18 @@ class PADSSampler(Sampler):
     def probabilities(self) -> np.ndarray:
         """Sampling probability of each id for the next draw."""
         w = np.maximum(self.board.score, 1e-12)  # never-scored samples hold the prior
-        w[self._cached] *= self.repetition
+        if self.repetition_mode == "weight":
+            w[self._cached] *= self.repetition
         return w / w.sum()
+
+    def _draw(self, rng: np.random.Generator) -> np.ndarray:
+        drawn = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+        if self.repetition_mode == "weight":
+            return drawn
+        copies = np.where(self._cached[drawn], int(round(self.repetition)), 1)
+        order = np.repeat(drawn, copies)
+        rng.shuffle(order)
+        return order[: self.num_samples]
 
     def _guard(self, epoch: int) -> bool:
         means = [
@@ -122,7 +140,7 @@ class PADSSampler(Sampler):
                 self.guard_epochs.append(epoch)
                 order = rng.permutation(self.num_samples)
             else:
-                order = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+                order = self._draw(rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = order
         return self._orders[epoch]

@@ -62,6 +62,8 @@ class SpiderSampler(Sampler):
         r_end: float = 0.8,
         gamma: float = 0.01,
         window: int = 5,
+        calibrate: bool = True,
+        edge_quantile: float = 0.25,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
@@ -70,7 +72,8 @@ class SpiderSampler(Sampler):
         self.graph = GraphImportance(
             labels, lam=lam, alpha=alpha, k=k, neighbor_max=neighbor_max,
             homophily_k=homophily_k, M=M,
-            ef_construction=ef_construction, seed=self.seed,
+            ef_construction=ef_construction, seed=self.seed, calibrate=calibrate,
+            edge_quantile=edge_quantile,
         )  # fmt: skip
         self.controller = RatioController(total_epochs, r_start, r_end, gamma, window)
         self.board = ScoreBoard(num_samples)
@@ -79,6 +82,7 @@ class SpiderSampler(Sampler):
         self.max_pending = int(max_pending)
         self.scored = 0  # samples scored
         self.dropped = 0  # samples whose batch was dropped unscored
+        self.failed = 0  # samples whose batch the graph could not score (they keep a score)
         self.graph_s = 0.0  # seconds the worker spent scoring
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -141,7 +145,9 @@ class SpiderSampler(Sampler):
             try:
                 self._score(ids, emb)
             except Exception as exc:  # noqa: BLE001 - scoring must not stop training
-                log.warning("graph importance failed for a batch: %s", exc)
+                with self._lock:  # counted, and the batch keeps its scores (or the prior)
+                    self.failed += ids.size
+                log.warning("graph importance failed for %d samples: %s", ids.size, exc)
             finally:
                 with self._cv:
                     self._busy = False
@@ -153,9 +159,19 @@ class SpiderSampler(Sampler):
             self._cv.wait_for(lambda: not self._pending and not self._busy, timeout)
 
     def counters(self) -> dict:
-        """How far the graph worker kept up: samples scored, and dropped unscored."""
+        """How far the graph worker kept up (samples scored, dropped unscored, failed) and
+        what the graph looks like: edges per scored sample, the spread of the scores, the
+        calibrated distance unit, queries hnswlib refused at first."""
         with self._lock:
-            return {"graph_scored": self.scored, "graph_dropped": self.dropped}
+            seen = self.board.score[self.board.seen]
+            return {
+                "graph_scored": self.scored, "graph_dropped": self.dropped,
+                "graph_failed": self.failed, "graph_edges": self.graph.edges,
+                "graph_mean_degree": self.graph.edges / max(1, self.scored),
+                "graph_score_std": float(seen.std()) if seen.size else 0.0,
+                "graph_score_range": float(np.ptp(seen)) if seen.size else 0.0,
+                "graph_scale": self.graph.scale, "graph_retries": self.graph.retries,
+            }  # fmt: skip
 
     def close(self) -> None:
         with self._cv:
@@ -173,6 +189,7 @@ class SpiderSampler(Sampler):
     # -- hints to the cache ------------------------------------------------------------
     def cache_hints(self, epoch: int) -> dict:
         if epoch not in self._ratio:
+            self.graph.recalibrate()  # this epoch's distance unit: last epoch's neighbours
             with self._lock:
                 seen = self.board.seen
                 if seen.any():  # the importance monitor, once per epoch (Eq. 5)
