@@ -111,4 +111,4 @@ def test_cli_record_and_sweep(fmnist_dir, tmp_path):
             "--json",
         ).stdout
     )
-    assert doc["policy"] == "app" and doc["dataset_size"] == 1000
+    assert doc["policy"] == "app" and doc["dataset_size"] == 1000 - held_out
