@@ -9,12 +9,14 @@ OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install system-deps data demo test bench lint clean
+.PHONY: install system-deps data demo compare test bench lint lock clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,redis]'
+	$(PIP) -r requirements.lock
+	$(PIP) --no-deps -e .
+	$(PY) -m pip check
 	touch $@
 
 install: $(VENV)/.installed
@@ -27,9 +29,16 @@ $(DATA)/train/manifest.json: | install system-deps
 
 data: $(DATA)/train/manifest.json
 
+# a few minutes on 2 cores: 10,000 training samples, three systems, one cache size
 demo: install system-deps data
-	$(VENV)/bin/hotset compare --data $(DATA) --policies lru,minio,belady,shade \
-	  --cache-fractions 0.1,0.2 --epochs 3 --num-workers 2 --out $(OUT)
+	$(VENV)/bin/hotset prepare fashion-mnist $(DATA)-10k --limit 12000 >/dev/null
+	$(VENV)/bin/hotset compare --data $(DATA)-10k --policies lru,minio,shade \
+	  --cache-fractions 0.2 --epochs 3 --num-workers 2 --out $(OUT)
+
+# the full comparison (about an hour on 2 cores; minutes on a GPU with --device cuda)
+compare: install system-deps data
+	$(VENV)/bin/hotset compare --data $(DATA) --policies inmemory,lru,minio,belady,shade,icache,spider \
+	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
 test: install system-deps
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -40,6 +49,12 @@ bench: install
 	$(PY) benchmarks/store_latency.py
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/dsa_tree.py
+	$(PY) benchmarks/io_bound_epoch.py
+
+# the locked set from the current venv (torch and hotset itself excluded)
+lock: install
+	{ sed -n '1,3p' requirements.lock; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -29,7 +29,9 @@ def test_graph_scores_follow_eq_1_to_4():
     )
     labels = np.array([0, 0, 0, 1, 1, 1, 0])
     labels_with_intruder = np.r_[labels[:5], 0, labels[6]]
-    g = GraphImportance(labels_with_intruder, lam=0.01, alpha=0.98, k=6, neighbor_max=6)
+    g = GraphImportance(
+        labels_with_intruder, lam=0.01, alpha=0.98, k=6, neighbor_max=6, calibrate=False
+    )
     ids, scores, best, nbrs = g.score_batch(np.arange(7), emb)
     # Edges: exp(-0.01 d) > 0.98  <=>  d < 2.02, so only within each cluster.
     x_same = np.array([2, 2, 2, 1, 1, 0, 0])
@@ -119,7 +121,7 @@ def test_ratio_controller_follows_eq_5_to_8():
     for a in acc:
         c.observe_accuracy(a)
     c.observe_scores(np.array([0.0, 2.0]))  # std 1
-    assert c.beta() == 0 and c.ratio(10) == 0.9  # std not falling yet: stay at r_start
+    assert c.beta() == 0 and c.ratio(10) == pytest.approx(0.9)  # std not falling yet
     c.observe_scores(np.array([0.0, 1.0]))  # std 0.5: falling
     smooth = savgol_filter(acc, 5, 2)
     delta = np.mean(np.diff(smooth)[-5:])
@@ -132,7 +134,12 @@ def test_ratio_controller_follows_eq_5_to_8():
         flat.observe_accuracy(a)
     flat.observe_scores(np.array([0.0, 2.0]))
     flat.observe_scores(np.array([0.0, 1.0]))
-    assert flat.u() == 0 and flat.ratio(10) == pytest.approx(0.9 - 0.1 * 0.5)
+    assert flat.u() == pytest.approx(0, abs=1e-12)
+    assert flat.ratio(10) == pytest.approx(0.9 - 0.1 * 0.5)
+    noisy = RatioController(total=T)
+    for std in (1.0, 1.0 - 1e-15, 1.0 + 1e-15, 1.0 - 2e-15):  # rounding, not a trend
+        noisy.observe_scores(np.array([-std, std]))
+    assert noisy.beta() == 0 and noisy.ratio(10) == pytest.approx(0.9)
 
 
 def test_background_scoring_lands_on_the_served_ids_and_drops_when_behind():
@@ -178,3 +185,56 @@ def test_spider_trains_with_two_workers_and_serves_neighbours(fmnist_dir):
     assert loader.planner.sampler.scored > 0 and policy.homophily
     assert c["substitute_hits"] > 0 and c["exact_hits"] > 0 and c["prefetched"] > 0
     assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
+
+
+def _epochs_of_scores(emb: np.ndarray, labels: np.ndarray, epochs: int = 2) -> list[np.ndarray]:
+    g = GraphImportance(labels, k=16)
+    out = []
+    for e in range(epochs):
+        order = np.random.default_rng(e).permutation(len(labels))
+        scores = np.zeros(len(labels))
+        for b in range(0, len(order), 64):
+            ids, s, _, _ = g.score_batch(order[b : b + 64], emb[order[b : b + 64]])
+            scores[ids] = s
+        g.recalibrate()  # the sampler does this at each epoch start
+        out.append(scores)
+    return out, g
+
+
+def test_calibrated_scores_do_not_depend_on_the_embedding_scale():
+    """Eq. 2 on distances in measured units: the same graph whatever the features' scale
+    (ResNet-18's neighbours ~4 apart, TinyCNN's ~0.1), with edges that discriminate."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 600)
+    emb = (rng.normal(size=(600, 8)) + 3 * labels[:, None]).astype(np.float32)
+    base, g = _epochs_of_scores(emb, labels)
+    for factor in (2.0**-6, 2.0**5):  # exact in floating point: the very same graph
+        scaled, gs = _epochs_of_scores(emb * factor, labels)
+        for a, b in zip(base, scaled, strict=True):
+            assert np.allclose(a, b, atol=1e-9)
+        assert gs.scale == pytest.approx(g.scale * factor, rel=1e-6)
+    for factor in (0.01, 40.0):  # rounding may move a distance across the threshold
+        scaled, _ = _epochs_of_scores(emb * factor, labels)
+        assert np.mean(np.isclose(base[1], scaled[1])) > 0.97
+    degree = g.edges / (2 * 600)
+    assert 1 < degree < 15  # neither no edge (every score ln 2) nor every neighbour one
+    assert base[1].std() > 0.05
+    absolute = GraphImportance(labels, k=16, calibrate=False)
+    _, s, _, _ = absolute.score_batch(np.arange(600), emb * 100)
+    assert np.allclose(s, np.log(2))  # the paper's absolute threshold: no edge at all
+
+
+def test_spider_counts_what_the_graph_did_and_failed_batches():
+    n = 200
+    labels = np.arange(n) % 2
+    smp = make_sampler("spider", n, labels=labels, k=8, homophily_k=8)
+    emb = np.random.default_rng(1).normal(size=(n, 4)).astype(np.float32)
+    for b in range(0, n, 50):
+        smp.feedback(np.arange(b, b + 50), np.ones(50), emb[b : b + 50])
+    smp.feedback(np.arange(10), np.ones(10), np.ones((10, 3), np.float32))  # wrong dim
+    smp.drain()
+    c = smp.counters()
+    smp.close()
+    assert c["graph_scored"] == n and c["graph_failed"] == 10 and c["graph_dropped"] == 0
+    assert c["graph_edges"] > 0 and c["graph_mean_degree"] == pytest.approx(c["graph_edges"] / n)
+    assert c["graph_score_std"] > 0 and c["graph_scale"] > 0

@@ -123,15 +123,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
         policies=args.policies,
         cache_fractions=args.cache_fractions or [0.1, 0.2],
         progress=not args.no_progress,
-        sampler_options=_options(args.sampler_option, "--sampler-option"),
-        policy_options=_options(args.policy_option, "--policy-option"),
+        sampler_options=parse_options(args.sampler_option, "--sampler-option"),
+        policy_options=parse_options(args.policy_option, "--policy-option"),
         **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
                  "concurrency", "store", "seed", "device", "model", "val_fraction"),
     )  # fmt: skip
     run_compare(cfg, out_dir=args.out, json_path=args.json)
 
 
-def _options(items: list[str] | None, flag: str) -> dict:
+def parse_options(items: list[str] | None, flag: str) -> dict:
     """``KEY=VALUE`` pairs as keyword arguments; a VALUE is read as JSON where it parses
     (``3``, ``0.5``, ``true``, ``[1, 2]``), else kept as a string."""
     out = {}

@@ -78,6 +78,8 @@ class PackageSource(Protocol):
 
     def l_wants_package(self) -> bool: ...
 
+    def l_fresh(self) -> int: ...
+
     def l_next_package(self, exclude=(), prefer=None) -> np.ndarray: ...
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]: ...
@@ -147,7 +149,10 @@ class Packager:
                 ids = self.policy.l_next_package(prefer=np.fromiter(self._index, np.int64))
                 if not ids.size:
                     return
+                fresh = self.policy.l_fresh()
                 self._load(*self._write(ids), ids)
+                if self.policy.l_fresh() <= fresh:
+                    return  # nothing landed (a full store): try again at the next poll
             return
         if not self._threads:
             self._start()

@@ -45,7 +45,7 @@ class GraphImportance:
         threads: int = 1,
         seed: int = 0,
         calibrate: bool = True,
-        edge_quantile: float = 0.25,
+        edge_quantile: float = 0.5,
     ) -> None:
         try:
             import hnswlib  # noqa: F401
@@ -85,21 +85,35 @@ class GraphImportance:
             threshold = -np.log(self.alpha) / self.lam  # Eq. 2-3 in units of the scale
             self.scale = float(np.quantile(d, self.edge_quantile)) / threshold
 
-    def _query(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``k`` nearest neighbours and their distances; hnswlib refuses a query whose
-        search found fewer than ``k`` (a small ``ef`` on a sparse graph): retry wider."""
+    def _query(
+        self, emb: np.ndarray, k: int, ids: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``k`` nearest neighbours and their distances (Eq. 1; hnswlib's l2 is squared).
+        hnswlib refuses a query whose search found fewer than ``k`` (a small ``ef``, or a
+        graph whose clusters are not linked): retry wider, then row by row with a smaller
+        ``k``, padding a row with the sample itself (never an edge) at infinite distance."""
         ef = max(k, 16)
         for _ in range(3):
             self.index.set_ef(ef)
             try:
                 nbr, sq = self.index.knn_query(emb, k=k)
-                return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))  # Eq. 1 (l2 squared)
+                return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))
             except RuntimeError:
                 self.retries += 1
                 ef *= 4
-        self.index.set_ef(self.index.get_current_count())  # exhaustive: cannot come up short
-        nbr, sq = self.index.knn_query(emb, k=k)
-        return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))
+        own = np.full(len(emb), -1, np.int64) if ids is None else ids
+        nbr = np.repeat(own[:, None], k, axis=1)
+        dist = np.full((len(emb), k), np.inf)
+        for row in range(len(emb)):
+            kk = k
+            while kk >= 1:
+                try:
+                    n, sq = self.index.knn_query(emb[row : row + 1], k=kk)
+                    nbr[row, :kk], dist[row, :kk] = n[0], np.sqrt(np.maximum(sq[0], 0.0))
+                    break
+                except RuntimeError:
+                    kk //= 2
+        return nbr, dist
 
     def _ensure_index(self, dim: int) -> None:
         if self.index is None:
@@ -130,12 +144,13 @@ class GraphImportance:
         self.indexed[ids] = True
         count = self.index.get_current_count()
         k = min(self.k + 1, count)
-        nbr, d = self._query(emb, k)
+        nbr, d = self._query(emb, k, ids)
         other = nbr != ids[:, None]
         if self.calibrate:
-            self._seen.append(d[other])
+            found = d[other & np.isfinite(d)]
+            self._seen.append(found)
             if not self._calibrated:
-                self.recalibrate(d[other])
+                self.recalibrate(found)
         edge = (np.exp(-self.lam * d / self.scale) > self.alpha) & other  # Eq. 2-3
         same = edge & (self.labels[nbr] == self.labels[ids][:, None])
         x_same = same.sum(1)
@@ -146,7 +161,9 @@ class GraphImportance:
         best = int(np.argmax(x_same))
         neighbours = nbr[best][edge[best]]
         if self.homophily_k > k and x_same[best] > 0:
-            hn, hd = self._query(emb[best : best + 1], min(self.homophily_k, count))
+            hn, hd = self._query(
+                emb[best : best + 1], min(self.homophily_k, count), ids[best : best + 1]
+            )
             near = np.exp(-self.lam * hd[0] / self.scale) > self.alpha
             neighbours = hn[0][near & (hn[0] != ids[best])]
         return ids, scores, int(ids[best]), neighbours

@@ -15,10 +15,15 @@ samples of the H-list and an L-cache of packaged L-samples served by substitutio
 * **H/L split** (III-A): ``Size_H = Size * f_H / (f_H + f_L)`` from the previous epoch's
   access counts, ``h_share`` (9:1) until then; the L-cache is never below one package
   (plus one sample: a package ends with the sample that crosses ``package_bytes``).
+* **Package size**: the paper's 1 MB, or less where the cache is small: by default a
+  quarter of the L-cache's initial share (at least the largest sample), so that a
+  2k-10k-sample dataset does not give the whole cache to one package and leave the
+  H-cache empty. A region left empty is warned about.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import ChainMap
 
@@ -29,6 +34,7 @@ from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 
 SCALE = float(1 << 24)
+log = logging.getLogger(__name__)
 
 
 @register_policy
@@ -41,7 +47,7 @@ class ICachePolicy(Policy):
         sizes,
         seed: int = 0,
         h_share: float = 0.9,
-        package_bytes: int = 1 << 20,
+        package_bytes: int | None = None,
         rebuild_per_batch: int = 2048,
         package_threads: bool = True,
     ) -> None:
@@ -50,6 +56,9 @@ class ICachePolicy(Policy):
         super().__init__(capacity_bytes, sizes, seed)
         if not 0.0 <= h_share <= 1.0:
             raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
+        if package_bytes is None:  # 1 MB, or a quarter of the L-cache's first share
+            l_share = int(self.capacity_bytes * (1.0 - h_share)) // 4
+            package_bytes = max(int(max(self._sizes, default=1)), min(1 << 20, l_share))
         if package_bytes < 1:
             raise ConfigError(f"package_bytes must be >= 1, got {package_bytes}")
         self.package_bytes = int(package_bytes)
@@ -75,6 +84,7 @@ class ICachePolicy(Policy):
         self.swaps = 0  # completed shadow-heap swaps
         self._rng = random.Random(seed)
         self._evict_next: list[int] = []
+        self._warned = False
         self.set_split(h_share)
 
     # -- sizes -----------------------------------------------------------------------
@@ -87,6 +97,13 @@ class ICachePolicy(Policy):
             max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
         )
         self.h_capacity = self.capacity_bytes - self.l_capacity
+        if self.capacity_bytes and h_share > 0 and self.h_capacity <= 0 and not self._warned:
+            self._warned = True
+            log.warning(
+                "icache: the H-cache is empty (%d bytes of cache, packages of %d bytes "
+                "fill the L-cache): pass a smaller package_bytes",
+                self.capacity_bytes, self.package_bytes,
+            )  # fmt: skip
         held = []
         while self.h_used > self.h_capacity:
             src = self._src()

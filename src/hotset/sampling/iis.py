@@ -7,6 +7,10 @@ paper's choice, its ref. [18]): a sample's latest loss, turned into its percenti
 sample is kept with probability ``p ** keep_exponent``; the kept ones are shuffled.
 
 Warm-up epochs (``warmup_epochs``) and every ``full_every``-th epoch are full passes.
+The paper's prototype warms up for 5 epochs and makes every 3rd epoch a full pass
+(``warmup_epochs=5, full_every=3``), for runs of a hundred epochs and more; the defaults
+here (1 and never) suit the few-epoch runs of ``hotset compare``, where 5 warm-up epochs
+would leave IIS no epoch to act in.
 The H-list is every sample whose percentile is in the top ``h_fraction``; the sampler
 hands it, with the percentiles as importance values, to the cache at each epoch start.
 """

@@ -7,9 +7,10 @@ replacement, with the weight of every sample the cache holds multiplied by
 the planner reports the cached ids at each epoch start); the list is then sharded across
 ranks like DistributedSampler. ``repetition_mode="repeat"`` does it as SHADE's prototype
 does instead: the ids are drawn by score alone, each drawn id the cache holds appears
-``repetition`` times, and the shuffled list is cut to ``num_samples`` (a cached share
-``c`` of the draw becomes ``c r / (c r + 1 - c)`` of the epoch: 0.60 where weighting
-gives 0.43 at a 20% cache).
+``repetition`` times, and the misses fill what is left of ``num_samples`` (the cut falls
+on the misses only), so a cached share ``c`` of the draw becomes ``min(1, r c)`` of the
+epoch: 0.60 at a 20% cache where weighting gives ``c r / (c r + 1 - c)`` = 0.43. The list
+is then shuffled (the prototype serves all the hits first).
 
 Bias guard: when the epoch mean training loss fell by more than ``steep_drop`` (a
 fraction) from one epoch to the next, or the validation accuracy reported with
@@ -115,10 +116,14 @@ class PADSSampler(Sampler):
         drawn = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
         if self.repetition_mode == "weight":
             return drawn
-        copies = np.where(self._cached[drawn], int(round(self.repetition)), 1)
-        order = np.repeat(drawn, copies)
+        cached = self._cached[drawn]
+        hits, misses = drawn[cached], drawn[~cached]
+        whole = int(self.repetition)  # r copies of each hit; a fractional r adds some once more
+        extra = hits[: int((self.repetition - whole) * hits.size)]
+        repeated = np.concatenate([np.repeat(hits, whole), extra])[: self.num_samples]
+        order = np.concatenate([repeated, misses[: self.num_samples - repeated.size]])
         rng.shuffle(order)
-        return order[: self.num_samples]
+        return order
 
     def _guard(self, epoch: int) -> bool:
         means = [

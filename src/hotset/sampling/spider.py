@@ -63,7 +63,7 @@ class SpiderSampler(Sampler):
         gamma: float = 0.01,
         window: int = 5,
         calibrate: bool = True,
-        edge_quantile: float = 0.25,
+        edge_quantile: float = 0.5,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)

@@ -1,0 +1,167 @@
+"""Epoch time where it is decided on a GPU: by storage reads. The real loader (real bytes
+from the prepared dataset, DataLoader workers, storage throttled to ``--latency-ms`` per
+read with ``--concurrency`` in flight and ``--bandwidth-mb-s`` per stream, the LMDB store)
+for every system, driven by a recorded oracle instead of a model: each batch's losses
+(and embeddings, for SpiderCache) are the ones the recorded run had for those samples at
+that point of training, so the samplers and caches decide as in the real run, and no
+model step competes with the loader for the two CPU cores. Epoch-time ratios against
+uniform + LRU are set beside the ones measured on an H100 (issue 13's table).
+
+The oracle: ``hotset record --model resnet18 --device cuda --epochs 5 --embedding-dims 64``
+on a GPU (``--oracle``, default ``data/oracles/resnet18_gpu.npz``); a system written
+``spider:tiny`` replays ``--tiny-oracle`` (``hotset record --model tiny``). Where an
+oracle file is missing it is recorded here on the CPU with the tiny model (that run's
+figures are then TinyCNN's, and the table says so).
+
+    python benchmarks/io_bound_epoch.py [--cache-fractions 0.2,0.1] [--epochs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import report  # noqa: E402
+from hotset.cli import parse_options  # noqa: E402
+from hotset.codecs import decode_sample  # noqa: E402
+from hotset.compare import IMAGE_SIZE, record_oracle, split_train  # noqa: E402
+from hotset.loader import make_loader  # noqa: E402
+from hotset.policy import POLICIES  # noqa: E402
+from hotset.sampling import SAMPLERS  # noqa: E402
+from hotset.sim.oracle import LossOracle  # noqa: E402
+from hotset.storage import ThrottledStorage  # noqa: E402
+from hotset.systems import resolve_system  # noqa: E402
+
+#: issue 13: H100, ResNet-18, full Fashion-MNIST, 2 ms x 8 in flight, 8 workers, epochs 3-5
+GPU_REFERENCE = {
+    ("lru", 0.2): (15.66, 0.022), ("minio", 0.2): (12.87, 0.200),
+    ("shade", 0.2): (10.17, 0.385), ("icache", 0.2): (9.95, 0.319),
+    ("spider", 0.2): (13.22, 0.178), ("spider:tiny", 0.2): (8.64, 0.476),
+    ("lru", 0.1): (15.91, None), ("shade", 0.1): (12.80, 0.20), ("spider", 0.1): (14.65, 0.09),
+}  # fmt: skip
+
+
+def load_oracle(path: str, data: str, model: str, epochs: int) -> LossOracle:
+    if not Path(path).exists():
+        print(f"{path} missing: recording it with --model {model} (CPU)")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return record_oracle(data, epochs, path, model=model, device="auto", num_workers=2)
+    return LossOracle.load(path)
+
+
+def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
+    """One system for ``args.epochs`` epochs; the oracle answers every batch's feedback."""
+    system = resolve_system(name.split(":")[0])
+    train, _ = split_train(args.data, oracle.meta.get("val_fraction", 0.0), args.seed)
+    if len(train) != oracle.num_samples:
+        raise SystemExit(f"oracle has {oracle.num_samples} samples, the split {len(train)}")
+    storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency)
+    options = {**system.sampler_options, **SAMPLERS.options_for(system.sampler, args.sampler_opts)}
+    if system.sampler == "spider":
+        options["total_epochs"] = args.epochs
+    loader = make_loader(
+        storage, batch_size=args.batch_size, policy=system.policy, sampler=system.sampler,
+        sampler_options=options, cache_fraction=fraction, store="shared", seed=args.seed,
+        policy_options=POLICIES.options_for(system.policy, args.policy_opts),
+        num_workers=args.num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
+        persistent_workers=True,
+    )  # fmt: skip
+    times, reads, hits, served = [], [], [], []
+    try:
+        for epoch in range(args.epochs):
+            loader.set_epoch(epoch)
+            before = loader.counters()
+            start = time.perf_counter()
+            batches = max(1, len(loader))
+            for b, (_, _, ids) in enumerate(loader):
+                ids = ids.numpy()
+                t = min(epoch, oracle.epochs - 1) + (b + 0.5) / batches
+                emb = oracle.embeddings_at(ids, t) if loader.wants_embeddings else None
+                loader.feedback(ids, oracle.at(ids, t), emb)
+                if args.step_ms:
+                    time.sleep(args.step_ms / 1000)  # a GPU step: the loader runs meanwhile
+            times.append(time.perf_counter() - start)
+            after = loader.counters()
+            reads.append(after["storage_reads"] - before["storage_reads"])
+            hits.append(after["hits"] - before["hits"])
+            served.append(after["accesses"] - before["accesses"])
+        loader.planner.drain()
+        c = loader.counters()
+    finally:
+        loader.close()
+    steady = slice(min(2, args.epochs - 1), None)  # epochs 3-5, as the GPU table
+    return {
+        "system": name, "cache": fraction, "epoch_s": float(np.mean(times[steady])),
+        "hit_ratio": float(np.sum(hits[steady]) / max(1, np.sum(served[steady]))),
+        "storage_reads": float(np.mean(reads[steady])),
+        "served": float(np.mean(served[steady])), "epoch_times_s": times,
+        "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
+        "graph_failed": c.get("graph_failed", 0), "graph_dropped": c.get("graph_dropped", 0),
+        "graph_mean_degree": c.get("graph_mean_degree", 0.0),
+        "oracle": oracle.meta.get("model", "?"),
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="data/fashion-mnist")
+    ap.add_argument("--oracle", default="data/oracles/resnet18_gpu.npz")
+    ap.add_argument("--tiny-oracle", default="data/oracles/tiny_gpu.npz")
+    ap.add_argument("--systems", default="lru,minio,shade,icache,spider,spider:tiny")
+    ap.add_argument("--cache-fractions", default="0.2")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--num-workers", type=int, default=8)
+    ap.add_argument("--latency-ms", type=float, default=2.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--bandwidth-mb-s", type=float, default=100.0)
+    ap.add_argument("--step-ms", type=float, default=0.0, help="sleep per batch (a GPU step)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sampler-option", action="append", metavar="KEY=VALUE",
+                    help="for the systems whose sampler takes it (repeat)")  # fmt: skip
+    ap.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
+    ap.add_argument("--name", default="io_bound_epoch", help="results/NAME.json")
+    args = ap.parse_args()
+    args.sampler_opts = parse_options(args.sampler_option, "--sampler-option")
+    args.policy_opts = parse_options(args.policy_option, "--policy-option")
+    oracles = {
+        "resnet18": partial(load_oracle, args.oracle, args.data, "tiny", args.epochs),
+        "tiny": partial(load_oracle, args.tiny_oracle, args.data, "tiny", args.epochs),
+    }
+    loaded: dict[str, LossOracle] = {}
+    rows = []
+    for fraction in [float(f) for f in args.cache_fractions.split(",")]:
+        for name in args.systems.split(","):
+            which = "tiny" if name.endswith(":tiny") else "resnet18"
+            if which not in loaded:
+                loaded[which] = oracles[which]()
+            rows.append(run_system(args, name, fraction, loaded[which]))
+            print(f"{name} at {fraction:.0%}: {rows[-1]['epoch_s']:.2f} s/epoch", flush=True)
+    for r in rows:
+        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]), None)
+        ref, ref_base = (
+            GPU_REFERENCE.get((r["system"], r["cache"])),
+            GPU_REFERENCE.get(("lru", r["cache"])),
+        )
+        r["speedup"] = base["epoch_s"] / r["epoch_s"] if base else float("nan")
+        r["gpu_speedup"] = ref_base[0] / ref[0] if ref and ref_base else float("nan")
+        r["gpu_hit"] = ref[1] if ref and ref[1] is not None else float("nan")
+        r["vs_gpu_pct"] = 100 * (r["speedup"] / r["gpu_speedup"] - 1)
+    cols = [
+        ("system", "s"), ("cache", ".0%"), ("oracle", "s"), ("epoch_s", ".2f"),
+        ("speedup", ".2f"), ("gpu_speedup", ".2f"), ("vs_gpu_pct", "+.1f"),
+        ("hit_ratio", ".3f"), ("gpu_hit", ".3f"), ("storage_reads", ".0f"), ("served", ".0f"),
+        ("late_misses", "d"), ("refused_puts", "d"),
+    ]  # fmt: skip
+    report(args.name, rows, cols, {"args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The main job as it runs on a GPU (issue 13), checked on the CPU: models and devices,
+the validation split, options passed through `compare`, and honest I/O accounting."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hotset.compare import CompareConfig, split_train
+from hotset.errors import ConfigError
+from hotset.loader import make_loader
+from hotset.models import ResNet18, make_model, resolve_device
+from hotset.storage import FileStorage, ThrottledStorage
+from test_simulate_cli import hotset
+
+
+def test_resnet18_has_torchvisions_layers_and_a_512d_embedding():
+    m = make_model("resnet18", 10)
+    # torchvision's resnet18(num_classes=10) with a 1-channel 3x3 conv1: 11,172,810
+    assert sum(p.numel() for p in m.parameters()) == 11_172_810
+    names = {n for n, _ in m.named_parameters()}
+    assert {
+        "conv1.weight",
+        "layer4.1.bn2.bias",
+        "layer2.0.downsample.0.weight",
+        "fc.weight",
+    } <= names
+    logits, emb = m.forward_with_embedding(torch.zeros(3, 1, 28, 28))
+    assert logits.shape == (3, 10) and emb.shape == (3, ResNet18.embedding_dim)
+    assert not emb.requires_grad
+    with pytest.raises(ConfigError, match="unknown model 'vgg'"):
+        make_model("vgg", 10)
+
+
+def test_devices_resolve_and_refuse_what_is_not_there():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA device"):
+            resolve_device("cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-accelerator path")
+def test_pin_memory_without_accelerator_warns_and_serves(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = make_loader(
+            storage, batch_size=100, policy="minio", cache_fraction=0.1, store="memory",
+            num_workers=0, pin_memory=True,
+        )  # fmt: skip
+    assert any("no accelerator" in str(w.message) for w in caught)
+    with loader:
+        seen = np.concatenate([ids.numpy() for _, _, ids in loader])
+    assert np.array_equal(np.sort(seen), np.arange(len(storage)))
+
+
+def test_validation_is_held_out_of_training(fmnist_dir):
+    train, val = split_train(str(fmnist_dir), 1 / 12, seed=0)
+    full = FileStorage(str(fmnist_dir / "train"))
+    assert len(train) + val.size == len(full) and val.size == round(len(full) / 12)
+    assert not set(train.indices.tolist()) & set(val.tolist())
+    again, val2 = split_train(str(fmnist_dir), 1 / 12, seed=0)
+    assert np.array_equal(val, val2)
+
+
+def test_compare_routes_options_to_the_systems_that_take_them(fmnist_dir):
+    CompareConfig(
+        str(fmnist_dir), ["lru", "icache"], [0.2],
+        sampler_options={"warmup_epochs": 2}, policy_options={"package_bytes": 4096},
+    ).validate()  # fmt: skip
+    with pytest.raises(ConfigError, match="--sampler-option: no sampler of lru, minio takes bogus"):
+        CompareConfig(
+            str(fmnist_dir), ["lru", "minio"], [0.2], sampler_options={"bogus": 1}
+        ).validate()
+    with pytest.raises(ConfigError, match="--model"):
+        CompareConfig(str(fmnist_dir), ["lru"], [0.2], model="vgg").validate()
+
+
+def test_storage_reads_count_icache_packaging(fmnist_dir):
+    """Every request the storage served: iCACHE's packaging thread reads samples and its
+    loading thread reads packages; both are counted beside the misses."""
+    storage = ThrottledStorage(FileStorage(str(fmnist_dir / "train")), latency_ms=0.0)
+    assert storage.bytes_per_s == 100e6  # bandwidth is charged by default
+    loader = make_loader(
+        storage, batch_size=100, policy="icache", sampler="iis", cache_fraction=0.3,
+        store="memory", num_workers=0, policy_options={"package_threads": False},
+    )  # fmt: skip
+    with loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _, _, ids in loader:
+                loader.feedback(ids, np.random.default_rng(int(ids[0])).random(len(ids)))
+        c = loader.counters()
+    assert c["packages_loaded"] > 0 and c["package_storage_reads"] > 0
+    assert c["storage_reads"] == (
+        c["misses"] + c["late_misses"] + c["prefetched"] + c["package_storage_reads"]
+        + c["packages_loaded"]
+    )  # fmt: skip
+    assert c["storage_bytes"] > c["bytes_from_storage"]
+
+
+@pytest.mark.slow
+def test_compare_reports_test_accuracy_and_decides_on_validation(fmnist_dir, tmp_path):
+    js = tmp_path / "rows.json"
+    out = hotset(
+        "compare", "--data", str(fmnist_dir), "--policies", "inmemory,shade",
+        "--cache-fractions", "0.2", "--epochs", "2", "--json", str(js), "--out",
+        str(tmp_path), "--latency-ms", "0.2", "--no-progress", "--device", "cpu",
+        "--sampler-option", "repetition=2",
+    )  # fmt: skip
+    rows = {r["policy"]: r for r in json.loads(js.read_text())}
+    assert set(rows) == {"inmemory", "shade"} and "storage" in out.stdout
+    for r in rows.values():
+        assert 0.1 < r["test_accuracy"] <= 1 and len(r["val_accuracy_per_epoch"]) == 2
+        assert r["device"] == "cpu" and r["model"] == "tiny"
+    shade = rows["shade"]
+    assert shade["storage_reads_per_epoch"][0] > 0 and shade["counters"]["storage_reads"] == sum(
+        shade["storage_reads_per_epoch"]
+    )
