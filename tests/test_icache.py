@@ -225,3 +225,14 @@ def test_icache_trains_with_two_workers_and_serves_substitutes(fmnist_dir, tmp_p
     assert c["packages_loaded"] >= 1 and c["packages_written"] >= 1
     assert seen_subs > 0 and c["exact_hits"] > 0
     assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
+
+
+def test_package_size_adapts_to_a_small_cache_and_an_empty_region_is_warned(caplog):
+    """The paper's 1 MB package would take a 2k-sample cache whole; the default size is a
+    quarter of the L-cache's share, so the H-cache keeps its 90%."""
+    sizes = np.full(2000, 500)  # 1 MB of samples, a 20% cache of 200 kB
+    p = make_policy("icache", 200_000, sizes=sizes)
+    assert p.package_bytes == pytest.approx(5_000, abs=1) and p.h_capacity >= 0.85 * 200_000
+    with caplog.at_level("WARNING", logger="hotset.policy.icache"):
+        big = make_policy("icache", 200_000, sizes=sizes, package_bytes=1 << 20)
+    assert big.h_capacity == 0 and "H-cache is empty" in caplog.text

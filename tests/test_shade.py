@@ -228,3 +228,40 @@ def test_scores_that_change_back_do_not_evict_twice(name):
     p2.scores_updated(np.array([0]))
     r = p2.access([3])  # needs both slots: 0 and 1 go, each once
     assert sorted(r.evicted.tolist()) == [0, 1] and p2.used == 2
+
+
+def test_repeat_mode_fills_the_epoch_with_cached_repeats_as_the_prototype():
+    """The prototype's repetition: each drawn cached id r times, the misses cut to fit;
+    a 20% cached draw share becomes 60% of the epoch (weighting gives 43%)."""
+    n, r = 20_000, 3
+    cached = np.arange(0, n, 5)  # 20% cached, uniform scores
+    shares = {}
+    for mode in ("weight", "repeat"):
+        smp = make_sampler("shade", n, repetition=r, repetition_mode=mode, seed=1)
+        smp.feedback(np.arange(n), np.ones(n))  # equal losses: equal ranks within a batch
+        smp.set_cached(cached)
+        order = smp.global_order(1)
+        assert order.size == n
+        shares[mode] = np.isin(order, cached).mean()
+    assert shares["weight"] == pytest.approx(0.6 / 1.4, abs=0.02)
+    assert shares["repeat"] == pytest.approx(0.6, abs=0.02)
+    with pytest.raises(ConfigError, match="repetition_mode"):
+        make_sampler("shade", n, repetition_mode="twice")
+
+
+def test_app_ghost_cache_forgets_stale_scores_where_pq_trusts_them():
+    """After an epoch's worth of newer scores, a sample's old score no longer admits it
+    under APP (the ghost cache is bounded); PQ still admits it (2 ids, capacity 1)."""
+    n = 10
+    decisions = {}
+    for name in ("app", "pq"):
+        board = ScoreBoard(n)
+        p = make_policy(name, 1, num_samples=n)
+        p.attach_scores(board)
+        board.update(np.array([0, 1]), np.array([1.0, 9.0]), np.zeros(2))  # 1: high, early
+        p.access([0])
+        board.update(np.arange(2, n), np.ones(n - 2), np.zeros(n - 2))  # an epoch's worth
+        board.update(np.array([0]), np.array([1.0]), np.zeros(1))
+        p.scores_updated(np.array([0]))
+        decisions[name] = p.access([1]).admitted.tolist()
+    assert decisions == {"app": [], "pq": [1]}
