@@ -92,9 +92,7 @@ def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tenso
         storage = FileStorage(posixpath.join(data, split))
     except ConfigError:
         return None
-    ids = list(range(len(storage)))
-    inputs = to_tensor(np.stack([decode(b) for b in storage.read_many(ids)]))
-    return inputs, torch.as_tensor(storage.labels, dtype=torch.int64)
+    return load_ids(storage, np.arange(len(storage)), decode)
 
 
 def _model_for(
@@ -123,16 +121,19 @@ def load_ids(storage: Storage, ids: np.ndarray, decode) -> tuple[torch.Tensor, t
     return inputs, torch.as_tensor(storage.labels[ids], dtype=torch.int64)
 
 
+def _train_and_validation(cfg: CompareConfig, decode):
+    """The storage to train on and the held-out validation samples in memory (or None)."""
+    train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
+    if not val_ids.size:
+        return train, None
+    return train, load_ids(FileStorage(posixpath.join(cfg.data, "train")), val_ids, decode)
+
+
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     """Train from scratch with one system and cache size; returns the row of the table."""
     system = resolve_system(name)
-    train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
     decode = partial(decode_sample, size=IMAGE_SIZE)
-    val = (
-        load_ids(FileStorage(posixpath.join(cfg.data, "train")), val_ids, decode)
-        if val_ids.size
-        else None
-    )
+    train, val = _train_and_validation(cfg, decode)
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
@@ -206,10 +207,8 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
     ``DataLoader`` over the training split decoded into memory (no storage, no cache)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
     decode = partial(decode_sample, size=IMAGE_SIZE)
-    full = FileStorage(posixpath.join(cfg.data, "train"))
-    val = load_ids(full, val_ids, decode) if val_ids.size else None
+    train, val = _train_and_validation(cfg, decode)
     x, y = load_ids(train, np.arange(len(train)), decode)
     device = resolve_device(cfg.device)
     loader = DataLoader(
@@ -227,7 +226,7 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        float(loss)  # the epoch ends when its last step has run
+        float(loss.detach())  # the epoch ends when its last step has run
         times.append(time.perf_counter() - start)
         if val is not None:
             accs.append(accuracy(model, *val))

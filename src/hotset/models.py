@@ -1,5 +1,5 @@
 """The models of the compare job and the tests: ``tiny`` (CPU-friendly) and ``resnet18``
-(torchvision's, for a GPU), each with ``forward_with_embedding`` for graph importance."""
+(torchvision's layers), each with ``forward_with_embedding`` for graph importance."""
 
 from __future__ import annotations
 
