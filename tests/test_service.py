@@ -322,3 +322,26 @@ def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
         assert sealed.get_many([victim]) == [None] and sealed.rejected == 1  # never served
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("sampling", ["dsa", "isa"])
+def test_job_limit_is_a_clear_refusal_that_changes_nothing(sampling):
+    """DSA samples at most 64 jobs together (a bit each): the 65th is refused before it
+    is recorded and the others plan on; ISA has no limit (100 jobs register and leave)."""
+    from hotset.service.coordinator import JobCoordinator
+
+    co = JobCoordinator(capacity_bytes=4_000, max_samples=10_000, sampling=sampling)
+    keys = [f"k{i}" for i in range(50)]
+    sizes = np.full(50, 100)
+    n = 64 if sampling == "dsa" else 100
+    jobs = [co.register(f"job{j}", keys, sizes, 10) for j in range(n)]
+    if sampling == "dsa":
+        before = (len(co.keys), sorted(co.jobs))
+        with pytest.raises(ConfigError, match="refused: --sampling dsa samples at most 64"):
+            co.register("job64", keys + ["new"], np.full(51, 100), 10)
+        assert (len(co.keys), sorted(co.jobs)) == before  # nothing recorded, no new key
+    served = [co.plan(j, 0)["gids"].size for j in jobs[:3]]
+    assert served == [10, 10, 10]
+    for j in jobs:
+        co.leave(j)
+    assert not co.jobs and co.policy.used >= 0

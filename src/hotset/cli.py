@@ -328,7 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     sj.set_defaults(func=cmd_simulate_jobs)
 
     sv = sub.add_parser("serve", help="the multi-job service: shared sampling and cache")
-    sv.add_argument("--address", help="ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")
+    sv.add_argument(
+        "--address",
+        help="ZeroMQ endpoint (default: ipc:// in a 0700 dir of "
+        "yours, $XDG_RUNTIME_DIR/hotset or /tmp/hotset-UID)",
+    )
     sv.add_argument("--capacity-bytes", type=int, help="default: 1 GiB")
     sv.add_argument("--store-path", help="LMDB dir on tmpfs (default: fresh)")
     sv.add_argument("--max-samples", type=int, help="distinct samples, all jobs")

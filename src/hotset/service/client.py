@@ -30,6 +30,7 @@ from hotset.codecs import decode_sample
 from hotset.errors import ConfigError, ServiceError, ServiceUnavailable
 from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
+from hotset.service.address import check_ipc_owner, default_address
 from hotset.service.benefit import Benefit, BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
@@ -123,10 +124,13 @@ class ServiceClient:
         )
 
 
-def connect(address: str, timeout_s: float = 10.0) -> ServiceClient:
-    """A client of the ``hotset serve`` at ``address`` (checked with a first request)."""
-    client = ServiceClient(address, timeout_s)
+def connect(address: str | None = None, timeout_s: float = 10.0) -> ServiceClient:
+    """A client of the ``hotset serve`` at ``address`` (default: this user's private
+    socket), checked with a first request that carries nothing; an ``ipc://`` socket
+    another user owns is refused before any data is sent."""
+    client = ServiceClient(address or default_address(), timeout_s)
     client.hello()
+    check_ipc_owner(client.address)
     return client
 
 
@@ -174,7 +178,8 @@ class RemotePlanner:
         self._stop = threading.Event()
         self._beat = threading.Thread(
             target=self._heartbeat,
-            args=(heartbeat_s or client.timeout_s / 4,),
+            # beats well inside the service's job timeout, and its own call timeout
+            args=(heartbeat_s or min(client.timeout_s / 4, float(reply["job_timeout_s"]) / 3),),
             name=f"hotset-heartbeat-{self.job}",
             daemon=True,
         )

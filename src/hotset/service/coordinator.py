@@ -160,6 +160,12 @@ class JobCoordinator:
             raise ConfigError(f"job {name!r}: give one size per key, at least one key")
         if batch_size < 1:
             raise ConfigError(f"job {name!r}: batch_size must be >= 1, got {batch_size}")
+        limit = self.mode.max_jobs
+        if limit is not None and len(self.jobs) >= limit:  # refused before anything changes
+            raise ConfigError(
+                f"job {name!r} refused: --sampling {self.mode.name} samples at most {limit} "
+                f"jobs together and {len(self.jobs)} are registered; the others go on"
+            )
         new = [k for k in dict.fromkeys(keys) if k not in self.gid_of]
         if len(self.keys) + len(new) > self.max_samples:
             raise ConfigError(

@@ -18,7 +18,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
-from hotset.sampling.dsa import DependentSampling
+from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sampling.iis import IISSampler
 from hotset.service.allocation import split_budget
 from hotset.service.chunks import ChunkCache
@@ -44,6 +44,8 @@ class SamplingMode(ABC):
     probe_every: ClassVar[int] = 4
     #: whether the shared policy decides what is cached (chunks decide themselves)
     uses_policy: ClassVar[bool] = True
+    #: how many jobs can sample together (None: no limit)
+    max_jobs: ClassVar[int | None] = None
 
     def __init__(self, co: JobCoordinator) -> None:
         self.co = co
@@ -216,6 +218,7 @@ class DependentSamplingMode(SamplingMode):
     epochs apart), so jobs in step stay in step across epoch boundaries."""
 
     name = "dsa"
+    max_jobs = MAX_JOBS  # one bit per job in the need masks
 
     def __init__(self, co: JobCoordinator) -> None:
         super().__init__(co)

@@ -7,6 +7,13 @@ import json
 
 import numpy as np
 
+from hotset.errors import HotsetError
+
+
+class ProtocolError(HotsetError):
+    """A message that is not one of the service's (answered with an error, nothing kept)."""
+
+
 Payload = dict[str, np.ndarray | list[str]]
 
 
@@ -25,11 +32,31 @@ def encode(header: dict, payload: Payload | None = None) -> list[bytes]:
 
 
 def decode(frames: list[bytes]) -> tuple[dict, Payload]:
-    header = json.loads(frames[0])
+    """The header and payload of ``frames``; a malformed message raises ``ProtocolError``
+    (naming what is wrong) before anything is allocated for it."""
+    try:
+        header = json.loads(frames[0])
+        specs = header.pop("frames")
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise ProtocolError(f"malformed message header: {exc}") from None
+    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
+        raise ProtocolError(f"the header names {len(specs)} frames, {len(frames) - 1} came")
     payload: Payload = {}
-    for (name, kind, dtype, shape), data in zip(header.pop("frames"), frames[1:], strict=True):
-        if kind == "array":
-            payload[name] = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
-        else:
-            payload[name] = data.decode().split("\n") if shape[0] else []
+    for spec, data in zip(specs, frames[1:], strict=True):
+        try:
+            name, kind, dtype, shape = spec
+            if kind == "array":
+                dt = np.dtype(dtype)
+                if dt.hasobject or int(np.prod(shape)) * dt.itemsize != len(data):
+                    raise ValueError(f"{len(data)} bytes do not hold {dtype} {shape}")
+                payload[name] = np.frombuffer(data, dtype=dt).reshape(shape).copy()
+            elif kind == "lines":
+                lines = data.decode().split("\n") if shape[0] else []
+                if len(lines) != shape[0]:
+                    raise ValueError(f"{len(lines)} lines, the header says {shape[0]}")
+                payload[name] = lines
+            else:
+                raise ValueError(f"unknown frame kind {kind!r}")
+        except (ValueError, TypeError) as exc:
+            raise ProtocolError(f"malformed frame {spec!r}: {exc}") from None
     return header, payload

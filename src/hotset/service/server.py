@@ -17,6 +17,7 @@ import time
 import zmq
 
 from hotset.errors import ConfigError, HotsetError
+from hotset.service.address import default_address, refuse_live
 from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.protocol import decode, encode
@@ -25,7 +26,7 @@ from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ADDRESS = "ipc:///tmp/hotset-service.sock"
+MAX_MESSAGE_BYTES = 256 << 20  # a register of ~5M sample keys; larger: the peer is dropped
 
 
 class CacheService:
@@ -33,25 +34,33 @@ class CacheService:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         capacity_bytes: int = 1 << 30,
         store_path: str | None = None,
         reap_every_s: float = 0.5,
         slack: float = 0.05,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
         **coordinator_options,
     ) -> None:
         if not 0.0 <= slack < 1.0:
             raise ConfigError(f"slack must be in [0, 1), got {slack}")
-        self.address = address
+        self.address = address = address or default_address()
+        self._ctx = zmq.Context.instance()
+        refuse_live(address, self._ctx)
         self.store = SharedStore(capacity_bytes, path=store_path)
         # the policy plans for a little less than the store holds: workers of different
         # jobs apply deletes and puts out of order, and the slack absorbs it
         self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
         self.reap_every_s = reap_every_s
-        self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(address)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # bounded messages
+        try:
+            self._sock.bind(address)
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            self.store.close(destroy=store_path is None)
+            raise ConfigError(f"cannot listen on {address}: {exc}") from exc
         self.stopped = False
 
     def handle(self, header: dict, payload: dict) -> tuple[dict, dict]:
@@ -71,6 +80,7 @@ class CacheService:
                 "probe_batches": co.probe_batches,
                 "probe_every": co.probe_every,
                 "wants_losses": co.mode.wants_losses,
+                "job_timeout_s": co.job_timeout_s,
             }, {}
         if op == "plan":
             job_id = int(header["job"])
@@ -108,7 +118,10 @@ class CacheService:
         try:
             while not self.stopped:
                 if poller.poll(int(self.reap_every_s * 1000)):
-                    ident, empty, *frames = self._sock.recv_multipart()
+                    ident, *frames = self._sock.recv_multipart()
+                    if len(frames) < 2 or frames[0]:  # not a REQ envelope: nothing to answer
+                        continue
+                    empty, frames = frames[0], frames[1:]
                     try:
                         reply, payload = self.handle(*decode(frames))
                     except HotsetError as exc:
@@ -129,7 +142,7 @@ class CacheService:
 
 
 def serve(
-    address: str = DEFAULT_ADDRESS,
+    address: str | None = None,
     capacity_bytes: int = 1 << 30,
     store_path: str | None = None,
     announce: bool = False,
@@ -154,7 +167,7 @@ def _run(address: str, capacity_bytes: int, store_path: str | None, options: dic
 
 
 def start_service(
-    address: str = DEFAULT_ADDRESS,
+    address: str | None = None,
     capacity_bytes: int = 1 << 30,
     store_path: str | None = None,
     **options,

@@ -58,9 +58,10 @@ os.register_at_fork(before=_close_before_fork)
 def _environment(path: str, map_size: int) -> tuple[lmdb.Environment, object, object]:
     handle = _ENVS.get(path)
     if handle is None:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)  # the cached bytes: this user's only
         env = lmdb.open(
             path,
+            mode=0o600,
             map_size=map_size,
             max_dbs=2,
             sync=False,

@@ -1,0 +1,247 @@
+"""The service against other local users and bad clients (issue 14, first part): a private
+default address, no silent take-over of a live address, no impostor socket, bounded and
+checked messages, and a clear refusal of a 65th DSA job (test_service.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import zmq
+
+import hotset
+from hotset.errors import ConfigError
+from hotset.service.address import default_address, runtime_dir
+from hotset.service.server import CacheService, start_service
+
+OTHER = "hotset-test-other"
+
+
+def _raw_request(address: str, frames: list[bytes], timeout_ms: int = 2000) -> list[bytes] | None:
+    """One request on a fresh REQ socket: the reply's frames, or None without one."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    for opt, v in ((zmq.RCVTIMEO, timeout_ms), (zmq.SNDTIMEO, timeout_ms), (zmq.LINGER, 0)):
+        sock.setsockopt(opt, v)
+    sock.connect(address)
+    try:
+        sock.send_multipart(frames)
+        return sock.recv_multipart()
+    except zmq.Again:
+        return None
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+@pytest.fixture
+def running(tmp_path):
+    address = f"ipc://{tmp_path}/svc.sock"
+    proc = start_service(address, capacity_bytes=100_000, max_message_bytes=1 << 20)
+    client = hotset.connect(address, timeout_s=20)
+    yield address, proc, client
+    client.close()
+    proc.terminate()
+    proc.join(10)
+
+
+def test_a_second_service_refuses_a_live_address(running):
+    address, proc, client = running
+    with pytest.raises(ConfigError, match="already answers on"):
+        CacheService(address, capacity_bytes=10_000)
+    assert proc.is_alive() and "store" in client.hello()  # the first one goes on
+
+
+def test_malformed_and_oversized_messages_are_refused_with_the_service_alive(running):
+    address, proc, client = running
+    reply = _raw_request(address, [b"not json"])
+    assert reply is not None and b"malformed message header" in reply[0]
+    lying = b'{"op": "register", "frames": [["keys", "array", "<i8", [1000000]]]}'
+    reply = _raw_request(address, [lying, b"\0" * 16])
+    assert reply is not None and b"do not hold" in reply[0]
+    # over max_message_bytes: libzmq drops the peer before anything is decoded
+    assert _raw_request(address, [b'{"op": "hello", "frames": [["x", "lines", "", [1]]]}',
+                                  b"x" * (2 << 20)], timeout_ms=1500) is None  # fmt: skip
+    assert proc.is_alive() and "store" in client.hello()
+
+
+def test_default_address_is_in_a_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert default_address() == f"ipc://{tmp_path}/hotset/service.sock"
+    assert (tmp_path / "hotset").stat().st_mode & 0o777 == 0o700
+    (tmp_path / "hotset").chmod(0o755)
+    with pytest.raises(ConfigError, match="open to other users"):
+        runtime_dir()
+
+
+# -- another OS user, created for the test --------------------------------------------------
+
+
+def _other_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create another OS user")
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(OTHER)
+    subprocess.run(["useradd", "--system", "--no-create-home", OTHER], check=True)
+    return pwd.getpwnam(OTHER)
+
+
+def _as_user(user: pwd.struct_passwd, target, *args) -> object:
+    """Run ``target(*args)`` in a forked child that has become ``user``; its result."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+
+    def child() -> None:
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+        try:
+            out.put(target(*args))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            out.put(f"{type(exc).__name__}: {exc}")
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    result = out.get(timeout=60)
+    proc.join(10)
+    return result
+
+
+def _try_stop(address: str) -> str:
+    reply = _raw_request(address, [b'{"op": "stop", "frames": []}'], timeout_ms=1500)
+    return "answered" if reply is not None else "no answer"
+
+
+def _try_bind(address: str) -> str:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    try:
+        sock.bind(address)
+        return "bound"
+    except zmq.ZMQError as exc:
+        return f"refused: {exc}"
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _impostor(address: str, ready: str) -> str:
+    """A REP socket at ``address`` that answers every request as a service would."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    sock.setsockopt(zmq.RCVTIMEO, 15000)
+    sock.bind(address)
+    Path(ready).touch()
+    with contextlib.suppress(zmq.Again):
+        while True:
+            sock.recv_multipart()
+            sock.send_multipart([b'{"store": "/tmp/x", "capacity_bytes": 1, "frames": []}'])
+    sock.close(0)
+    return "done"
+
+
+def test_another_user_cannot_reach_the_service_at_its_default_address(monkeypatch):
+    other = _other_user()
+    base = Path(tempfile.mkdtemp(prefix="hotset-sec-"))
+    base.chmod(0o1777)  # like /tmp: anyone may create in it; the 0700 directory is the guard
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+        address = default_address()
+        proc = start_service(address, capacity_bytes=100_000)
+        client = hotset.connect(address, timeout_s=20)
+        assert _as_user(other, _try_stop, address) == "no answer"
+        assert proc.is_alive() and "store" in client.hello()
+        # nor take the address while the service is down: the directory is closed to them
+        assert _as_user(other, _try_bind, address + ".2").startswith("refused")
+        assert _as_user(other, _try_bind, f"ipc://{base}/theirs.sock") == "bound"  # as in /tmp
+        client.close()
+        proc.terminate()
+        proc.join(10)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_socket_another_user_owns_is_refused_before_any_data_is_sent():
+    other = _other_user()
+    base = Path(tempfile.mkdtemp(prefix="hotset-sec-"))
+    base.chmod(0o755)
+    theirs = base / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other.pw_uid, other.pw_gid)
+    address = f"ipc://{theirs}/svc.sock"
+    ready = theirs / "ready"
+    try:
+        ctx = mp.get_context("fork")
+        proc = ctx.Process(target=_as_user, args=(other, _impostor, address, str(ready)))
+        proc.start()
+        for _ in range(200):
+            if ready.exists():
+                break
+            proc.join(0.05)
+        with pytest.raises(ConfigError, match=f"belongs to uid {other.pw_uid}, not to you"):
+            hotset.connect(address, timeout_s=5)
+        proc.terminate()
+        proc.join(10)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_paused_job_is_not_reaped_whatever_its_call_timeout(fmnist_dir, tmp_path):
+    """Heartbeats follow the service's job timeout (2 s here), not only the client's call
+    timeout (60 s, which alone would beat every 15 s): a job pausing 5 s stays."""
+    import time
+
+    from hotset.storage import FileStorage
+
+    address = f"ipc://{tmp_path}/svc.sock"
+    proc = start_service(address, capacity_bytes=400_000, job_timeout_s=2.0, sampling="isa")
+    client = hotset.connect(address, timeout_s=60)
+    try:
+        loader = client.make_loader(
+            FileStorage(str(fmnist_dir / "train")), batch_size=100, num_workers=0, name="slow"
+        )
+        with loader:
+            first = [ids for _, _, ids in loader]
+            time.sleep(5)  # validation, a checkpoint...
+            names = [j["name"] for j in client.stats()["jobs"].values()]
+            assert names == ["slow"]
+            loader.set_epoch(1)
+            second = [ids for _, _, ids in loader]
+        assert sum(map(len, first)) == sum(map(len, second)) == 1000
+        assert client.stats()["removed"] == [["slow", "left"]]  # left, never reaped
+    finally:
+        client.close()
+        proc.terminate()
+        proc.join(10)
+
+
+def _try_read(path: str) -> str:
+    try:
+        Path(path).read_bytes()
+        return "read"
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+
+
+def test_a_named_store_is_readable_by_its_user_only(tmp_path):
+    from hotset.store.shared import SharedStore
+
+    base = Path(tempfile.mkdtemp(prefix="hotset-sec-"))
+    base.chmod(0o1777)
+    try:
+        store = SharedStore(100_000, path=str(base / "named"))
+        store.put({"k": b"private bytes"})
+        data = base / "named" / "data.mdb"
+        assert data.stat().st_mode & 0o077 == 0 and (base / "named").stat().st_mode & 0o077 == 0
+        if os.geteuid() == 0 and shutil.which("useradd"):
+            assert _as_user(_other_user(), _try_read, str(data)).startswith("refused")
+        store.close(destroy=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
