@@ -10,9 +10,24 @@ from hotset.service.chunks import ChunkCache
 
 
 def make(n: int = 30, chunk: int = 10) -> ChunkCache:
+    """Chunks 0, 1, 2 = ids 0-9, 10-19, 20-29: one registration per chunk-sized dataset
+    (each is shuffled within itself)."""
     cc = ChunkCache(capacity_bytes=2 * chunk)
-    cc.add_ids(np.ones(n, np.int64))
+    for _ in range(n // chunk):
+        cc.add_ids(np.ones(chunk, np.int64))
     return cc
+
+
+def test_chunks_are_cut_in_a_shuffled_order():
+    """A class-sorted manifest (ids 0-99 class 0, 100-199 class 1, ...) still gives every
+    chunk most classes: a minibatch read from a chunk is not one class."""
+    cc = ChunkCache(capacity_bytes=2 * 200, seed=3)
+    cc.add_ids(np.ones(1000, np.int64))
+    assert len(cc.members) == 5 and all(len(m) == 200 for m in cc.members)
+    for m in cc.members:
+        assert len({i // 100 for i in m}) >= 8
+    assert sorted(i for m in cc.members for i in m) == list(range(1000))
+    assert all(cc.chunk_of[i] == c for c, m in enumerate(cc.members) for i in m)
 
 
 def test_a_marked_chunk_takes_no_new_readers_and_goes_when_its_last_reader_is_done():

@@ -1,10 +1,10 @@
 """Quiver's coordinated eviction (FAST'20, "Co-ordinated eviction"): the registered ids
-are cut into chunks of half the cache, and at most two chunks are resident (double
-buffering). Jobs read the resident chunks by substitution (any unread id of theirs there,
-in random order); a job that has read all it can there opens the next chunk it needs.
-When both slots are taken the chunk loaded first is *marked*: it takes no new readers,
-and is evicted (all its entries at once, like ``unlink``) only when its last reader has
-released it. Meanwhile the job reads its other samples straight from storage.
+are cut, in a shuffled order, into chunks of half the cache, and at most two chunks are
+resident (double buffering). Jobs read the resident chunks by substitution (any unread id
+of theirs there, in random order); a job that has read all it can there opens the next
+chunk it needs. When both slots are taken the chunk loaded first is *marked*: it takes no
+new readers, and is evicted (all its entries at once, like ``unlink``) only when its last
+reader has released it. Meanwhile the job reads its other samples straight from storage.
 
 A job is a reader of a chunk from its first read there until it has read all its ids in
 that chunk this epoch (or it moves to a new epoch, or leaves).
@@ -48,14 +48,24 @@ class ChunkCache:
         self._rng = random.Random(seed)
 
     def add_ids(self, sizes: np.ndarray) -> None:
-        """New global ids (in order) with their byte sizes: cut into chunks."""
-        for s in np.asarray(sizes, np.int64).tolist():
+        """New global ids (in order) with their byte sizes: cut into chunks in a shuffled
+        order, so a chunk is a random sample of the dataset (an ImageFolder manifest is
+        sorted by class: cut in order, every chunk, and so every minibatch read by
+        substitution from it, would hold one class)."""
+        sizes = np.asarray(sizes, np.int64)
+        first = len(self.chunk_of)
+        chunk = np.empty(sizes.size, np.int64)
+        order = list(range(sizes.size))
+        self._rng.shuffle(order)
+        for j in order:
+            s = int(sizes[j])
             if not self.members or (self._fill and self._fill + s > self.chunk_bytes):
                 self.members.append(set())
                 self._fill = 0
-            self.members[-1].add(len(self.chunk_of))
-            self.chunk_of.append(len(self.members) - 1)
+            self.members[-1].add(first + j)
+            chunk[j] = len(self.members) - 1
             self._fill += s
+        self.chunk_of.extend(chunk.tolist())
 
     # -- jobs ----------------------------------------------------------------------------
     def start_epoch(self, job: int, ids: np.ndarray) -> list[int]:
