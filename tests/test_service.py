@@ -290,11 +290,15 @@ def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
         data=str(fmnist_dir), jobs=2, scenario="same", samples=600, epochs=1,
         batch_size=25, cache_fraction=0.5, num_workers=1, latency_ms=5.0,
     )  # fmt: skip  # the cache holds more than the batches in flight; steps not too short
+    assert cfg.modes == ("service", "quiver", "chunks", "independent")
     doc = compare_jobs(cfg, out_dir=str(tmp_path))
     t = doc["totals"]
+    assert {r["mode"] for r in doc["rows"]} == set(cfg.modes)
     for r in doc["rows"]:
         assert r["accesses"] == 600 and r["test_accuracy"] is not None
     assert t["independent"]["samples_read"] > 1100  # each job reads all 600 itself
+    for mode in ("service", "quiver", "chunks"):  # sharing reads
+        assert t[mode]["samples_read"] < 0.8 * t["independent"]["samples_read"], mode
     assert t["service"]["samples_read"] < 0.7 * t["independent"]["samples_read"]
     assert (tmp_path / "compare-jobs-same.json").exists()
 

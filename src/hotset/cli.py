@@ -109,7 +109,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             data=args.data, jobs=args.jobs,
             **_given(args, "scenario", "samples", "epochs", "batch_size", "num_workers",
                      "latency_ms", "concurrency", "stagger_s", "probe_batches", "seed",
-                     "device", "model"),
+                     "device", "model", "modes"),
         )  # fmt: skip
         if args.cache_fractions is not None:
             jobs.cache_fraction = args.cache_fractions[0]
@@ -280,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument(
         "--scenario", help="with --jobs: same (default), staggered, speeds, overlap, benefit, iis"
     )
+    co.add_argument(
+        "--modes", type=_csv(str),
+        help="--jobs: the ways to run the jobs, the baseline last (default: "
+        "service,quiver,chunks,independent; benefit and iis: their own pair)",
+    )  # fmt: skip
     co.add_argument("--samples", type=int, help="--jobs: the first N training samples (0: all)")
     co.add_argument(
         "--probe-batches",

@@ -36,7 +36,11 @@ from hotset.errors import ConfigError
 
 SCENARIOS = ("same", "staggered", "speeds", "overlap", "benefit", "iis")
 #: the two ways each scenario runs its jobs (the first is the one under test)
+#: the ways each scenario runs its jobs (the first is the one under test, the last the
+#: baseline); the others: JOADER's service (DSA + RefCnt), Quiver's substitution and its
+#: coordinated chunks, each job on its own
 SCENARIO_MODES = {"benefit": ("benefit", "shared"), "iis": ("aiv", "iis-lru")}
+DEFAULT_MODES = ("service", "quiver", "chunks", "independent")
 #: the service's options per mode ("independent": no service)
 SERVICE_OPTIONS = {
     "service": {},
@@ -44,11 +48,13 @@ SERVICE_OPTIONS = {
     "shared": {"sampling": "isa", "policy": "minio"},
     "aiv": {"sampling": "iis"},
     "iis-lru": {"sampling": "iis", "policy": "lru"},
+    "quiver": {"sampling": "quiver"},
+    "chunks": {"sampling": "chunks"},
 }
 
 
-def scenario_modes(scenario: str) -> tuple[str, str]:
-    return SCENARIO_MODES.get(scenario, ("service", "independent"))
+def scenario_modes(scenario: str) -> tuple[str, ...]:
+    return SCENARIO_MODES.get(scenario, DEFAULT_MODES)
 
 
 @dataclass
@@ -75,6 +81,7 @@ class JobsConfig:
     stagger_s: float = 20.0
     probe_batches: int = 10  # benefit / iis: minibatches timed without, then with, the cache
     seed: int = 0
+    modes: tuple[str, ...] = ()  # default: the scenario's (scenario_modes)
     device: str = "auto"
     model: str = "tiny"  # tiny: each job's width from its spec; resnet18: one for all
     specs: list[JobSpec] = field(default_factory=list)
@@ -86,6 +93,13 @@ class JobsConfig:
             raise ConfigError(f"--jobs must be in [1, 16], got {self.jobs}")
         if not self.specs:
             self.specs = scenario_jobs(self.scenario, self.jobs, self.stagger_s)
+        self.modes = tuple(self.modes) or scenario_modes(self.scenario)
+        unknown = sorted(set(self.modes) - {*SERVICE_OPTIONS, "independent"})
+        if unknown or len(self.modes) < 2:
+            raise ConfigError(
+                f"--modes: give two or more of {', '.join((*SERVICE_OPTIONS, 'independent'))}"
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            )
 
 
 def scenario_jobs(scenario: str, n: int, stagger_s: float) -> list[JobSpec]:
@@ -253,9 +267,9 @@ def _warm_page_cache(cfg: JobsConfig) -> None:
 def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
     """Both of the scenario's modes side by side; returns and writes ``{"config", "modes",
     "rows", "totals"}``."""
-    modes = scenario_modes(cfg.scenario)
+    modes = cfg.modes
     _warm_page_cache(cfg)
-    rows = run_jobs(cfg, modes[0]) + run_jobs(cfg, modes[1])
+    rows = [r for mode in modes for r in run_jobs(cfg, mode)]
     totals = {}
     for mode in modes:
         sel = [r for r in rows if r["mode"] == mode]
@@ -267,9 +281,11 @@ def compare_jobs(cfg: JobsConfig, out_dir: str | None = "out/jobs") -> dict:
             "slowest_epoch_s": max(r["epoch_time_s"] for r in sel),
             "mean_epoch_s": float(np.mean([r["epoch_time_s"] for r in sel])),
         }
-    totals["read_ratio"] = totals[modes[0]]["bytes_from_storage"] / max(
-        1, totals[modes[1]]["bytes_from_storage"]
-    )
+    for mode in modes:  # bytes read against the baseline, the last mode
+        totals[mode]["read_ratio"] = totals[mode]["bytes_from_storage"] / max(
+            1, totals[modes[-1]]["bytes_from_storage"]
+        )
+    totals["read_ratio"] = totals[modes[0]]["read_ratio"]
     doc = {"config": asdict(cfg), "modes": list(modes), "rows": rows, "totals": totals}
     print(format_jobs_compare(doc))
     if out_dir:
@@ -300,7 +316,7 @@ def format_jobs_compare(doc: dict) -> str:
             f"{mode:<12} {'total':<6} read {t[mode]['samples_read']} samples, "
             f"{t[mode]['bytes_from_storage'] / 1e6:.1f} MB, hit {t[mode]['hit_ratio']:.3f}, "
             f"mean epoch {t[mode]['mean_epoch_s']:.2f} s, "
-            f"slowest epoch {t[mode]['slowest_epoch_s']:.2f} s"
+            f"slowest epoch {t[mode]['slowest_epoch_s']:.2f} s, "
+            f"bytes read / {doc['modes'][-1]}: {t[mode]['read_ratio']:.3f}"
         )
-    lines.append("bytes read, {} / {}: {:.3f}".format(*doc["modes"], t["read_ratio"]))
     return "\n".join(lines)
