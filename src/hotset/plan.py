@@ -353,6 +353,10 @@ class Planner:
             served = ids if r.served is None else r.served
             fetch = _EMPTY if r.fetch is None else r.fetch
             wait_s, admitted, fetch = self._track(served[r.hits], r.admitted, fetch, r.evicted)
+            hits = r.hits
+            if admitted.size < r.admitted.size:  # a write dropped: a later position of this
+                dropped = np.setdiff1d(r.admitted, admitted)  # batch that planned it as a
+                hits = hits & ~np.isin(served, dropped)  # hit reads it with the miss instead
             if self.feeder is not None:
                 self.feeder.poll()
         substituting = r.served is not None
@@ -361,7 +365,7 @@ class Planner:
             epoch=epoch,
             index=index,
             ids=served,
-            hits=r.hits,
+            hits=hits,
             admitted=admitted,
             evicted=r.evicted,
             substituted=r.substituted,

@@ -16,59 +16,69 @@ from __future__ import annotations
 
 import numpy as np
 
-from hotset.policy.base import Policy, register_policy
+from hotset.policy.base import register_policy
+from hotset.policy.keyed_heap import HeapPolicy
 
-PINNED = np.int64(1) << 40  # a pinned resident outranks any reference count
+PINNED = 1 << 40  # a pinned resident outranks any reference count
 
 
 @register_policy
-class RefCntPolicy(Policy):
+class RefCntPolicy(HeapPolicy):
+    """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
+    pinned), so an eviction costs O(log n); a count or a pin that changes re-keys the
+    residents concerned, in every partition sharing the counts."""
+
     name = "refcnt"
 
-    def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None):
+    def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None, family=None):
         """``refs``: an array to share with other RefCnt policies (one count of future
-        reads for several partitions of one cache)."""
+        reads for several partitions of one cache); ``family``: the list of them."""
         super().__init__(capacity_bytes, sizes, seed)
         self.refs = np.zeros(self.num_samples, np.int64) if refs is None else refs
-        self._pos: dict[int, int] = {}  # id -> index in _ids
-        self._ids = np.zeros(self.num_samples, np.int64)  # residents in [:len(_pos)]
-
-    @property
-    def _resident(self):
-        return self._pos
+        self._family: list[RefCntPolicy] = [] if family is None else family
+        self._family.append(self)
 
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> RefCntPolicy:
         """A partition sharing this one's counts of references and pins."""
-        part = RefCntPolicy(capacity_bytes, sizes, self.seed, refs=self.refs)
+        part = RefCntPolicy(capacity_bytes, sizes, self.seed, refs=self.refs, family=self._family)
         self.share_pins(part)
         return part
 
+    def _key(self, i: int) -> int:
+        return int(self.refs[i]) + (PINNED if self.pinned[i] else 0)
+
+    def _rekey(self, ids: np.ndarray) -> None:
+        """Every family member re-keys its residents among ``ids``."""
+        for member in self._family:
+            live, heap = member._heap.live, member._heap
+            if not live:
+                continue
+            todo = ids.tolist() if ids.size < len(live) else list(live)
+            for i in todo:
+                if i in live:
+                    heap.push(i, member._key(i))
+
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
-        np.add.at(self.refs, np.asarray(ids, np.int64), int(delta))
+        ids = np.asarray(ids, np.int64)
+        np.add.at(self.refs, ids, int(delta))
         np.maximum(self.refs, 0, out=self.refs)
+        self._rekey(np.unique(ids))
 
-    def _evict(self, k: int) -> int:
-        pos, res = self._pos, self._ids
-        j = int(res[k])
-        last = len(pos) - 1
-        if k != last:
-            res[k] = res[last]
-            pos[int(res[k])] = k
-        del pos[j]
-        return j
+    def pin(self, ids, delta: int = 1) -> None:
+        super().pin(ids, delta)
+        self._rekey(np.unique(np.asarray(ids, np.int64)))
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Evict the unpinned residents with the fewest references until the rest fit (a
         pinned one stays: it is evicted by a later admission once its read has run)."""
         self.capacity_bytes = int(capacity_bytes)
-        live = self._ids[: len(self._pos)]
-        order = live[np.argsort(self.refs[live], kind="stable")]
         out = []
-        for j in order[self.pinned[order] == 0].tolist():
-            if self.used <= self.capacity_bytes:
+        while self.used > self.capacity_bytes:
+            top = self._heap.peek()
+            if top is None or top[1] >= PINNED:
                 break
-            self._evict(self._pos[j])
+            j = self._heap.pop()
             self.used -= self._sizes[j]
             out.append(j)
         return out
@@ -76,7 +86,10 @@ class RefCntPolicy(Policy):
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs
         refs[i] = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
-        return i in self._pos
+        if i in self._heap.live:
+            self._heap.push(i, self._key(i))
+            return True
+        return False
 
     def _wants(self, p: int, i: int) -> bool:
         return self.refs[i] > 0  # nobody reads it again: never cached
@@ -84,20 +97,10 @@ class RefCntPolicy(Policy):
     def _victim(self, p: int, i: int) -> int:
         """The unpinned resident with the fewest references, if it has no more than the
         newcomer (ties go to the newcomer, the more recent)."""
-        res, refs, pinned = self._ids, self.refs, self.pinned
-        live = res[: len(self._pos)]
-        k = int(np.argmin(refs[live] + PINNED * (pinned[live] > 0)))
-        if pinned[res[k]] or refs[res[k]] > refs[i]:
+        top = self._heap.peek()
+        if top is None or top[1] > self.refs[i]:  # a pinned top outranks every count
             return -1
-        return self._evict(k)
+        return self._heap.take()
 
-    def _remove(self, i: int) -> None:
-        self._evict(self._pos[i])
-
-    def _insert(self, p: int, i: int) -> None:
-        self._pos[i] = len(self._pos)
-        self._ids[self._pos[i]] = i
-
-    def _restore(self, victims: list[int]) -> None:
-        for j in victims:
-            self._insert(-1, j)
+    def _level(self, p: int, i: int) -> int:
+        return self._key(i)
