@@ -50,6 +50,7 @@ bench: install
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/dsa_tree.py
 	$(PY) benchmarks/io_bound_epoch.py
+	$(PY) benchmarks/refcnt_eviction.py
 
 # the locked set from the current venv (torch and hotset itself excluded)
 lock: install
