@@ -73,11 +73,12 @@ def speedups(rows: list[dict], reference: str) -> None:
         r["vs_gpu_pct"] = 100 * (r["speedup"] / r["gpu_speedup"] - 1)
 
 
-def load_oracle(path: str, data: str, model: str, epochs: int) -> LossOracle:
+def load_oracle(path: str, data: str, epochs: int) -> LossOracle:
+    """The recorded oracle at ``path``, recorded here with the tiny model where missing."""
     if not Path(path).exists():
-        print(f"{path} missing: recording it with --model {model} (CPU)")
+        print(f"{path} missing: recording it with --model tiny (CPU)")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return record_oracle(data, epochs, path, model=model, device="auto", num_workers=2)
+        return record_oracle(data, epochs, path, model="tiny", device="auto", num_workers=2)
     return LossOracle.load(path)
 
 
@@ -160,8 +161,8 @@ def main() -> None:
     args.sampler_opts = parse_options(args.sampler_option, "--sampler-option")
     args.policy_opts = parse_options(args.policy_option, "--policy-option")
     oracles = {
-        "resnet18": partial(load_oracle, args.oracle, args.data, "tiny", args.epochs),
-        "tiny": partial(load_oracle, args.tiny_oracle, args.data, "tiny", args.epochs),
+        "resnet18": partial(load_oracle, args.oracle, args.data, args.epochs),
+        "tiny": partial(load_oracle, args.tiny_oracle, args.data, args.epochs),
     }
     loaded: dict[str, LossOracle] = {}
     rows = json.loads(Path(args.rows).read_text())["rows"] if args.rows else []

@@ -60,9 +60,7 @@ class CompareConfig:
     def validate(self) -> None:
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
-        for name in self.policies:
-            if name != IN_MEMORY:
-                resolve_system(name)
+        systems = [resolve_system(name) for name in self.policies if name != IN_MEMORY]
         for f in self.cache_fractions:
             if not 0.0 <= f <= 1.0:
                 raise ConfigError(f"--cache-fractions: {f} is not in [0, 1]")
@@ -73,7 +71,6 @@ class CompareConfig:
         if self.model not in MODELS:
             raise ConfigError(f"--model: unknown {self.model!r}; choose from {', '.join(MODELS)}")
         resolve_device(self.device)
-        systems = [resolve_system(name) for name in self.policies if name != IN_MEMORY]
         for flag, options, registry, part in (
             ("--sampler-option", self.sampler_options, SAMPLERS, "sampler"),
             ("--policy-option", self.policy_options, POLICIES, "policy"),

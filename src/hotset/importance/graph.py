@@ -31,6 +31,11 @@ import numpy as np
 from hotset.errors import ConfigError
 
 
+def _distance(squared: np.ndarray) -> np.ndarray:
+    """Eq. 1's Euclidean distance from hnswlib's squared l2."""
+    return np.sqrt(np.maximum(squared, 0.0))
+
+
 class GraphImportance:
     def __init__(
         self,
@@ -97,7 +102,7 @@ class GraphImportance:
             self.index.set_ef(ef)
             try:
                 nbr, sq = self.index.knn_query(emb, k=k)
-                return nbr.astype(np.int64), np.sqrt(np.maximum(sq, 0.0))
+                return nbr.astype(np.int64), _distance(sq)
             except RuntimeError:
                 self.retries += 1
                 ef *= 4
@@ -109,7 +114,7 @@ class GraphImportance:
             while kk >= 1:
                 try:
                     n, sq = self.index.knn_query(emb[row : row + 1], k=kk)
-                    nbr[row, :kk], dist[row, :kk] = n[0], np.sqrt(np.maximum(sq[0], 0.0))
+                    nbr[row, :kk], dist[row, :kk] = n[0], _distance(sq[0])
                     break
                 except RuntimeError:
                     kk //= 2

@@ -12,6 +12,7 @@ from pathlib import Path
 import zmq
 
 from hotset.errors import ConfigError
+from hotset.service.protocol import encode
 
 
 def runtime_dir() -> Path:
@@ -61,7 +62,7 @@ def refuse_live(address: str, ctx: zmq.Context, timeout_ms: int = 300) -> None:
         sock.setsockopt(opt, v)
     try:
         sock.connect(address)
-        sock.send_multipart([b'{"op": "hello", "frames": []}'])
+        sock.send_multipart(encode({"op": "hello"}))
         sock.recv_multipart()
     except zmq.ZMQError:
         return  # nobody answered: a stale socket, or a free port
