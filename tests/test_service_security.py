@@ -245,3 +245,86 @@ def test_a_named_store_is_readable_by_its_user_only(tmp_path):
         store.close(destroy=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- tcp:// with ZeroMQ CURVE -----------------------------------------------------------------
+
+
+def _free_tcp_address() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _forged(address: str, server_public: bytes) -> str:
+    """A client with the right server key but a key pair of its own making."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    for opt, v in ((zmq.RCVTIMEO, 1500), (zmq.SNDTIMEO, 1500), (zmq.LINGER, 0)):
+        sock.setsockopt(opt, v)
+    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.curve_serverkey = server_public
+    sock.connect(address)
+    try:
+        sock.send_multipart([b'{"op": "stop", "frames": []}'])
+        sock.recv_multipart()
+        return "answered"
+    except zmq.Again:
+        return "no answer"
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+@pytest.fixture
+def on_tcp(tmp_path):
+    base = Path(tempfile.mkdtemp(prefix="hotset-sec-"))
+    base.chmod(0o1777)  # like a shared /tmp: the key file's own mode is the guard
+    address, key_file = _free_tcp_address(), str(base / "svc.key")
+    proc = start_service(address, capacity_bytes=100_000, key_file=key_file)
+    client = hotset.connect(address, timeout_s=20, key_file=key_file)
+    yield address, key_file, proc, client
+    client.close()
+    proc.terminate()
+    proc.join(10)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_tcp_clients_need_the_key_file(on_tcp, fmnist_dir):
+    from hotset.service.auth import load_keys
+    from hotset.storage import FileStorage
+
+    address, key_file, proc, client = on_tcp
+    assert Path(key_file).stat().st_mode & 0o777 == 0o600
+    storage = FileStorage(str(fmnist_dir / "train"))  # the owner trains, with the key file
+    with client.make_loader(storage, batch_size=100, num_workers=1, name="owner") as loader:
+        assert sorted(i for _, _, ids in loader for i in ids.tolist()) == list(range(1000))
+    assert _try_stop(address) == "no answer"  # no keys: the handshake never completes
+    assert _forged(address, load_keys(Path(key_file)).server_public) == "no answer"
+    with pytest.raises(ConfigError, match="no service key file"):
+        hotset.connect(address, timeout_s=0.2, key_file=key_file + ".missing")
+    assert proc.is_alive() and "store" in client.hello()
+    with pytest.raises(ConfigError, match="already answers on"):  # its probe has the keys
+        CacheService(address, capacity_bytes=10_000, key_file=key_file)
+    Path(key_file).chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        hotset.connect(address, key_file=key_file)
+
+
+def _try_connect(address: str, key_file: str) -> str:
+    try:
+        hotset.connect(address, timeout_s=2, key_file=key_file)
+        return "connected"
+    except ConfigError as exc:
+        return f"refused: {exc}"
+
+
+def test_another_user_cannot_use_a_tcp_service(on_tcp):
+    other = _other_user()
+    address, key_file, proc, client = on_tcp
+    assert "not to you" in _as_user(other, _try_connect, address, key_file)
+    assert _as_user(other, _try_read, key_file).startswith("refused")  # 0600: not even read
+    assert _as_user(other, _try_stop, address) == "no answer"
+    assert proc.is_alive() and "store" in client.hello()

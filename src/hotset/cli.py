@@ -206,7 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         announce=True,
         **_given(args, "address", "capacity_bytes", "store_path", "max_samples", "policy",
                  "sampling", "lookahead", "job_timeout_s", "seed", "substitution",
-                 "allocation", "probe_batches"),
+                 "allocation", "probe_batches", "curve", "key_file"),
     )  # fmt: skip
 
 
@@ -356,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--lookahead", type=int, help="batches a slow job keeps queued")
     sv.add_argument("--job-timeout-s", type=float, help=DEFAULT)
     sv.add_argument("--seed", type=int, help=DEFAULT)
+    sv.add_argument(
+        "--curve",
+        action=argparse.BooleanOptionalAction,
+        help="ZeroMQ CURVE authentication (default: on for tcp://, off for ipc://)",
+    )
+    sv.add_argument("--key-file", help="CURVE keys, mode 0600 (default: in the private dir, "
+                    "per port; clients read it: give it to jobs on other nodes)")  # fmt: skip
     sv.set_defaults(func=cmd_serve)
     return p
 

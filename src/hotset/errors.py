@@ -36,6 +36,11 @@ class ServiceError(HotsetError):
     """The hotset service refused a request; the message is the service's."""
 
 
+class UnknownJob(ServiceError, ConfigError):
+    """The service does not know the job (it timed out, or the service restarted): the
+    client registers again."""
+
+
 class ServiceUnavailable(ServiceError):
     """The hotset service did not answer in time (it is down, or the address is wrong)."""
 

@@ -99,12 +99,14 @@ class DependentSampling:
         self.left[job] = 0
         return self._drop_bit(b)
 
-    def start_epoch(self, job: Hashable) -> None:
-        """The job needs its whole dataset again (what it had left is dropped)."""
+    def start_epoch(self, job: Hashable, ids: np.ndarray | None = None) -> None:
+        """The job needs its whole dataset again (what it had left is dropped), or only
+        ``ids`` of it (a job resuming an epoch it had partly read)."""
         if self.left[job]:
             self.end_epoch(job)
-        self.mask[self.datasets[job]] |= np.uint64(1 << self._bit(job))
-        self.left[job] = int(self.datasets[job].size)
+        ids = self.datasets[job] if ids is None else np.asarray(ids, np.int64)
+        self.mask[ids] |= np.uint64(1 << self._bit(job))
+        self.left[job] = int(ids.size)
         self._regroup()
 
     def _bit(self, job: Hashable) -> int:

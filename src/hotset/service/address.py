@@ -52,12 +52,16 @@ def check_ipc_owner(address: str) -> None:
         )
 
 
-def refuse_live(address: str, ctx: zmq.Context, timeout_ms: int = 300) -> None:
+def refuse_live(
+    address: str, ctx: zmq.Context, timeout_ms: int = 300, secure=lambda sock: None
+) -> None:
     """Raise if a service already answers on ``address`` (a second ``hotset serve`` must
-    not silently take over an ``ipc://`` socket)."""
+    not silently take over an ``ipc://`` socket); ``secure`` sets up the probe's socket
+    (CURVE keys) before it connects."""
     if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
         return
     sock = ctx.socket(zmq.REQ)
+    secure(sock)
     for opt, v in ((zmq.RCVTIMEO, timeout_ms), (zmq.SNDTIMEO, timeout_ms), (zmq.LINGER, 0)):
         sock.setsockopt(opt, v)
     try:

@@ -27,10 +27,11 @@ import torch
 import zmq
 
 from hotset.codecs import decode_sample
-from hotset.errors import ConfigError, ServiceError, ServiceUnavailable
+from hotset.errors import ConfigError, ServiceError, ServiceUnavailable, UnknownJob
 from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
 from hotset.service.address import check_ipc_owner, default_address
+from hotset.service.auth import client_keys, connect_curve
 from hotset.service.benefit import Benefit, BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
@@ -43,11 +44,20 @@ log = logging.getLogger(__name__)
 class ServiceClient:
     """Request/reply with the service over ZeroMQ, with a timeout on every call."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 10.0,
+        curve: bool | None = None,
+        key_file: str | None = None,
+    ) -> None:
+        """``curve``/``key_file``: as the service's (``auth.py``): on ``tcp://`` the
+        client connects with the keys in the service's key file."""
         if timeout_s <= 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
         self.address = address
         self.timeout_s = float(timeout_s)
+        self.curve, self.key_file = curve, key_file
         self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
         self._lock = threading.Lock()
@@ -58,6 +68,9 @@ class ServiceClient:
             ms = int(self.timeout_s * 1000)
             for opt, v in ((zmq.RCVTIMEO, ms), (zmq.SNDTIMEO, ms), (zmq.LINGER, 0)):
                 s.setsockopt(opt, v)
+            keys = client_keys(self.address, self.curve, self.key_file)  # re-read: new keys
+            if keys:
+                connect_curve(s, keys)
             s.connect(self.address)
             self._sock = s
         return self._sock
@@ -78,8 +91,13 @@ class ServiceClient:
                 ) from None
         reply, data = decode(frames)
         if "error" in reply:
-            raise ServiceError(f"hotset service: {reply['error']}")
+            error = UnknownJob if reply.get("code") == "UnknownJob" else ServiceError
+            raise error(f"hotset service: {reply['error']}")
         return reply, data
+
+    def clone(self) -> ServiceClient:
+        """Another client of the same service, with its own socket."""
+        return ServiceClient(self.address, self.timeout_s, self.curve, self.key_file)
 
     def hello(self) -> dict:
         return self.call("hello")[0]
@@ -113,22 +131,39 @@ class ServiceClient:
     ) -> HotsetLoader:
         """A loader for this job, planned by the service, over its shared store.
         ``wait_s``: how long a worker waits for a sample another job is fetching."""
-        info = self.hello()
-        store = SealedStore(SharedStore(int(info["capacity_bytes"]), path=info["store"]))
-        planner = RemotePlanner(self, storage, batch_size, name=name, wait_s=wait_s)
+
+        def store_of(info: dict) -> SealedStore:
+            return SealedStore(SharedStore(int(info["capacity_bytes"]), path=info["store"]))
+
         dataset = CachedDataset(
-            storage, store, decode=decode, transform=transform, on_error=on_error
+            storage, store_of(self.hello()), decode=decode, transform=transform,
+            on_error=on_error,
+        )  # fmt: skip
+
+        def new_store(info: dict) -> None:  # a restarted service's: next epoch's workers
+            dataset.store = store_of(info)
+
+        planner = RemotePlanner(
+            self, storage, batch_size, name=name, wait_s=wait_s, on_new_store=new_store
         )
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs
         )
 
 
-def connect(address: str | None = None, timeout_s: float = 10.0) -> ServiceClient:
+def connect(
+    address: str | None = None,
+    timeout_s: float = 10.0,
+    curve: bool | None = None,
+    key_file: str | None = None,
+) -> ServiceClient:
     """A client of the ``hotset serve`` at ``address`` (default: this user's private
     socket), checked with a first request that carries nothing; an ``ipc://`` socket
-    another user owns is refused before any data is sent."""
-    client = ServiceClient(address or default_address(), timeout_s)
+    another user owns is refused before any data is sent. On ``tcp://`` it authenticates
+    with the service's key file (``key_file``, default: the one the service wrote in this
+    user's private directory; ``curve=False`` for a service started without CURVE)."""
+    client = ServiceClient(address or default_address(), timeout_s, curve, key_file)
+    client_keys(client.address, curve, key_file, wait_s=timeout_s)  # a service starting
     client.hello()
     check_ipc_owner(client.address)
     return client
@@ -149,32 +184,30 @@ class RemotePlanner:
         name: str | None = None,
         wait_s: float = 0.5,
         heartbeat_s: float | None = None,
+        on_new_store: Callable[[dict], None] | None = None,
     ) -> None:
+        """``on_new_store``: called with the service's ``hello`` when a restarted service
+        has its store elsewhere (the loader's next workers open it)."""
         self.client = client
         self.storage = storage
         self.batch_size = int(batch_size)
         self.wait_s = float(wait_s)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        keys = list(storage.keys)
-        reply, _ = client.call(
-            "register",
-            {"name": self.name, "batch_size": self.batch_size, "pid": os.getpid(),
-             "host": socket.gethostname()},
-            {"keys": keys, "sizes": np.asarray(storage.sizes, np.int64)},
-        )  # fmt: skip
-        self.job = int(reply["job"])
-        self.samples_per_epoch = int(reply["samples_per_epoch"])
-        self.probe = BenefitProbe(int(reply["probe_batches"]), int(reply["probe_every"]))
+        self.on_new_store = on_new_store
+        self._keys = list(storage.keys)
+        self._mine = np.unique(self._keys, return_index=True)[1]  # a local id per distinct key
+        self.store_path = client.hello()["store"]
         self.benefits: list[Benefit] = []  # what it measured and reported, by epoch
-        self._wants_losses = bool(reply["wants_losses"])  # the service samples by them
         self._losses: list[tuple[np.ndarray, np.ndarray]] = []  # feedback not yet sent
-        self._mine = np.unique(keys, return_index=True)[1]  # one local id per distinct key
         self.epoch = 0
         self.planned = 0  # non-empty plans received
         self.done = 0  # batches the loader consumed (their reads ran)
         self.planning_s = 0.0
         self.feedback_s = 0.0
-        self.failures = 0
+        self.failures = 0  # outages: the rest of an epoch was read from storage
+        self.rejoins = 0  # registrations after the first (service restarted, or timed out)
+        self._lost = False  # the service was unreachable: register again at the next epoch
+        reply = self._register()
         self._stop = threading.Event()
         self._beat = threading.Thread(
             target=self._heartbeat,
@@ -185,12 +218,48 @@ class RemotePlanner:
         )
         self._beat.start()
 
+    def _register(self, epoch: int = 0, served: np.ndarray | None = None) -> dict:
+        """Register (again: a restarted service, or a time-out) at ``epoch``, of which
+        the local ids ``served`` were already read; plans then follow the new job id."""
+        header = {"name": self.name, "batch_size": self.batch_size, "pid": os.getpid(),
+                  "host": socket.gethostname(), "epoch": int(epoch)}  # fmt: skip
+        payload = {"keys": self._keys, "sizes": np.asarray(self.storage.sizes, np.int64)}
+        if served is not None and served.size:
+            payload["served"] = served.astype(np.int64)
+        reply, _ = self.client.call("register", header, payload)
+        self.job, self.instance = int(reply["job"]), str(reply["instance"])
+        self._base = self.planned  # the new job's plan 0 is this planner's plan ``_base``
+        self.samples_per_epoch = int(reply["samples_per_epoch"])
+        self.probe = BenefitProbe(int(reply["probe_batches"]), int(reply["probe_every"]))
+        self._wants_losses = bool(reply["wants_losses"])  # the service samples by them
+        self._losses = []
+        return reply
+
+    def _rejoin(self, epoch: int, served: np.ndarray) -> bool:
+        """Register again in ``epoch``, of which the local ids where ``served`` is set
+        were read; whether it worked (else the epoch goes on from storage). A service
+        with its store elsewhere is handed to ``on_new_store``."""
+        try:
+            info = self.client.hello()
+            self._register(epoch, np.flatnonzero(served))
+        except ServiceError:
+            return False
+        self.rejoins += 1
+        self._lost = False
+        if info["store"] != self.store_path:
+            self.store_path = info["store"]
+            if self.on_new_store is not None:
+                self.on_new_store(info)
+        log.warning("registered again with the hotset service as job %d, in epoch %d with "
+                    "%d samples read", self.job, epoch, int(served.sum()))  # fmt: skip
+        return True
+
     def _heartbeat(self, every_s: float) -> None:
-        beat = ServiceClient(self.client.address, self.client.timeout_s)  # its own socket
+        beat = self.client.clone()  # its own socket
         try:
             while not self._stop.wait(every_s):
                 with contextlib.suppress(ServiceError):  # plan requests report outages
-                    beat.call("heartbeat", {"job": self.job})
+                    beat.call("heartbeat", {"job": self.job, "instance": self.instance})
         finally:
             beat.close()
 
@@ -202,7 +271,8 @@ class RemotePlanner:
 
     def _request(self, epoch: int, index: int, probing: bool) -> tuple[dict, Payload]:
         """The plan request for the epoch's batch ``index``, with what is to report."""
-        header = {"job": self.job, "epoch": epoch, "done": self.done}
+        header = {"job": self.job, "instance": self.instance, "epoch": epoch,
+                  "done": max(self.done - self._base, 0)}  # fmt: skip
         if probing:
             header["cache"] = not self.probe.uncached(index)
         benefit = self.probe.report()
@@ -220,6 +290,10 @@ class RemotePlanner:
         epoch = self.epoch
         served = np.zeros(len(self.storage), bool)
         self.done = self.planned  # a new pass: earlier plans ran or were dropped
+        if self._lost and not self._rejoin(epoch, served):
+            self.failures += 1
+            yield from self._uncached(epoch, served)
+            return
         probing = self.probe.start_epoch(epoch) and len(self) >= 4 * self.probe.batches
         index = 0
         while True:
@@ -227,7 +301,13 @@ class RemotePlanner:
             try:
                 reply, p = self.client.call("plan", *self._request(epoch, index, probing))
             except ServiceError as exc:
+                if served[self._mine].all():
+                    return  # nothing left of the epoch
+                if self._rejoin(epoch, served):  # it forgot us, or restarted
+                    probing = False
+                    continue
                 self.failures += 1
+                self._lost = True
                 log.warning("%s; the rest of epoch %d is read from storage", exc, epoch)
                 yield from self._uncached(epoch, served)
                 return
@@ -281,6 +361,7 @@ class RemotePlanner:
             "planning_s": self.planning_s,
             "feedback_s": self.feedback_s,
             "service_failures": self.failures,
+            "service_rejoins": self.rejoins,
         }
 
     def state_dict(self) -> dict:
@@ -292,6 +373,7 @@ class RemotePlanner:
         self.planning_s = float(state["planning_s"])
         self.feedback_s = float(state["feedback_s"])
         self.failures = int(state["service_failures"])
+        self.rejoins = int(state.get("service_rejoins", 0))
 
     def close(self) -> None:
         """Leave the service: it releases this job's references."""
@@ -300,6 +382,8 @@ class RemotePlanner:
         self._stop.set()
         self._beat.join(timeout=1.0)
         try:
-            self.client.call("leave", {"job": self.job})
+            self.client.call("leave", {"job": self.job, "instance": self.instance})
+        except UnknownJob:
+            pass  # the service already forgot it
         except ServiceError as exc:
             log.warning("could not leave the service cleanly: %s", exc)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, UnknownJob
 from hotset.service.benefit import Benefit
 from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
@@ -70,6 +70,14 @@ class Job:
     last_seen: float = 0.0
     reads: int = 0
     hits: int = 0
+    resumed_epoch: int = -1  # the epoch it re-registered in, having read ``served`` of it
+    served: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def keep(self, epoch: int, ids: np.ndarray) -> np.ndarray:
+        """``ids`` less those it read of ``epoch`` before it re-registered."""
+        if epoch != self.resumed_epoch or not self.served.size:
+            return ids
+        return ids[~np.isin(ids, self.served)]
 
     def queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -96,13 +104,18 @@ class JobCoordinator:
         probe_batches: int | None = None,
         probe_every: int | None = None,
         eligible_ratio: float = 1.5,
+        next_epoch: bool = True,
     ) -> None:
         """``policy``: each partition's policy (default: the sampling mode's, ``refcnt``;
         ``pq`` by aggregated importance under ``iis``). ``probe_batches``: minibatches a
         job reads without, then with, the cache at each epoch start to measure its
         benefit (default 20 when something uses it: ``allocation="benefit"`` or
         ``"iis"``; 0 otherwise), every ``probe_every`` epochs once a measurement was
-        conclusive (default: each epoch under ``iis``, as iCACHE; every 4th otherwise)."""
+        conclusive (default: each epoch under ``iis``, as iCACHE; every 4th otherwise).
+        ``next_epoch``: each job also holds one reference to each of its ids for the
+        epoch after those sampled (it will read them again unless it leaves), so a job
+        alone keeps what it cached for its own next epoch (MinIO's hit ratio), and an
+        id several jobs will read outranks one only a single job will."""
         if sampling not in SAMPLING:
             raise ConfigError(f"sampling must be one of {tuple(SAMPLING)}, got {sampling!r}")
         if allocation not in ALLOCATION:
@@ -128,6 +141,7 @@ class JobCoordinator:
         self.keys: list[str] = []
         self.capacity_bytes = int(capacity_bytes)
         self.eligible_ratio = float(eligible_ratio)
+        self.next_epoch = bool(next_epoch)
         self.policy = PartitionedPolicy(policy or mode.default_policy, self.max_samples, seed)
         self.datasets: dict[str, DatasetShare] = {}
         self.jobs: dict[int, Job] = {}
@@ -151,15 +165,23 @@ class JobCoordinator:
         batch_size: int,
         pid: int | None = None,
         host: str = "",
+        epoch: int = 0,
+        served: np.ndarray | None = None,
     ) -> int:
         """A job on the dataset whose samples have these content ``keys`` and ``sizes``;
-        returns its job id. Its epoch 0 starts now: it is sampled with the other jobs
-        (and its reads are counted as references) before it asks for its first plan."""
+        returns its job id. Its ``epoch`` (0 for a new job) starts now: it is sampled
+        with the other jobs (and its reads are counted as references) before it asks for
+        its first plan. A job registering again (the service restarted, or it timed out)
+        gives the epoch it was in and the local ids it ``served`` of it: they are not
+        planned again."""
         sizes = np.asarray(sizes, np.int64)
         if len(keys) != sizes.size or not keys:
             raise ConfigError(f"job {name!r}: give one size per key, at least one key")
         if batch_size < 1:
             raise ConfigError(f"job {name!r}: batch_size must be >= 1, got {batch_size}")
+        served = np.zeros(0, np.int64) if served is None else np.asarray(served, np.int64)
+        if epoch < 0 or (served.size and (served.min() < 0 or served.max() >= sizes.size)):
+            raise ConfigError(f"job {name!r}: epoch {epoch} < 0, or served ids out of range")
         limit = self.mode.max_jobs
         if limit is not None and len(self.jobs) >= limit:  # refused before anything changes
             raise ConfigError(
@@ -185,11 +207,15 @@ class JobCoordinator:
         self._next_job += 1
         job = Job(name, int(batch_size), pid, host, unique, first.astype(np.int64), gids)
         job.last_seen = time.monotonic()
+        if served.size:
+            job.resumed_epoch, job.served = int(epoch), np.unique(gids[served])
         job.dataset = self._join_dataset(job_id, unique)
         job.part = self.datasets[job.dataset].part
         self.jobs[job_id] = job
         self.mode.add_job(job_id, job)
-        self._start_epoch(job_id, job, 0)
+        if self.next_epoch:
+            self.policy.add_references(unique, +1)  # its reads after the sampled epochs
+        self._start_epoch(job_id, job, int(epoch))
         self._reallocate()
         return job_id
 
@@ -210,7 +236,7 @@ class JobCoordinator:
         try:
             return self.jobs[job_id]
         except KeyError:
-            raise ConfigError(f"unknown job {job_id} (it left, or was removed)") from None
+            raise UnknownJob(f"unknown job {job_id} (it left, or was removed)") from None
 
     def seen(self, job_id: int) -> None:
         self._job(job_id).last_seen = time.monotonic()
@@ -229,8 +255,10 @@ class JobCoordinator:
         unread = [np.array(job.queues.pop(e), np.int64) for e in drop]
         if leaving or job.sampling_epoch < before:
             unread.append(self.mode.release(job_id, job, leaving))
-        if leaving:  # its planned batches will never be read
+        if leaving:  # its planned batches will never be read, nor its next epoch
             self._unpin(job, job.seq)
+            if self.next_epoch:
+                unread.append(job.unique)
         if unread:
             self.policy.add_references(np.concatenate(unread), -1)
 

@@ -59,7 +59,8 @@ class SamplingMode(ABC):
     @abstractmethod
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
         """The sampler begins ``epoch`` for the job; returns the ids it will read (each
-        gets one reference)."""
+        gets one reference): all of ``job.unique``, or of its subset for the epoch,
+        less what ``job.keep`` drops (read before the job re-registered)."""
 
     def fill(self, job_id: int, job: Job, queue: deque) -> None:  # noqa: B027 - optional
         """Sample until ``queue`` holds a batch (or the job's epoch is all sampled)."""
@@ -108,7 +109,7 @@ class IndependentSampling(SamplingMode):
         return np.random.default_rng([self.co.seed, job_id, epoch]).permutation(job.unique)
 
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
-        order = self._order(job_id, job, epoch)
+        order = job.keep(epoch, self._order(job_id, job, epoch))
         self.orders[job_id] = order.tolist()[::-1]  # popped from the end
         return order
 
@@ -228,8 +229,9 @@ class DependentSamplingMode(SamplingMode):
         self.dsa.add_job(job_id, job.unique, start=False)
 
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
-        self.dsa.start_epoch(job_id)
-        return job.unique
+        ids = job.keep(epoch, job.unique)
+        self.dsa.start_epoch(job_id, ids)
+        return ids
 
     def _behind(self, job: Job) -> bool:
         """Whether a job takes part in the next round: it has fewer than ``lookahead``
@@ -239,6 +241,9 @@ class DependentSamplingMode(SamplingMode):
     def fill(self, job_id: int, job: Job, queue: deque) -> None:
         jobs, left = self.co.jobs, self.dsa.left
         while len(queue) < job.batch_size and job.sampling_epoch == job.epoch:
+            if not left.get(job_id):  # an epoch resumed with nothing left to read
+                self.co.start_sampling(job_id, job, job.sampling_epoch + 1)
+                break
             peers = [j for j, other in jobs.items() if j == job_id or self._behind(other)]
             for j, e in self.dsa.round(peers).items():
                 other = jobs[j]
@@ -268,7 +273,7 @@ class CoordinatedChunks(SamplingMode):
         self.chunks.add_ids(sizes)
 
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
-        self.co.evict_later(self.chunks.start_epoch(job_id, job.unique))
+        self.co.evict_later(self.chunks.start_epoch(job_id, job.keep(epoch, job.unique)))
         return _NONE
 
     def left(self, job_id: int) -> int:

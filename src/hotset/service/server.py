@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import secrets
 import signal
 import time
 
 import zmq
 
-from hotset.errors import ConfigError, HotsetError
+from hotset.errors import ConfigError, HotsetError, UnknownJob
 from hotset.service.address import default_address, refuse_live
+from hotset.service.auth import connect_curve, serve_curve, server_keys
 from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.protocol import decode, encode
@@ -40,14 +42,25 @@ class CacheService:
         reap_every_s: float = 0.5,
         slack: float = 0.05,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        curve: bool | None = None,
+        key_file: str | None = None,
         **coordinator_options,
     ) -> None:
+        """``curve``: authenticate and encrypt with ZeroMQ CURVE (``auth.py``; default:
+        on for ``tcp://``, off for ``ipc://``), keys in ``key_file`` (default: a 0600 file
+        in the user's private directory, written at first start)."""
         if not 0.0 <= slack < 1.0:
             raise ConfigError(f"slack must be in [0, 1), got {slack}")
         self.address = address = address or default_address()
         self._ctx = zmq.Context.instance()
-        refuse_live(address, self._ctx)
+        self.key_file, keys = server_keys(address, curve, key_file)
+        refuse_live(address, self._ctx, secure=lambda s: keys and connect_curve(s, keys))
         self.store = SharedStore(capacity_bytes, path=store_path)
+        if len(self.store):  # an earlier run's entries (killed): the new plan knows none
+            log.warning("clearing %d entries an earlier service left in %s", len(self.store),
+                        self.store.path)  # fmt: skip
+            self.store.clear()
+        self.instance = secrets.token_hex(8)  # job ids of an earlier run are not ours
         # the policy plans for a little less than the store holds: workers of different
         # jobs apply deletes and puts out of order, and the slack absorbs it
         self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
@@ -55,10 +68,13 @@ class CacheService:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # bounded messages
+        self._auth = serve_curve(self._sock, keys) if keys else None
         try:
             self._sock.bind(address)
         except zmq.ZMQError as exc:
             self._sock.close(0)
+            if self._auth:
+                self._auth.stop()
             self.store.close(destroy=store_path is None)
             raise ConfigError(f"cannot listen on {address}: {exc}") from exc
         self.stopped = False
@@ -67,14 +83,23 @@ class CacheService:
         """One request -> one reply (errors become ``{"error": message}``)."""
         co = self.coordinator
         op = header.get("op")
+        if header.get("instance", self.instance) != self.instance:
+            raise UnknownJob(f"job {header.get('job')} was registered with an earlier run of "
+                             "the service")  # fmt: skip
         if op == "hello":
-            return {"store": self.store.path, "capacity_bytes": self.store.capacity_bytes}, {}
+            return {
+                "store": self.store.path,
+                "capacity_bytes": self.store.capacity_bytes,
+                "instance": self.instance,
+            }, {}
         if op == "register":
             job = co.register(
                 header["name"], payload["keys"], payload["sizes"], int(header["batch_size"]),
-                header.get("pid"), header.get("host", ""),
+                header.get("pid"), header.get("host", ""), int(header.get("epoch", 0)),
+                payload.get("served"),
             )  # fmt: skip
             return {
+                "instance": self.instance,
                 "job": job,
                 "samples_per_epoch": co.samples_per_epoch(job),
                 "probe_batches": co.probe_batches,
@@ -125,7 +150,7 @@ class CacheService:
                     try:
                         reply, payload = self.handle(*decode(frames))
                     except HotsetError as exc:
-                        reply, payload = {"error": str(exc)}, {}
+                        reply, payload = {"error": str(exc), "code": type(exc).__name__}, {}
                     except Exception as exc:  # noqa: BLE001 - a bad request must not stop it
                         log.exception("request failed")
                         reply, payload = {"error": f"{type(exc).__name__}: {exc}"}, {}
@@ -136,6 +161,8 @@ class CacheService:
                     last_reap = time.monotonic()
         finally:
             self._sock.close(0)
+            if self._auth:
+                self._auth.stop()
 
     def close(self, destroy_store: bool = False) -> None:
         self.store.close(destroy=destroy_store)
@@ -153,7 +180,9 @@ def serve(
     service = CacheService(address, capacity_bytes, store_path, **options)
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
     if announce:
-        print(f"hotset service on {address}, store {service.store.path}", flush=True)
+        keys = f", CURVE keys {service.key_file}" if service.key_file else ""
+        print(f"hotset service on {service.address}, store {service.store.path}{keys}",
+              flush=True)  # fmt: skip
     try:
         service.serve_forever()
     except KeyboardInterrupt:

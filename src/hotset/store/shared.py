@@ -55,12 +55,18 @@ def _close_before_fork() -> None:
 os.register_at_fork(before=_close_before_fork)
 
 
-def _environment(path: str, map_size: int) -> tuple[lmdb.Environment, object, object]:
+def _environment(
+    path: str, map_size: int, create: bool = False
+) -> tuple[lmdb.Environment, object, object]:
+    """The process's environment at ``path``; ``create``: make the store if missing (its
+    maker only: a store its owner removed must not be made again by a reader)."""
     handle = _ENVS.get(path)
     if handle is None:
-        os.makedirs(path, mode=0o700, exist_ok=True)  # the cached bytes: this user's only
+        if create:
+            os.makedirs(path, mode=0o700, exist_ok=True)  # the cached bytes: this user's only
         env = lmdb.open(
             path,
+            create=create,
             mode=0o600,
             map_size=map_size,
             max_dbs=2,
@@ -129,7 +135,7 @@ class SharedStore(Store):
         # room for page overhead and for pages freed while readers still hold them.
         self.map_size = 3 * self.capacity_bytes + (256 << 20)
         self.path = os.path.realpath(self.path)
-        env = self._open()
+        env = self._open(create=True)
         with env.begin(write=True, db=self._meta) as txn:
             stored = txn.get(_CAPACITY)
             if stored is not None and int(stored) != self.capacity_bytes:
@@ -141,16 +147,23 @@ class SharedStore(Store):
             if txn.get(_USED) is None:
                 txn.put(_USED, b"0")
 
-    def _open(self) -> lmdb.Environment:
-        env, self._data, self._meta = _environment(self.path, self.map_size)
+    def _open(self, create: bool = False) -> lmdb.Environment:
+        env, self._data, self._meta = _environment(self.path, self.map_size, create)
         return env
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        with self._open().begin(db=self._data) as txn:
-            return [txn.get(k.encode()) for k in keys]
+        try:
+            with self._open().begin(db=self._data) as txn:
+                return [txn.get(k.encode()) for k in keys]
+        except lmdb.Error:  # the store is gone (its service stopped): misses, counted
+            self.failures += 1
+            return [None] * len(keys)
 
     def _room_on_disk(self, nbytes: int) -> bool:
-        st = os.statvfs(self.path)
+        try:
+            st = os.statvfs(self.path)
+        except OSError:  # the store is gone
+            return False
         return st.f_bavail * st.f_frsize >= nbytes + WRITE_MARGIN
 
     def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
