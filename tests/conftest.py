@@ -91,3 +91,86 @@ def redis_server(tmp_path):
     server.start()
     yield server
     server.stop()
+
+
+def _free_port_pair() -> int:
+    """A port P with P and P + 10000 (the cluster bus) both free."""
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.randint(20000, 29999)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+class RedisClusterServers:
+    """A real Redis Cluster of ``masters`` redis-server processes (no replicas), created
+    with ``redis-cli --cluster create``; a master can be killed."""
+
+    def __init__(self, workdir: Path, masters: int = 3) -> None:
+        if REDIS_SERVER is None or not shutil.which("redis-cli"):
+            pytest.fail("redis-server/redis-cli not found: run `make test` (installs them)")
+        self.ports = [_free_port_pair() for _ in range(masters)]
+        self.procs: dict[int, subprocess.Popen] = {}
+        for port in self.ports:
+            d = workdir / f"node{port}"
+            d.mkdir()
+            self.procs[port] = subprocess.Popen(
+                [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no",
+                 "--save", "", "--appendonly", "no", "--dir", str(d)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        for port in self.ports:
+            self._wait(lambda p=port: self._cli(p, "ping") == "PONG")
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0",
+             "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        for port in self.ports:
+            self._wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"))
+        self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    @staticmethod
+    def _cli(port: int, *args: str) -> str:
+        out = subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip()
+
+    @staticmethod
+    def _wait(ok, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not ok():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the redis cluster did not come up")
+            time.sleep(0.1)
+
+    def keys_per_master(self) -> list[int]:
+        return [int(self._cli(p, "dbsize") or 0) for p in self.ports]
+
+    def kill(self, port: int) -> None:
+        self.procs[port].kill()
+        self.procs[port].wait(10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    cluster = RedisClusterServers(tmp_path)
+    yield cluster
+    cluster.stop()

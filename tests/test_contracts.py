@@ -166,7 +166,13 @@ def test_a_new_policy_and_sampler_run_everywhere_through_the_declared_defaults()
     planner.report_accuracy(0.5)
     planner.drain()
     assert [len(p) for p in planner] == [8] * 6 + [2]
-    assert set(planner.counters()) == {"planning_s", "feedback_s", "phantoms", "sync_fixes"}
+    assert set(planner.counters()) == {
+        "planning_s",
+        "feedback_s",
+        "phantoms",
+        "sync_fixes",
+        "sync_s",
+    }
     planner.set_epoch(3)
     other = Planner(make_sampler("test-even-first", 50), make_policy("test-lowest-id", 10,
                     sizes=np.ones(50)), batch_size=8)  # fmt: skip

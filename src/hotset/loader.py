@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
+import socket
 import time
 import warnings
 import weakref
@@ -24,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from hotset.codecs import decode_sample, to_tensor
+from hotset.distributed import RankGroup, detect_ranks
 from hotset.errors import (
     ConfigError,
     CorruptSampleError,
@@ -33,13 +36,14 @@ from hotset.errors import (
 )
 from hotset.feedback import as_numpy
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
-from hotset.policy.base import make_policy
+from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
 from hotset.storage.manifest import content_key
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
+from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
 
@@ -433,16 +437,28 @@ class HotsetLoader:
 
     def sync_with_store(self) -> None:
         """Reconcile a planner that owns its cache with what the store holds now: it
-        forgets what the store lacks, and entries it does not hold are deleted."""
+        forgets what the store lacks, and entries it does not hold are deleted. With
+        ranks: once every rank got here, rank 0 lists the store for all of them and
+        alone deletes and recounts."""
         self._synced = True
         if not self.planner.owns_cache:
             return
-        try:
-            held = self.dataset.ids_of(self.dataset.store.list_keys())
-        except HotsetError as exc:
-            log.debug("cannot reconcile with the store: %s", exc)
+        ranks = getattr(self.planner, "ranks", None)
+        if ranks is not None:
+            ranks.barrier()  # every rank's writes of the epoch have landed
+        held = None
+        if ranks is None or ranks.rank == 0:
+            try:
+                held = self.dataset.ids_of(self.dataset.store.list_keys())
+            except HotsetError as exc:
+                log.debug("cannot reconcile with the store: %s", exc)
+        if ranks is not None:
+            held = ranks.broadcast(held)
+        if held is None:
             return
         extra = self.planner.sync_with_store(held)
+        if ranks is not None and ranks.rank != 0:
+            return
         if extra.size:
             log.info("deleting %d store entries the plan does not hold", extra.size)
             self.dataset.store.delete_many([self.dataset.keys[i] for i in extra.tolist()])
@@ -561,6 +577,8 @@ def make_loader(
     sampler_options: dict | None = None,
     package_dir: str | None = None,
     with_ids: bool = True,
+    distributed: bool | None = None,
+    sync_every: int = 1,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a Storage to a cached loader: store, policy, sampler, planner, loader.
@@ -579,7 +597,14 @@ def make_loader(
         sampler: what each epoch reads, by name (``hotset.SAMPLERS``): ``uniform``,
             ``shade``, ``iis``, ``spider``.
         seed: seeds the sampler's orders and the policy's random choices.
-        num_replicas, rank: data-parallel sharding, as ``DistributedSampler``'s.
+        num_replicas, rank: data-parallel sharding, as ``DistributedSampler``'s; taken
+            from ``torch.distributed`` when it is initialised (``distributed``).
+        distributed: plan once for all ranks (``hotset.distributed``): every rank draws
+            the same global list from every rank's feedback and serves its shard, all
+            with equal batch counts, over one store of ``capacity`` bytes (``shared``: one
+            LMDB the node's ranks share; a Redis URL across nodes). Default: when
+            ``torch.distributed`` is initialised with several ranks.
+        sync_every: with ranks, exchange feedback every this many steps.
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> array or tensor (default: ``.npy`` or any PIL image).
         transform: per-sample tensor -> tensor, after decoding.
@@ -601,9 +626,22 @@ def make_loader(
             sampler and collation itself.
     """
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
+    ranks = detect_ranks() if distributed is None or distributed else None
+    if distributed and ranks is None:
+        raise ConfigError("distributed=True needs torch.distributed initialised, 2+ ranks")
+    if ranks is not None:
+        num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
+        sampler_options, policy_options = _deterministic(
+            sampler, policy, sampler_options, policy_options
+        )
+    elif num_replicas > 1 and sampler_class(sampler).learns_from_feedback:
+        raise ConfigError(
+            f"sampler {sampler!r} learns from each rank's feedback: with num_replicas > 1 "
+            "initialise torch.distributed so that the ranks plan together"
+        )
     owns_store = isinstance(store, str)
     if owns_store:
-        store = make_store(store, capacity)
+        store, owns_store = _open_store(store, capacity, ranks)
     elif store.capacity_bytes < capacity:
         raise ConfigError(
             f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
@@ -623,7 +661,7 @@ def make_loader(
         )  # fmt: skip
         planner = Planner(
             smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
-            package_dir=package_dir,
+            package_dir=package_dir, ranks=ranks, sync_every=sync_every,
         )  # fmt: skip
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error,
@@ -637,6 +675,36 @@ def make_loader(
         if owns_store:  # nothing else will ever remove it
             store.close(destroy=True)
         raise
+
+
+def _deterministic(sampler: str, policy: str, sampler_options, policy_options):
+    """Options that make a rank's planning a function of what all ranks exchange: graph
+    scoring and iCACHE's packages in the planner's thread, not in background threads."""
+    sampler_options, policy_options = dict(sampler_options or {}), dict(policy_options or {})
+    if "background" in inspect.signature(sampler_class(sampler)).parameters:
+        sampler_options.setdefault("background", False)
+    if "package_threads" in inspect.signature(policy_class(policy)).parameters:
+        policy_options.setdefault("package_threads", False)
+    return sampler_options, policy_options
+
+
+def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> tuple[Store, bool]:
+    """The store ``spec`` names, and whether this loader removes it at ``close``. With
+    ranks, rank 0 makes it and the others open the same one: ``shared`` only on one node,
+    ``memory`` never."""
+    if ranks is None:
+        return make_store(spec, capacity), True
+    hosts = set(ranks.all_gather(socket.gethostname()))
+    if spec == "memory" or (spec.startswith("shared") and len(hosts) > 1):
+        raise ConfigError(
+            f"store={spec!r} cannot be shared by {ranks.world} ranks on {len(hosts)} "
+            "host(s): use 'shared' on one node, or a redis:// URL"
+        )
+    store = make_store(spec, capacity) if ranks.rank == 0 else None
+    where = ranks.broadcast(store.path if isinstance(store, SharedStore) else None)
+    if store is None:
+        store = make_store(f"shared://{where}" if where else spec, capacity)
+    return store, ranks.rank == 0
 
 
 def dataset_namespace(keys: list[str]) -> str:

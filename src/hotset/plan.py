@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from hotset.distributed import RankGroup, shard
 from hotset.errors import ConfigError
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
@@ -136,7 +137,7 @@ class PlanSource(Protocol):
 
 
 #: the planner's counters, saved with its state
-COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes")
+COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s")
 
 
 class Planner:
@@ -175,7 +176,13 @@ class Planner:
         store: Store | None = None,
         package_dir: str | None = None,
         wait_s: float = 0.2,
+        ranks: RankGroup | None = None,
+        sync_every: int = 1,
     ) -> None:
+        """``ranks``: a data-parallel job's ranks (``distributed.py``): the sampler draws
+        the global list (made with ``num_replicas=1``), every rank plans the same global
+        batches and serves its shard of each; feedback is exchanged every ``sync_every``
+        steps."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if policy.num_samples < sampler.num_samples:
@@ -218,6 +225,15 @@ class Planner:
         self.sync_fixes = 0  # disagreements with the store found at epoch boundaries
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
+        if sync_every < 1:
+            raise ConfigError(f"sync_every must be >= 1 step, got {sync_every}")
+        if ranks is not None and sampler.num_replicas != 1:
+            raise ConfigError("with ranks=, the sampler draws the global list: num_replicas=1")
+        self.ranks = ranks
+        self.world = 1 if ranks is None else ranks.world
+        self.sync_every = int(sync_every)
+        self._feedback: list[tuple] = []  # this rank's feedback not yet exchanged
+        self.sync_s = 0.0  # exchanging feedback and reports between ranks
 
     @property
     def wants_embeddings(self) -> bool:
@@ -233,6 +249,14 @@ class Planner:
         served: to the sampler's scores, then to a policy that keys on them."""
         if not self.sampler.learns_from_feedback:
             return
+        if self.ranks is not None:  # every rank learns every rank's feedback, in rank order
+            self._feedback.append((ids, losses, embeddings))
+            if len(self._feedback) >= self.sync_every:
+                self._exchange_feedback()
+            return
+        self._learn(ids, losses, embeddings)
+
+    def _learn(self, ids, losses, embeddings) -> None:
         start = time.perf_counter()
         self.sampler.feedback(ids, losses, embeddings)
         if self.policy.needs_scores:
@@ -240,7 +264,21 @@ class Planner:
                 self.policy.scores_updated(ids)
         self.feedback_s += time.perf_counter() - start
 
+    def _exchange_feedback(self) -> None:
+        """All ranks' feedback since the last exchange, learnt by every rank alike (a
+        collective: each rank calls ``feedback`` as often, and ``__iter__`` flushes)."""
+        start = time.perf_counter()
+        gathered = self.ranks.all_gather(self._feedback)
+        self._feedback = []
+        self.sync_s += time.perf_counter() - start
+        for items in gathered:
+            for ids, losses, embeddings in items:
+                self._learn(ids, losses, embeddings)
+
     def report_accuracy(self, accuracy: float) -> None:
+        """Validation accuracy (with ranks: the mean of every rank's, a collective)."""
+        if self.ranks is not None:
+            accuracy = float(np.mean(self.ranks.all_gather(float(accuracy))))
         self.sampler.report_accuracy(float(accuracy))
 
     def batch_consumed(self, report: PlanReport | None = None) -> None:
@@ -249,6 +287,15 @@ class Planner:
             return
         self._consumed += 1
         seq, pins = self._inflight.popleft()
+        if self.ranks is not None and report is not None:  # every rank's shard, alike
+            start = time.perf_counter()
+            reports = self.ranks.all_gather(report)
+            self.sync_s += time.perf_counter() - start
+            report = PlanReport(
+                stored=np.concatenate([r.stored for r in reports]),
+                lost=np.concatenate([r.lost for r in reports]),
+                absent=np.concatenate([r.absent for r in reports]),
+            )
         with self.lock:
             self.policy.pin(pins, -1)
             if report is None:
@@ -322,7 +369,10 @@ class Planner:
                 self._resume = (int(state["epoch"]), order, int(state["consumed"]))
 
     def __len__(self) -> int:
-        n = len(self.sampler)
+        """This rank's batches per epoch (the same on every rank)."""
+        n = len(self.sampler)  # the global list's length with ranks
+        if self.world > 1:  # padded by wrapping, or cut, to whole shards
+            n = n // self.world if self.drop_last else -(-n // self.world)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _start_epoch(self, epoch: int) -> np.ndarray:
@@ -336,8 +386,11 @@ class Planner:
                 self.policy.apply_hints(hints)
         if self.feeder is not None:
             self.feeder.epoch_started()
+        step = self.batch_size * self.world  # a global batch: every rank's batch
         if self.drop_last:
-            order = order[: (order.size // self.batch_size) * self.batch_size]
+            order = order[: (order.size // step) * step]
+        elif order.size % self.world:  # as DistributedSampler: pad by wrapping
+            order = np.concatenate([order, np.resize(order, self.world - order.size % self.world)])
         if self.policy.needs_future and self.feed_future:
             # The future as far as it is planned: this epoch and the next one.
             ahead = self.sampler.epoch_order(epoch + 1)
@@ -409,6 +462,8 @@ class Planner:
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()
+        if self._feedback:  # the last epoch's tail: learnt before this epoch is drawn
+            self._exchange_feedback()
         start = time.perf_counter()
         epoch = self.sampler.epoch
         first = 0
@@ -422,9 +477,12 @@ class Planner:
         self._resume = None
         self._order, self._consumed = order, first
         self.planning_s += time.perf_counter() - start
-        for index in range(first, -(-order.size // self.batch_size)):
-            lo = index * self.batch_size
+        step = self.batch_size * self.world
+        for index in range(first, -(-order.size // step)):
+            lo = index * step
             start = time.perf_counter()
-            plan = self._plan(epoch, index, order[lo : lo + self.batch_size])
+            plan = self._plan(epoch, index, order[lo : lo + step])
+            if self.ranks is not None:  # this rank's shard of the global plan
+                plan = shard(plan, self.ranks.rank, self.world)
             self.planning_s += time.perf_counter() - start
             yield plan

@@ -27,6 +27,7 @@ import torch
 import zmq
 
 from hotset.codecs import decode_sample
+from hotset.distributed import RankGroup, detect_ranks, shard
 from hotset.errors import ConfigError, ServiceError, ServiceUnavailable, UnknownJob
 from hotset.loader import CachedDataset, HotsetLoader
 from hotset.plan import BatchPlan
@@ -127,10 +128,17 @@ class ServiceClient:
         on_error: str = "raise",
         wait_s: float = 0.5,
         progress: bool = False,
+        distributed: bool | None = None,
         **dataloader_kwargs,
     ) -> HotsetLoader:
         """A loader for this job, planned by the service, over its shared store.
-        ``wait_s``: how long a worker waits for a sample another job is fetching."""
+        ``wait_s``: how long a worker waits for a sample another job is fetching.
+        ``distributed`` (default: when ``torch.distributed`` is initialised with several
+        ranks): the ranks are one job: rank 0 registers it and asks for each global batch
+        (``batch_size`` per rank), every rank serves its shard (same batch counts)."""
+        ranks = detect_ranks() if distributed is None or distributed else None
+        if ranks is not None and len(set(ranks.all_gather(socket.gethostname()))) > 1:
+            raise ConfigError("a job's ranks share the service's node-local store: one node")
 
         def store_of(info: dict) -> SealedStore:
             return SealedStore(SharedStore(int(info["capacity_bytes"]), path=info["store"]))
@@ -144,8 +152,9 @@ class ServiceClient:
             dataset.store = store_of(info)
 
         planner = RemotePlanner(
-            self, storage, batch_size, name=name, wait_s=wait_s, on_new_store=new_store
-        )
+            self, storage, batch_size, name=name, wait_s=wait_s, on_new_store=new_store,
+            ranks=ranks,
+        )  # fmt: skip
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress, **dataloader_kwargs
         )
@@ -185,12 +194,17 @@ class RemotePlanner:
         wait_s: float = 0.5,
         heartbeat_s: float | None = None,
         on_new_store: Callable[[dict], None] | None = None,
+        ranks: RankGroup | None = None,
     ) -> None:
         """``on_new_store``: called with the service's ``hello`` when a restarted service
-        has its store elsewhere (the loader's next workers open it)."""
+        has its store elsewhere (the loader's next workers open it). ``ranks``: a
+        data-parallel job: rank 0 talks to the service for all of them."""
         self.client = client
         self.storage = storage
-        self.batch_size = int(batch_size)
+        self.ranks = ranks
+        self.world = 1 if ranks is None else ranks.world
+        self.leader = ranks is None or ranks.rank == 0
+        self.batch_size = int(batch_size) * self.world  # the job's global batch
         self.wait_s = float(wait_s)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.on_new_store = on_new_store
@@ -207,7 +221,11 @@ class RemotePlanner:
         self.failures = 0  # outages: the rest of an epoch was read from storage
         self.rejoins = 0  # registrations after the first (service restarted, or timed out)
         self._lost = False  # the service was unreachable: register again at the next epoch
-        reply = self._register()
+        reply = self._register() if self.leader else None
+        if ranks is not None:
+            reply = ranks.broadcast(reply)
+            if not self.leader:
+                self._adopt(reply)
         self._stop = threading.Event()
         self._beat = threading.Thread(
             target=self._heartbeat,
@@ -216,7 +234,8 @@ class RemotePlanner:
             name=f"hotset-heartbeat-{self.job}",
             daemon=True,
         )
-        self._beat.start()
+        if self.leader:
+            self._beat.start()
 
     def _register(self, epoch: int = 0, served: np.ndarray | None = None) -> dict:
         """Register (again: a restarted service, or a time-out) at ``epoch``, of which
@@ -227,13 +246,17 @@ class RemotePlanner:
         if served is not None and served.size:
             payload["served"] = served.astype(np.int64)
         reply, _ = self.client.call("register", header, payload)
+        self._adopt(reply)
+        return reply
+
+    def _adopt(self, reply: dict) -> None:
+        """The registration's answer (a rank other than 0 gets rank 0's)."""
         self.job, self.instance = int(reply["job"]), str(reply["instance"])
         self._base = self.planned  # the new job's plan 0 is this planner's plan ``_base``
         self.samples_per_epoch = int(reply["samples_per_epoch"])
         self.probe = BenefitProbe(int(reply["probe_batches"]), int(reply["probe_every"]))
         self._wants_losses = bool(reply["wants_losses"])  # the service samples by them
         self._losses = []
-        return reply
 
     def _rejoin(self, epoch: int, served: np.ndarray) -> bool:
         """Register again in ``epoch``, of which the local ids where ``served`` is set
@@ -287,6 +310,15 @@ class RemotePlanner:
         return header, payload
 
     def __iter__(self) -> Iterator[BatchPlan]:
+        if self.ranks is None:
+            yield from self._plans()
+            return
+        plans = self._plans() if self.leader else None  # rank 0 asks, every rank shards
+        while (plan := self.ranks.broadcast(next(plans, None) if plans else None)) is not None:
+            yield shard(plan, self.ranks.rank, self.world)
+
+    def _plans(self) -> Iterator[BatchPlan]:
+        """The job's (global) plans of the epoch, from the service or from storage."""
         epoch = self.epoch
         served = np.zeros(len(self.storage), bool)
         self.done = self.planned  # a new pass: earlier plans ran or were dropped
@@ -334,6 +366,8 @@ class RemotePlanner:
     def batch_consumed(self, report=None) -> None:
         """The loader got one more batch: its plan's reads have run (the service may now
         evict what it read)."""
+        if self.ranks is not None:
+            self.ranks.barrier()  # every rank's reads of it ran: the service may evict
         self.done += 1
         self.probe.consumed()
 
@@ -343,7 +377,11 @@ class RemotePlanner:
         if not self._wants_losses:
             return
         start = time.perf_counter()
-        self._losses.append((np.asarray(ids, np.int64), np.asarray(losses, np.float64)))
+        mine = [(np.asarray(ids, np.int64), np.asarray(losses, np.float64))]
+        if self.ranks is not None:  # rank 0 sends every rank's
+            mine = [x for got in self.ranks.all_gather(mine) for x in got]
+        if self.leader:
+            self._losses += mine
         self.feedback_s += time.perf_counter() - start
 
     def report_accuracy(self, accuracy: float) -> None:
@@ -380,6 +418,8 @@ class RemotePlanner:
         if self._stop.is_set():
             return
         self._stop.set()
+        if not self.leader:
+            return
         self._beat.join(timeout=1.0)
         try:
             self.client.call("leave", {"job": self.job, "instance": self.instance})

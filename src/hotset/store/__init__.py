@@ -1,10 +1,12 @@
-"""Where cached bytes live: in-process, node-local shared (LMDB on tmpfs), Redis."""
+"""Where cached bytes live: in-process, node-local shared (LMDB on tmpfs), Redis, Redis
+Cluster."""
 
 from __future__ import annotations
 
 from hotset.errors import ConfigError
 from hotset.store.base import Store
 from hotset.store.memory import MemoryStore
+from hotset.store.redis_cluster import SCHEME, RedisClusterStore
 from hotset.store.redis_store import RedisStore
 from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
@@ -14,6 +16,7 @@ STORE_KINDS = (
     "shared",
     "shared:///path/on/tmpfs",
     "redis://host:port/db",
+    "redis+cluster://host:port",
     "unix:///sock",
 )
 
@@ -27,9 +30,19 @@ def make_store(spec: str, capacity_bytes: int, **options) -> Store:
         return SharedStore(capacity_bytes, **options)
     if spec.startswith("shared://"):
         return SharedStore(capacity_bytes, path=spec[len("shared://") :], **options)
+    if spec.startswith(SCHEME):
+        return RedisClusterStore(capacity_bytes, url=spec, **options)
     if spec.startswith(("redis://", "rediss://", "unix://")):
         return RedisStore(capacity_bytes, url=spec, **options)
     raise ConfigError(f"unknown store {spec!r}; use one of: {', '.join(STORE_KINDS)}")
 
 
-__all__ = ["MemoryStore", "RedisStore", "SealedStore", "SharedStore", "Store", "make_store"]
+__all__ = [
+    "MemoryStore",
+    "RedisClusterStore",
+    "RedisStore",
+    "SealedStore",
+    "SharedStore",
+    "Store",
+    "make_store",
+]

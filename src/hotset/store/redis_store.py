@@ -108,7 +108,7 @@ class RedisStore(Store):
             return fallback
         try:
             return fn(self._redis())
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except self._outages(redis) as exc:
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_after_s
             log.debug("redis store %s unavailable: %s", self.url, exc)
@@ -117,6 +117,10 @@ class RedisStore(Store):
             self.failures += 1  # maxmemory reached: nothing stored, the server stays up
             log.debug("redis store %s is out of memory: %s", self.url, exc)
             return fallback
+
+    def _outages(self, redis) -> tuple[type[Exception], ...]:
+        """The errors that mean the server is unreachable for now."""
+        return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
     def _k(self, key: str) -> str:
         return self._prefix + key

@@ -1,0 +1,107 @@
+"""Data-parallel training: one global plan, derived identically on every rank.
+
+With ``torch.distributed`` initialised, every rank runs the same sampler and policy over
+the *global* batches (``num_replicas`` local batches side by side, as
+``DistributedSampler`` shards them: rank ``r`` takes positions ``r, r + R, ...``) and
+keeps them identical by exchanging what differs between ranks:
+
+* the feedback (ids, losses, embeddings) each rank's batches produced, all-gathered every
+  ``sync_every`` steps and applied on every rank in rank order;
+* each consumed plan's report (what landed in the store, what was missing), all-gathered
+  so that every rank reconciles the same facts;
+* validation accuracy (the mean over ranks) and, at epoch boundaries, one listing of the
+  store (rank 0's, after a barrier).
+
+So every rank draws the same global list and makes the same cache decisions: each entry
+has one decision-maker (the plan), it is written by the first rank that reads it and a
+plan's deletions are applied by one rank (``index % R``). The collectives run on a gloo
+group of hotset's own, never interleaved with the model's (NCCL) ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hotset.plan import BatchPlan
+
+
+class RankGroup:
+    """The ranks of an initialised ``torch.distributed`` job, for the control plane."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigError("RankGroup needs torch.distributed.init_process_group first")
+        self._dist = dist
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        # a gloo group of our own: CPU objects, and never between the model's collectives
+        self.group = dist.new_group(backend="gloo") if group is None else group
+
+    def all_gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (a collective: all ranks call it)."""
+        out: list = [None] * self.world
+        self._dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast(self, obj, src: int = 0):
+        """Rank ``src``'s ``obj`` on every rank."""
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
+
+
+def detect_ranks() -> RankGroup | None:
+    """The job's ranks when ``torch.distributed`` is initialised with more than one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return RankGroup()
+    return None
+
+
+def owners(ids: np.ndarray, served: np.ndarray, world: int) -> np.ndarray:
+    """The rank that writes each of ``ids`` in a global batch serving ``served``: the
+    rank of its first position there, or ``id % world`` for an id nobody serves (a
+    fetch)."""
+    if not served.size:
+        return ids % world
+    uniq, first = np.unique(served, return_index=True)
+    k = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
+    return np.where(uniq[k] == ids, first[k] % world, ids % world)
+
+
+def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
+    """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (a
+    batch that does not divide evenly is padded by wrapping, as ``DistributedSampler``
+    pads an epoch). It writes the admissions and fetches it ``owners`` and applies the
+    deletions if ``plan.index % world`` is its rank. A hit on what another rank writes
+    in this very plan is read from storage instead (that write may not have landed)."""
+    n = plan.ids.size
+    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1) if n else plan.ids
+    ids = plan.ids[pos]
+    written = np.concatenate([plan.admitted, plan.fetch])
+    ours = owners(written, plan.ids, world) == rank
+    k = plan.admitted.size
+    deletes = plan.index % world == rank
+    return replace(
+        plan,
+        ids=ids,
+        hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
+        admitted=plan.admitted[ours[:k]],
+        fetch=plan.fetch[ours[k:]],
+        evicted=plan.evicted if deletes else plan.evicted[:0],
+        evict_keys=plan.evict_keys if deletes else (),
+        substituted=None if plan.substituted is None else plan.substituted[pos],
+        requested=None if plan.requested is None else plan.requested[pos],
+    )

@@ -1,0 +1,233 @@
+"""Data-parallel training across real ranks (torch.distributed, gloo on CPU, DDP): one
+global plan on every rank, equal batch counts, each sample once per epoch under uniform
+sampling, one pooled cache whose budget holds, and the right bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import hotset
+from hotset.feedback import per_sample_loss
+from hotset.models import TinyCNN
+from hotset.storage import FileStorage
+
+CAPACITY_FRACTION = 0.2
+
+
+class WithEmbedding(nn.Module):
+    """``forward`` returns (logits, embedding), so that DDP sees the whole step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyCNN()
+
+    def forward(self, x):
+        return self.net.forward_with_embedding(x)
+
+
+def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    storage = FileStorage(data)
+    loader = hotset.make_loader(
+        storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=1, seed=0,
+        **system,
+    )  # fmt: skip
+    model = nn.parallel.DistributedDataParallel(WithEmbedding())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    capacity = loader.dataset.store.capacity_bytes
+    record = {"epochs": [], "len": len(loader)}
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        announced = len(loader)
+        ids_seen, wrong, over, batches = [], 0, 0, 0
+        before = loader.counters()
+        for x, y, ids in loader:
+            wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
+            logits, emb = model(x)
+            losses = per_sample_loss(logits, y)
+            opt.zero_grad()
+            losses.mean().backward()
+            opt.step()
+            loader.feedback(ids, losses.detach(), emb.detach())
+            ids_seen += ids.tolist()
+            batches += 1
+            over += int(loader.dataset.store.used_bytes > capacity)
+        c = loader.counters()
+        order = loader.planner._order
+        record["epochs"].append({
+            "ids": ids_seen, "batches": batches, "len": announced, "wrong": wrong,
+            "over_budget": over,
+            "order": hashlib.blake2b(order.tobytes(), digest_size=8).hexdigest(),
+            "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
+            "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
+        })  # fmt: skip
+        loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    loader.close()
+    dist.destroy_process_group()
+
+
+def run_ranks(world: int, data: str, system: dict, tmp: Path) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    init = f"file://{tmp}/pg"
+    procs = [
+        ctx.Process(target=_rank, args=(r, world, init, data, system, str(tmp)))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    for p in procs:
+        if p.is_alive():  # a hang: fail, do not wait forever
+            p.kill()
+    assert [p.exitcode for p in procs] == [0] * world
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+SYSTEMS = {
+    "uniform": {"policy": "minio", "sampler": "uniform"},
+    "shade": {"policy": "app", "sampler": "shade"},
+    "icache": {"policy": "icache", "sampler": "iis"},
+    "spider": {"policy": "spider", "sampler": "spider"},
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "world"),
+    [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4)],
+)
+def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
+    data = str(fmnist_dir / "train")
+    records = run_ranks(world, data, SYSTEMS[name], tmp_path)
+    n = len(FileStorage(data))
+    assert len({r["len"] for r in records}) == 1  # equal batch counts, announced
+    for e in range(3):
+        epochs = [r["epochs"][e] for r in records]
+        assert len({ep["order"] for ep in epochs}) == 1, (name, e)  # one global list
+        assert len({ep["batches"] for ep in epochs}) == 1  # and equal counts served
+        assert epochs[0]["batches"] == epochs[0]["len"]  # as many as len(loader) said
+        for ep in epochs:
+            assert ep["wrong"] == 0 and ep["corrupt"] == 0 and ep["over_budget"] == 0
+        if name == "uniform":  # each sample exactly once per epoch, over all ranks
+            assert sorted(i for ep in epochs for i in ep["ids"]) == list(range(n))
+
+
+def test_a_pooled_cache_hits_as_one_process_with_the_same_cache(fmnist_dir, tmp_path):
+    """Ranks sharing one store of capacity C hit (together) as one process with C."""
+    data = str(fmnist_dir / "train")
+    records = run_ranks(2, data, SYSTEMS["uniform"], tmp_path)
+    ranks = sum(ep["hits"] for r in records for ep in r["epochs"][1:]) / sum(
+        ep["reads"] for r in records for ep in r["epochs"][1:]
+    )
+    storage = FileStorage(data)
+    alone = hotset.make_loader(storage, batch_size=25, cache_fraction=CAPACITY_FRACTION,
+                               num_workers=1, seed=0, **SYSTEMS["uniform"])  # fmt: skip
+    with alone:  # epoch 0 cannot hit (a shuffle reads each sample once): reads of 1-2
+        for epoch in range(3):
+            alone.set_epoch(epoch)
+            for _ in alone:
+                pass
+        hits, reads = alone.counters()["hits"], 2 * len(storage)
+    one = hits / reads
+    assert one > 0.15 and abs(ranks - one) <= 0.1 * one, (ranks, one)
+
+
+def test_learning_samplers_need_a_process_group_to_shard(fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with pytest.raises(hotset.ConfigError, match="initialise torch.distributed"):
+        hotset.make_loader(storage, batch_size=25, cache_fraction=0.2, sampler="shade",
+                           policy="app", num_replicas=2, rank=0)  # fmt: skip
+    assert not os.environ.get("WORLD_SIZE")  # the tests start their own ranks
+
+
+def test_ranks_pool_a_redis_cluster(fmnist_dir, tmp_path, redis_cluster):
+    """Two ranks over a real 3-master Redis Cluster: one plan, entries on every master, a
+    rank hits what the other put, the budget holds."""
+    data = str(fmnist_dir / "train")
+    system = {**SYSTEMS["uniform"], "store": redis_cluster.url}
+    records = run_ranks(2, data, system, tmp_path)
+    for e in range(3):
+        epochs = [r["epochs"][e] for r in records]
+        assert len({ep["order"] for ep in epochs}) == 1
+        assert all(ep["wrong"] == 0 and ep["over_budget"] == 0 for ep in epochs)
+    hits = [sum(ep["hits"] for ep in r["epochs"][1:]) for r in records]
+    reads = sum(ep["reads"] for r in records for ep in r["epochs"][1:])
+    assert min(hits) > 0 and sum(hits) / reads > 0.15, hits
+
+
+def test_the_readme_torchrun_example_runs(fmnist_dir):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         str(root / "examples" / "ddp_train.py"), "--data", str(fmnist_dir / "train"),
+         "--epochs", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "epoch 1: 8 batches per rank" in out.stdout
+
+
+def _service_rank(rank: int, world: int, init: str, address: str, data: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    storage = FileStorage(data)
+    client = hotset.connect(address, timeout_s=20)
+    loader = client.make_loader(storage, batch_size=25, num_workers=1, name="ddp-job")
+    record = {"len": len(loader), "epochs": [], "jobs": len(client.stats()["jobs"])}
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids_seen, wrong = [], 0
+        for _, y, ids in loader:
+            wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
+            ids_seen += ids.tolist()
+            loader.feedback(ids, torch.ones(len(ids)))
+        record["epochs"].append({"ids": ids_seen, "wrong": wrong})
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    loader.close()
+    dist.destroy_process_group()
+
+
+def test_a_job_of_several_ranks_registers_once_with_the_service(fmnist_dir, tmp_path):
+    from hotset.service.server import start_service
+
+    address = f"ipc://{tmp_path}/svc.sock"
+    service = start_service(address, capacity_bytes=400_000)
+    ctx = mp.get_context("spawn")
+    data = str(fmnist_dir / "train")
+    init = f"file://{tmp_path}/pg"
+    procs = [ctx.Process(target=_service_rank, args=(r, 2, init, address, data, str(tmp_path)))
+             for r in range(2)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(240)
+        assert [p.exitcode for p in procs] == [0, 0]
+        stats = hotset.connect(address, timeout_s=20).stats()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        service.terminate()
+        service.join(10)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert records[0]["jobs"] == records[1]["jobs"] == 1  # one job for both ranks
+    assert stats["removed"] == [["ddp-job", "left"]]
+    assert records[0]["len"] == records[1]["len"] == 1000 // 50
+    for e in range(2):
+        both = records[0]["epochs"][e]["ids"] + records[1]["epochs"][e]["ids"]
+        assert sorted(both) == list(range(1000))  # each sample once, over the ranks
+        assert all(r["epochs"][e]["wrong"] == 0 for r in records)
