@@ -41,7 +41,7 @@ compare: install system-deps data
 	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
 test: install system-deps
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 
 bench: install
@@ -58,7 +58,7 @@ lock: install
 	mv requirements.lock.new requirements.lock
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) $(OUT) build src/*.egg-info

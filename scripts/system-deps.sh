@@ -2,11 +2,13 @@
 # Install the Debian packages hotset's demo and tests use, when they are missing:
 #   dataset-fashion-mnist  (the demo dataset, /usr/share/datasets/fashion-mnist)
 #   redis-server           (the Redis store's tests start a real server)
+#   redis-tools            (redis-cli: the tests create a real Redis Cluster)
 # Only as root on Debian/Ubuntu; elsewhere it says what to install and exits non-zero.
 set -euo pipefail
 missing=()
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing+=(dataset-fashion-mnist)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "hotset: installing Debian packages: ${missing[*]}"

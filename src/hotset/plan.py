@@ -470,7 +470,7 @@ class Planner:
         if self._resume is not None and self._resume[0] == epoch:  # the rest of a saved epoch
             _, order, first = self._resume
             if self.policy.needs_future and self.feed_future:
-                rest = order[first * self.batch_size :]
+                rest = order[first * self.batch_size * self.world :]
                 self.policy.set_future(np.concatenate([rest, self.sampler.epoch_order(epoch + 1)]))
         else:
             order = self._start_epoch(epoch)
