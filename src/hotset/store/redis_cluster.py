@@ -16,6 +16,7 @@ that is not ok, or any other Redis error is absorbed like ``RedisStore``'s outag
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from hotset.store.redis_store import RedisStore
@@ -37,8 +38,6 @@ class RedisClusterStore(RedisStore):
         return (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
     def _redis(self):
-        import os
-
         if self._client is None or self._pid != os.getpid():
             from redis.backoff import NoBackoff
             from redis.cluster import RedisCluster
