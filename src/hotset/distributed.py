@@ -20,6 +20,7 @@ group of hotset's own, never interleaved with the model's (NCCL) ones.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -60,13 +61,22 @@ class RankGroup:
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)
 
+    def hosts(self) -> int:
+        """How many machines the ranks run on (a collective)."""
+        return len(set(self.all_gather(socket.gethostname())))
 
-def detect_ranks() -> RankGroup | None:
-    """The job's ranks when ``torch.distributed`` is initialised with more than one."""
+
+def detect_ranks(distributed: bool | None = None) -> RankGroup | None:
+    """The job's ranks when ``torch.distributed`` is initialised with more than one
+    (``distributed=None``: if so; ``False``: never; ``True``: required)."""
     import torch.distributed as dist
 
+    if distributed is False:
+        return None
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return RankGroup()
+    if distributed:
+        raise ConfigError("distributed=True needs torch.distributed initialised, 2+ ranks")
     return None
 
 
@@ -88,7 +98,7 @@ def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
     deletions if ``plan.index % world`` is its rank. A hit on what another rank writes
     in this very plan is read from storage instead (that write may not have landed)."""
     n = plan.ids.size
-    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1) if n else plan.ids
+    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1)
     ids = plan.ids[pos]
     written = np.concatenate([plan.admitted, plan.fetch])
     ours = owners(written, plan.ids, world) == rank

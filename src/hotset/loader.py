@@ -12,7 +12,6 @@ import functools
 import hashlib
 import inspect
 import logging
-import socket
 import time
 import warnings
 import weakref
@@ -626,9 +625,7 @@ def make_loader(
             sampler and collation itself.
     """
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
-    ranks = detect_ranks() if distributed is None or distributed else None
-    if distributed and ranks is None:
-        raise ConfigError("distributed=True needs torch.distributed initialised, 2+ ranks")
+    ranks = detect_ranks(distributed)
     if ranks is not None:
         num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
         sampler_options, policy_options = _deterministic(
@@ -694,10 +691,10 @@ def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> tuple[Stor
     ``memory`` never."""
     if ranks is None:
         return make_store(spec, capacity), True
-    hosts = set(ranks.all_gather(socket.gethostname()))
-    if spec == "memory" or (spec.startswith("shared") and len(hosts) > 1):
+    hosts = ranks.hosts()
+    if spec == "memory" or (spec.startswith("shared") and hosts > 1):
         raise ConfigError(
-            f"store={spec!r} cannot be shared by {ranks.world} ranks on {len(hosts)} "
+            f"store={spec!r} cannot be shared by {ranks.world} ranks on {hosts} "
             "host(s): use 'shared' on one node, or a redis:// URL"
         )
     store = make_store(spec, capacity) if ranks.rank == 0 else None

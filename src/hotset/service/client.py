@@ -136,8 +136,8 @@ class ServiceClient:
         ``distributed`` (default: when ``torch.distributed`` is initialised with several
         ranks): the ranks are one job: rank 0 registers it and asks for each global batch
         (``batch_size`` per rank), every rank serves its shard (same batch counts)."""
-        ranks = detect_ranks() if distributed is None or distributed else None
-        if ranks is not None and len(set(ranks.all_gather(socket.gethostname()))) > 1:
+        ranks = detect_ranks(distributed)
+        if ranks is not None and ranks.hosts() > 1:
             raise ConfigError("a job's ranks share the service's node-local store: one node")
 
         def store_of(info: dict) -> SealedStore:
