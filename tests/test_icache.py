@@ -236,3 +236,33 @@ def test_package_size_adapts_to_a_small_cache_and_an_empty_region_is_warned(capl
     with caplog.at_level("WARNING", logger="hotset.policy.icache"):
         big = make_policy("icache", 200_000, sizes=sizes, package_bytes=1 << 20)
     assert big.h_capacity == 0 and "H-cache is empty" in caplog.text
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(20, 400),
+    l_count=st.integers(1, 400),
+    cached=st.floats(0.0, 0.9),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(
+    seed, n, l_count, cached
+):
+    """Packages are drawn, not listed (issue 12: no scan of all ids per package), yet when
+    L-samples are rare or nearly all cached the draw still finds every one that is left."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 50, n)
+    pol = make_policy("icache", int(sizes.sum()), sizes=sizes, seed=seed, h_share=0.5)
+    hot = np.ones(n, bool)
+    hot[rng.choice(n, min(l_count, n), replace=False)] = False
+    pol.apply_hints({"hot": hot, "importance": rng.random(n)})
+    l_ids = np.flatnonzero(~hot)
+    pol._l = {int(i): False for i in l_ids[: int(cached * l_ids.size)]}
+    pkg = pol.l_next_package().tolist()
+    assert len(set(pkg)) == len(pkg) and not set(pkg) & set(pol._l)
+    assert all(not hot[i] for i in pkg)
+    got = int(sizes[pkg].sum())
+    left = [int(i) for i in l_ids if int(i) not in pol._l]
+    assert got <= pol.l_capacity
+    if got < min(pol.package_bytes, pol.l_capacity):  # short: nothing else would fit
+        assert all(got + sizes[i] > pol.l_capacity for i in left if i not in pkg)

@@ -8,7 +8,6 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import logging
@@ -144,14 +143,10 @@ class CachedDataset(Dataset):
         values = self.store.get_many([self.keys[i] for i in np.asarray(ids).tolist()])
         return np.array([v is not None for v in values], bool)
 
-    @functools.cached_property
-    def _id_of(self) -> dict[str, int]:
-        return {k: i for i, k in enumerate(self.keys)}
-
     def ids_of(self, keys: list[str]) -> np.ndarray:
         """The ids of this dataset's samples among ``keys`` (others are skipped)."""
-        index = self._id_of
-        return np.array([index[k] for k in keys if k in index], np.int64)
+        ids = self.keys.positions(keys)
+        return ids[ids >= 0]
 
     # -- executing a plan, step by step ------------------------------------------------
     def _read_hits(

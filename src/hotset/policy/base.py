@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import threading
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -87,7 +88,8 @@ class Policy(ABC):
             raise ConfigError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = int(capacity_bytes)
         self.num_samples = int(sizes.size)
-        self._sizes: list[int] = sizes.tolist()
+        # 8 bytes per id, each read a Python int (fast in the per-sample loops)
+        self._sizes = array("q", sizes.tobytes())
         self.seed = seed
         self.used = 0  # bytes of resident samples, per the manifest sizes
         #: plans in flight that read or write each id: a pinned id is never evicted

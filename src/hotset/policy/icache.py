@@ -54,11 +54,12 @@ class ICachePolicy(Policy):
         """``package_threads=False``: packages are made and loaded in the planner's
         thread (reproducible runs; see ``packages.Packager``)."""
         super().__init__(capacity_bytes, sizes, seed)
+        self._max_size = max(1, int(np.max(sizes)))
         if not 0.0 <= h_share <= 1.0:
             raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
         if package_bytes is None:  # 1 MB, or a quarter of the L-cache's first share
             l_share = int(self.capacity_bytes * (1.0 - h_share)) // 4
-            package_bytes = max(int(max(self._sizes, default=1)), min(1 << 20, l_share))
+            package_bytes = max(self._max_size, min(1 << 20, l_share))
         if package_bytes < 1:
             raise ConfigError(f"package_bytes must be >= 1, got {package_bytes}")
         self.package_bytes = int(package_bytes)
@@ -66,6 +67,7 @@ class ICachePolicy(Policy):
         self.package_threads = bool(package_threads)
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
+        self._all_h = True
         self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
         self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
         self._h: dict[int, None] = {}  # H-cache residents
@@ -91,7 +93,7 @@ class ICachePolicy(Policy):
     def set_split(self, h_share: float) -> None:
         """H-cache gets ``h_share`` of the capacity, the L-cache the rest, >= one package."""
         self.h_share = float(h_share)
-        one_package = self.package_bytes + max(self._sizes)  # the last sample may cross it
+        one_package = self.package_bytes + self._max_size  # the last sample may cross it
         self.l_capacity = min(
             self.capacity_bytes,
             max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
@@ -121,18 +123,24 @@ class ICachePolicy(Policy):
         self._evict_next += self._free_l(0)
         self.used = self.h_used + self.l_used
 
+    def set_sizes(self, ids, sizes) -> None:
+        super().set_sizes(ids, sizes)
+        self._max_size = max(self._max_size, int(np.max(sizes, initial=0)))
+
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), until
         ``need`` more bytes fit the L-cache; returns them."""
-        out = []
+        out, freed, sizes = [], 0, self._sizes
         for used_first in (True, False):
-            for i, used in list(self._l.items()):
-                if self.l_used + need <= self.l_capacity:
-                    return out
+            for i, used in self._l.items():  # in order, stopping once there is room
+                if self.l_used - freed + need <= self.l_capacity:
+                    break
                 if used == used_first and not self.pinned[i]:
-                    del self._l[i]
-                    self.l_used -= self._sizes[i]
                     out.append(i)
+                    freed += sizes[i]
+        for i in out:
+            del self._l[i]
+        self.l_used -= freed
         return out
 
     @property
@@ -191,6 +199,7 @@ class ICachePolicy(Policy):
         self.freq_h = self.freq_l = 0
         self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
         self.is_h = hot
+        self._all_h = bool(hot.all())
         self._hot = hot.tolist()
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
         if self._h:  # the heap turns read-only; the shadow gets the new values
@@ -333,7 +342,7 @@ class ICachePolicy(Policy):
     def l_wants_package(self) -> bool:
         """Whether a package should be loaded now: less than half the L-cache is left
         unused and no load is in flight."""
-        if self.loading or (self.is_h.all() and not self._queue):
+        if self.loading or (self._all_h and not self._queue):
             return False
         l_items = max(1, self.l_capacity // max(1, int(np.mean(self._sizes[:64]))))
         return self.l_fresh() < l_items // 2
@@ -356,14 +365,13 @@ class ICachePolicy(Policy):
                 skip.add(i)
         if nbytes < limit:
             rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
-            pools = [] if prefer is None else [np.asarray(prefer, np.int64)]
-            pools.append(np.flatnonzero(~self.is_h))
+            pools = [] if prefer is None else [rng.permutation(np.asarray(prefer, np.int64))]
+            pools.append(self._random_l(rng))
             for pool in pools:
-                pool = pool[~self.is_h[pool]]
-                for i in rng.permutation(pool).tolist():
+                for i in pool:
                     if nbytes >= limit:
                         break
-                    if nbytes + sizes[i] > self.l_capacity:
+                    if nbytes + sizes[i] > self.l_capacity or self.is_h[i]:
                         continue
                     taken = i in self._l or i in self._h or i in self._served
                     if not taken and i not in skip:
@@ -371,6 +379,19 @@ class ICachePolicy(Policy):
                         nbytes += sizes[i]
                         skip.add(i)
         return np.array(out, np.int64)
+
+    def _random_l(self, rng: np.random.Generator):
+        """L-samples in random order, drawn (with repeats) rather than listed: a package
+        costs what it holds, not a scan of all ids. After as many draws as there are ids
+        (L-samples are rare, or nearly all taken) the rest come from one full scan."""
+        n, drawn = self.num_samples, 0
+        while drawn < n:
+            k = min(n - drawn, 1024)
+            drawn += k
+            for i in rng.integers(0, n, k).tolist():
+                if not self._hot[i]:
+                    yield i
+        yield from rng.permutation(np.flatnonzero(~self.is_h)).tolist()
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete

@@ -26,7 +26,7 @@ class Storage(ABC):
         return len(self.manifest)
 
     @property
-    def keys(self) -> list[str]:
+    def keys(self) -> Sequence[str]:
         return self.manifest.keys
 
     @property

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.storage.columns import key_column, text_column
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hotset-manifest/1"
@@ -27,16 +28,22 @@ def content_key(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-@dataclass
+@dataclass(eq=False)
 class Manifest:
-    paths: list[str]
-    keys: list[str]
+    """Per-sample columns, held compactly (``columns.py``: ~16 B per key, the path's text
+    plus 8 B, 8 B each for size and label), so a manifest of 10M samples stays in numpy
+    buffers; ``paths`` and ``keys`` accept any iterables of strings."""
+
+    paths: Sequence[str]
+    keys: Sequence[str]
     sizes: np.ndarray  # int64 bytes
     labels: np.ndarray  # int64 class index
     classes: list[str] = field(default_factory=list)
     name: str = ""
 
     def __post_init__(self) -> None:
+        self.paths = text_column(self.paths)
+        self.keys = key_column(self.keys)
         self.sizes = np.asarray(self.sizes, dtype=np.int64)
         self.labels = np.asarray(self.labels, dtype=np.int64)
         n = len(self.paths)
@@ -57,8 +64,8 @@ class Manifest:
                 "key_kind": KEY_KIND,
                 "name": self.name,
                 "classes": self.classes,
-                "paths": self.paths,
-                "keys": self.keys,
+                "paths": list(self.paths),
+                "keys": list(self.keys),
                 "sizes": self.sizes.tolist(),
                 "labels": self.labels.tolist(),
             }
@@ -93,3 +100,11 @@ class Manifest:
             sizes.append(len(data))
             labels.append(label)
         return cls(paths, keys, sizes, labels, classes, name)
+
+    def take(self, idx: np.ndarray, name: str = "") -> Manifest:
+        """The samples ``idx`` (in that order) as a manifest of their own."""
+        idx = np.asarray(idx, np.int64)
+        return Manifest(
+            self.paths.take(idx), self.keys.take(idx), self.sizes[idx], self.labels[idx],
+            self.classes, name or self.name,
+        )  # fmt: skip

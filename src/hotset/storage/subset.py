@@ -8,7 +8,6 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.storage.base import Storage
-from hotset.storage.manifest import Manifest
 
 
 class SubsetStorage(Storage):
@@ -19,13 +18,9 @@ class SubsetStorage(Storage):
         idx = np.asarray(indices, np.int64)
         if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= len(inner):
             raise ConfigError(f"subset indices must be a non-empty 1-D array in [0, {len(inner)})")
-        m = inner.manifest
         self.inner, self.indices = inner, idx
         self.concurrency = inner.concurrency
-        self.manifest = Manifest(
-            [m.paths[i] for i in idx.tolist()], [m.keys[i] for i in idx.tolist()],
-            m.sizes[idx], m.labels[idx], m.classes, f"{m.name}[{idx.size}]",
-        )  # fmt: skip
+        self.manifest = inner.manifest.take(idx, f"{inner.manifest.name}[{idx.size}]")
 
     def read(self, i: int) -> bytes:
         return self.inner.read(int(self.indices[i]))

@@ -1,0 +1,231 @@
+"""Planning cost per sample and memory per id as the dataset grows (60k, 1.28M, 10M ids),
+for every system: the baselines under uniform shuffling, SHADE, iCACHE, SpiderCache,
+and the service's Quiver and JOADER (two jobs on one dataset), 10% cache.
+
+Each (system, size) runs in a fresh process: the manifest (content keys, paths, sizes,
+labels, as ``Manifest`` holds them), then the control plane (sampler + policy + planner,
+or the service's coordinator) is built, and two epoch starts each followed by ``--batches``
+batches are planned with feedback (synthetic per-sample losses, class-clustered 16-d
+embeddings for SpiderCache), as a training loop would. Reported:
+
+* ``manifest_B_per_id``: memory the manifest keeps, per id (``tracemalloc``);
+* ``state_B_per_id``: resident memory the control plane adds after the two windows, per id
+  (``peak_B_per_id``: its peak);
+* ``epoch_start_ms``: the second epoch's start up to its first batch (per-epoch work: new
+  orders, importance distributions, H-lists), and ``us_per_sample``: planning + feedback
+  per planned sample in the windows' other batches; ``amortised_us`` adds the epoch start
+  spread over an epoch of n samples; ``package_ms``: iCACHE's composition of a package.
+
+    python benchmarks/plan_scale.py [--sizes 60000,1281167,10000000] [--systems ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from _report import report  # noqa: E402
+
+PLANNER_SYSTEMS = ["lru", "lfu", "fifo", "random", "minio", "belady", "shade", "icache", "spider"]
+SERVICE_SYSTEMS = {"quiver": "quiver", "joader": "dsa"}
+CLASSES = 1000
+DIM = 16
+
+
+def make_manifest(n: int):
+    """A manifest of ``n`` samples as ``hotset prepare`` writes one (keys, paths, sizes,
+    labels), built straight into its columns."""
+    from hotset.storage.manifest import Manifest
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, CLASSES, n)
+    sizes = rng.integers(60_000, 180_000, n)  # ImageNet-like JPEGs
+    keys = (f"{i:032x}" for i in range(n))
+    paths = (f"train/n{c:08d}/{i:08d}.JPEG" for i, c in enumerate(labels.tolist()))
+    return Manifest(paths, keys, sizes, labels, [str(c) for c in range(CLASSES)])
+
+
+def losses_of(ids: np.ndarray, progress: float) -> np.ndarray:
+    """Per-sample losses: a persistent difficulty per id, shrinking as training goes."""
+    hard = ((ids * 2654435761) % 997) / 997.0 + 0.05
+    return hard * 0.7**progress
+
+
+def embeddings_of(ids: np.ndarray, labels: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    noise = np.sin(np.outer(ids, np.arange(1, DIM + 1)) * 0.37).astype(np.float32)
+    return centers[labels[ids]] + 0.3 * noise
+
+
+def run_planner(system: str, manifest, batches: int, batch_size: int) -> dict:
+    from hotset.plan import Planner
+    from hotset.policy.base import make_policy
+    from hotset.sampling.base import make_sampler
+    from hotset.systems import resolve_system
+
+    n = len(manifest)
+    sysdef = resolve_system(system)
+    opts = dict(sysdef.sampler_options)
+    centers = np.random.default_rng(1).normal(size=(CLASSES, DIM)).astype(np.float32)
+    if sysdef.sampler == "spider":
+        opts.update(labels=manifest.labels, background=False, total_epochs=10)
+    capacity = int(0.1 * manifest.total_bytes)
+    policy = make_policy(sysdef.policy, capacity, sizes=manifest.sizes, seed=0)
+    sampler = make_sampler(sysdef.sampler, n, seed=0, **opts)
+    planner = Planner(sampler, policy, batch_size, feed_future=False)
+    composed: list[float] = []  # iCACHE: seconds per package composition
+    if hasattr(policy, "l_next_package"):
+        compose = policy.l_next_package
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = compose(*args, **kwargs)
+            composed.append(time.perf_counter() - t)
+            return out
+
+        policy.l_next_package = timed
+    if policy.needs_future:  # Belady: the windows' accesses, known in advance
+        window = batches * batch_size
+        policy.set_future(np.concatenate([sampler.epoch_order(e)[:window] for e in range(2)]))
+    starts, planned, busy = [], 0, 0.0
+    for epoch in range(2):
+        t0 = time.perf_counter()
+        planner.set_epoch(epoch)
+        it = iter(planner)
+        for k, plan in zip(range(batches), it, strict=False):
+            if k == 0:  # the epoch's start: lazily, with its first batch
+                starts.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+            else:
+                planned += plan.ids.size
+            emb = (
+                embeddings_of(plan.ids, manifest.labels, centers)
+                if sampler.needs_embeddings
+                else None
+            )
+            planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / batches), emb)
+        busy += time.perf_counter() - t0
+        it.close()
+    package_ms = 1e3 * float(np.mean(composed)) if composed else float("nan")
+    return {
+        "epoch_start_s": starts[-1],
+        "planned": planned,
+        "busy_s": busy,
+        "package_ms": package_ms,
+    }
+
+
+def run_service(mode: str, manifest, batches: int, batch_size: int) -> dict:
+    from hotset.service.coordinator import JobCoordinator
+
+    n = len(manifest)
+    co = JobCoordinator(int(0.1 * manifest.total_bytes), max_samples=n, sampling=mode, seed=0)
+    jobs = [co.register(f"job{j}", manifest.keys, manifest.sizes, batch_size) for j in (0, 1)]
+    starts, planned, busy = [], 0, 0.0
+    for epoch in range(2):
+        t0 = time.perf_counter()
+        for j in jobs:  # the epoch's start, with the first batch
+            co.plan(j, epoch)
+        starts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            for j in jobs:
+                planned += co.plan(j, epoch)["gids"].size
+        busy += time.perf_counter() - t0
+    return {
+        "epoch_start_s": starts[-1],
+        "planned": planned,
+        "busy_s": busy,
+        "package_ms": float("nan"),
+    }
+
+
+def one(system: str, n: int, batches: int, batch_size: int, memory: bool) -> dict:
+    """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
+    slows allocations, so the times come from a run without it."""
+    make_manifest(10)  # imports are not the manifest's memory
+    if memory:
+        tracemalloc.start()
+    manifest = make_manifest(n)
+    if memory:
+        manifest_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+    run = run_service if system in SERVICE_SYSTEMS else run_planner
+    r = run(SERVICE_SYSTEMS.get(system, system), manifest, batches, batch_size)
+    if memory:
+        now, top = tracemalloc.get_traced_memory()
+        return {
+            "manifest_B_per_id": manifest_bytes / n,
+            "state_B_per_id": (now - manifest_bytes) / n,
+            "peak_B_per_id": (top - manifest_bytes) / n,
+        }
+    us = 1e6 * r["busy_s"] / max(1, r["planned"])
+    return {
+        "system": system,
+        "ids": n,
+        "epoch_start_ms": 1e3 * r["epoch_start_s"],
+        "us_per_sample": us,
+        "amortised_us": us + 1e6 * r["epoch_start_s"] / n,
+        "planned": r["planned"],
+        "package_ms": r["package_ms"],
+    }
+
+
+def child(*args: str) -> dict | None:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if out.returncode:
+        print(f"{' '.join(args)} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="60000,1281167,10000000")
+    ap.add_argument("--systems", default=",".join([*PLANNER_SYSTEMS, *SERVICE_SYSTEMS]))
+    ap.add_argument("--batches", type=int, default=100)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--one", nargs=2, metavar=("SYSTEM", "IDS"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sizes = ["--batches", str(args.batches), "--batch-size", str(args.batch_size)]
+    if args.one:
+        r = one(args.one[0], int(args.one[1]), args.batches, args.batch_size, args.memory)
+        print(json.dumps(r))
+        return
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        for system in args.systems.split(","):
+            timed = child("--one", system, str(n), *sizes)
+            traced = child("--one", system, str(n), "--memory", *sizes)
+            if timed and traced:
+                rows.append({**timed, **traced})
+                print(f"  {system:8s} {n:>10,d} ids done", file=sys.stderr)
+    report(
+        "plan_scale",
+        rows,
+        [
+            ("system", "s"),
+            ("ids", ",d"),
+            ("manifest_B_per_id", ".0f"),
+            ("state_B_per_id", ".0f"),
+            ("peak_B_per_id", ".0f"),
+            ("epoch_start_ms", ".1f"),
+            ("us_per_sample", ".2f"),
+            ("amortised_us", ".2f"),
+            ("package_ms", ".2f"),
+        ],
+        meta={"batches": args.batches, "batch_size": args.batch_size, "cache_fraction": 0.1},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Compact string columns for manifests of millions of samples: a few bytes per id in
+numpy arrays instead of a Python object per string (~70 B of object header and pointer
+each before its text).
+
+* :class:`StringColumn`: UTF-8 text back to back in one buffer, and each string's end.
+* :class:`DigestColumn`: 32-character lowercase hex digests (the manifest's blake2b-128
+  keys) packed as their 16 raw bytes.
+
+Both are read-only sequences of ``str``: ``column[i]``, ``len``, iteration, ``take``
+(a sub-column), and ``==`` with any sequence of the same strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+
+import numpy as np
+
+from hotset.errors import ConfigError
+
+CHUNK = 1 << 16  # strings encoded at a time: bounds the transient Python objects
+
+
+def _chunks(strings: Iterable[str]) -> Iterator[list[str]]:
+    it = iter(strings)
+    while part := list(islice(it, CHUNK)):
+        yield part
+
+
+class _Column(Sequence[str]):
+    __slots__ = ()
+
+    def _at(self, i: int) -> str:
+        raise NotImplementedError
+
+    def take(self, idx) -> _Column:
+        raise NotImplementedError
+
+    def positions(self, strings: Iterable[str]) -> np.ndarray:
+        """The position of each of ``strings`` in the column (the first, if repeated);
+        -1 for one that is absent."""
+        index = self._index()
+        return np.fromiter((index.get(s, -1) for s in strings), np.int64)
+
+    def _index(self) -> dict[str, int]:
+        return {s: i for i, s in reversed(list(enumerate(self)))}
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out of range for {n} strings")
+        return self._at(i)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(s) for s in islice(self, 3))
+        return f"{type(self).__name__}([{head}{', ...' if len(self) > 3 else ''}], n={len(self)})"
+
+
+class StringColumn(_Column):
+    """Strings as one UTF-8 buffer and an int64 end offset each."""
+
+    __slots__ = ("_blob", "_ends")
+
+    def __init__(self, strings: Iterable[str] = ()) -> None:
+        blobs, ends, total = [], [np.zeros(0, np.int64)], 0
+        for part in _chunks(strings):
+            enc = [s.encode() for s in part]
+            lens = np.fromiter(map(len, enc), np.int64, len(enc))
+            ends.append(total + np.cumsum(lens))
+            total = int(ends[-1][-1])
+            blobs.append(b"".join(enc))
+        self._blob = b"".join(blobs)
+        self._ends = np.concatenate(ends)
+
+    @classmethod
+    def _of(cls, blob: bytes, ends: np.ndarray) -> StringColumn:
+        col = cls.__new__(cls)
+        col._blob, col._ends = blob, ends
+        return col
+
+    def __len__(self) -> int:
+        return int(self._ends.size)
+
+    def _at(self, i: int) -> str:
+        start = int(self._ends[i - 1]) if i else 0
+        return self._blob[start : int(self._ends[i])].decode()
+
+    def __iter__(self) -> Iterator[str]:
+        blob, start = self._blob, 0
+        for end in self._ends.tolist():
+            yield blob[start:end].decode()
+            start = end
+
+    def take(self, idx) -> StringColumn:
+        idx = np.asarray(idx, np.int64)
+        starts = np.concatenate([[0], self._ends[:-1]])[idx] if idx.size else idx
+        ends = self._ends[idx]
+        blob = b"".join(
+            self._blob[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+        )
+        return StringColumn._of(blob, np.cumsum(ends - starts).astype(np.int64))
+
+
+class DigestColumn(_Column):
+    """32-character lowercase hex digests as an ``(n, 16)`` uint8 array."""
+
+    __slots__ = ("_raw", "_order")
+
+    def __init__(self, digests: Iterable[str] = ()) -> None:
+        parts = [np.zeros((0, 16), np.uint8)]
+        done = 0
+        for part in _chunks(digests):
+            text = "".join(part)
+            try:
+                raw = bytes.fromhex(text)
+            except ValueError:
+                raw = b""
+            if raw.hex() != text or any(len(s) != 32 for s in part):  # lowercase hex, 32 each
+                bad = next((s for s in part if not _is_digest(s)), part[0])
+                raise ConfigError(f"key {done + part.index(bad)} ({bad!r}) is not a hex digest")
+            parts.append(np.frombuffer(raw, np.uint8).reshape(-1, 16))
+            done += len(part)
+        self._raw = np.concatenate(parts)
+        self._order: tuple[np.ndarray, np.ndarray] | None = None  # for ``positions``
+
+    def __len__(self) -> int:
+        return int(self._raw.shape[0])
+
+    def _at(self, i: int) -> str:
+        return self._raw[i].tobytes().hex()
+
+    def __iter__(self) -> Iterator[str]:
+        raw = self._raw.tobytes()
+        for lo in range(0, len(raw), 16):
+            yield raw[lo : lo + 16].hex()
+
+    def take(self, idx) -> DigestColumn:
+        col = DigestColumn.__new__(DigestColumn)
+        col._raw, col._order = self._raw[np.asarray(idx, np.int64)], None
+        return col
+
+    def positions(self, strings: Iterable[str]) -> np.ndarray:
+        """As ``_Column.positions``, by binary search in the digests sorted once (24 B
+        per id, not a dict of strings)."""
+        strings = list(strings)
+        ok = np.fromiter(map(_is_digest, strings), bool, len(strings))
+        out = np.full(len(strings), -1, np.int64)
+        if not ok.any() or not len(self):
+            return out
+        hexes = "".join(s for s, y in zip(strings, ok, strict=True) if y)
+        query = np.frombuffer(bytes.fromhex(hexes), "S16")
+        if self._order is None:  # S16 of 16 raw bytes each: order and equality hold
+            order = np.argsort(self._raw.view("S16").ravel(), kind="stable")
+            self._order = (order, self._raw.view("S16").ravel()[order])
+        order, ranked = self._order
+        at = np.minimum(np.searchsorted(ranked, query), len(self) - 1)
+        found = ranked[at] == query
+        out[np.flatnonzero(ok)[found]] = order[at[found]]
+        return out
+
+
+def _is_digest(s: str) -> bool:
+    return len(s) == 32 and s == s.lower() and all(c in "0123456789abcdef" for c in s)
+
+
+def key_column(keys: Iterable[str]) -> _Column:
+    """Content keys: packed digests when they are hex digests (the manifest's kind),
+    else text (keys of another kind, e.g. a test's)."""
+    if isinstance(keys, _Column):
+        return keys
+    it = iter(keys)
+    first = next(it, None)
+    if first is None:
+        return DigestColumn()
+    rest = _prepend(first, it)
+    return DigestColumn(rest) if _is_digest(first) else StringColumn(rest)
+
+
+def text_column(strings: Iterable[str]) -> _Column:
+    return strings if isinstance(strings, _Column) else StringColumn(strings)
+
+
+def _prepend(first: str, it: Iterator[str]) -> Iterator[str]:
+    yield first
+    yield from it

@@ -1,0 +1,72 @@
+"""Manifests of millions of samples in numpy columns (issue 12, item 5): the columns hold
+exactly the strings they were given, and a manifest costs a few bytes per id."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset.errors import ConfigError
+from hotset.storage.columns import DigestColumn, StringColumn, key_column
+from hotset.storage.manifest import Manifest
+
+texts = st.lists(st.text(max_size=12), max_size=40)
+digests = st.lists(st.binary(min_size=16, max_size=16).map(bytes.hex), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts, st.data())
+def test_a_string_column_holds_what_it_was_given(strings, data):
+    col = StringColumn(strings)
+    assert len(col) == len(strings) and list(col) == strings and col == strings
+    assert [col[i] for i in range(-len(strings), len(strings))] == strings + strings
+    idx = data.draw(st.lists(st.integers(0, max(0, len(strings) - 1)), max_size=20))
+    if strings:
+        assert list(col.take(idx)) == [strings[i] for i in idx]
+    query = data.draw(st.lists(st.text(max_size=12), max_size=10)) + strings[:5]
+    first = {s: i for i, s in reversed(list(enumerate(strings)))}
+    assert col.positions(query).tolist() == [first.get(s, -1) for s in query]
+
+
+@settings(max_examples=60, deadline=None)
+@given(digests, st.data())
+def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
+    col = key_column(keys)
+    assert isinstance(col, DigestColumn) or not keys
+    assert list(col) == keys and col == keys
+    idx = data.draw(st.lists(st.integers(0, max(0, len(keys) - 1)), max_size=20))
+    if keys:
+        assert list(col.take(idx)) == [keys[i] for i in idx]
+    other = data.draw(digests)
+    query = other + keys + ["not a digest", keys[0].upper() if keys else "x"]
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    assert col.positions(query).tolist() == [first.get(k, -1) for k in query]
+
+
+def test_a_key_that_is_not_a_digest_is_named():
+    good = [f"{i:032x}" for i in range(3)]
+    for bad in ("AB" * 16, "ab" * 15, "ab" * 17, "zz" * 16, " " + "a" * 31):
+        with pytest.raises(ConfigError, match=r"key 2 .* is not a hex digest"):
+            DigestColumn([*good[:2], bad])
+    assert isinstance(key_column(["k1", "k2"]), StringColumn)  # keys of another kind
+
+
+def test_a_manifest_costs_a_few_bytes_per_id_and_survives_json():
+    n = 20_000
+    paths = [f"train/n{i % 1000:08d}/{i:08d}.JPEG" for i in range(n)]
+    keys = [f"{i * 7919:032x}" for i in range(n)]
+    sizes, labels = np.arange(n) + 1000, np.arange(n) % 1000
+    tracemalloc.start()
+    m = Manifest(iter(paths), iter(keys), sizes, labels)
+    kept = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    # 16 B key + 28 B text + 8 B offset + (sizes, labels shared): ~52, the lists ~190
+    assert kept / n < 64
+    back = Manifest.from_json(m.to_json())
+    assert back.paths == paths and back.keys == keys and (back.sizes == sizes).all()
+    sub = m.take(np.array([5, 3]))
+    assert list(sub.paths) == [paths[5], paths[3]] and list(sub.keys) == [keys[5], keys[3]]
