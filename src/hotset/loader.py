@@ -370,6 +370,12 @@ class HotsetLoader:
             **dataloader_kwargs,
         )
 
+    @property
+    def sampler(self) -> HotsetLoader:
+        """This loader, where frameworks look for a DataLoader's sampler to call its
+        ``set_epoch`` (Lightning's fit loop does, each epoch)."""
+        return self
+
     def set_epoch(self, epoch: int) -> None:
         self._epochs_set = True
         self.epoch = int(epoch)
@@ -479,6 +485,11 @@ class HotsetLoader:
             if self.last_ids is None:
                 raise ConfigError("feedback: no batch was served yet; give ids=")
             ids = self.last_ids
+        if len(ids) != len(losses):
+            raise ConfigError(
+                f"feedback: {len(losses)} losses for {len(ids)} ids; pass the trained batch's "
+                "ids (a framework that fetches ahead, as Lightning does, yields later batches)"
+            )
         emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
         self.planner.feedback(
             as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64), emb
