@@ -8,6 +8,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ class WithEmbedding(nn.Module):
 def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
+    system = dict(system)
+    kill = system.pop("kill_at", None)  # (epoch, batch, pid): rank 0 kills that process
     storage = FileStorage(data)
     loader = hotset.make_loader(
         storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=1, seed=0,
@@ -52,6 +55,8 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
         ids_seen, wrong, over, batches = [], 0, 0, 0
         before = loader.counters()
         for x, y, ids in loader:
+            if kill and rank == 0 and (epoch, batches) == tuple(kill[:2]):
+                os.kill(kill[2], signal.SIGKILL)
             wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
             logits, emb = model(x)
             losses = per_sample_loss(logits, y)
@@ -70,6 +75,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "order": hashlib.blake2b(order.tobytes(), digest_size=8).hexdigest(),
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
+            "failures": c["store_failures"] - before["store_failures"],
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
@@ -164,6 +170,23 @@ def test_ranks_pool_a_redis_cluster(fmnist_dir, tmp_path, redis_cluster):
     hits = [sum(ep["hits"] for ep in r["epochs"][1:]) for r in records]
     reads = sum(ep["reads"] for r in records for ep in r["epochs"][1:])
     assert min(hits) > 0 and sum(hits) / reads > 0.15, hits
+
+
+def test_ranks_absorb_a_cluster_master_killed_mid_epoch(fmnist_dir, tmp_path, redis_cluster):
+    """A master of the pooled tier dies in epoch 1 under 2 ranks: no hang, equal batches,
+    each sample once per epoch with the right labels, and the live masters still hit."""
+    data = str(fmnist_dir / "train")
+    victim = redis_cluster.procs[redis_cluster.ports[1]].pid
+    system = {**SYSTEMS["uniform"], "store": redis_cluster.url, "kill_at": (1, 5, victim)}
+    records = run_ranks(2, data, system, tmp_path)
+    n = len(FileStorage(data))
+    for e in range(3):
+        epochs = [r["epochs"][e] for r in records]
+        assert sorted(epochs[0]["ids"] + epochs[1]["ids"]) == list(range(n))
+        assert epochs[0]["batches"] == epochs[1]["batches"]
+        assert all(ep["wrong"] == 0 and ep["corrupt"] == 0 for ep in epochs)
+    assert sum(r["epochs"][1]["failures"] + r["epochs"][2]["failures"] for r in records) > 0
+    assert all(r["epochs"][2]["hits"] > 0 for r in records)  # two masters of three still up
 
 
 def test_the_readme_torchrun_example_runs(fmnist_dir):

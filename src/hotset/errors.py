@@ -45,6 +45,10 @@ class ServiceUnavailable(ServiceError):
     """The hotset service did not answer in time (it is down, or the address is wrong)."""
 
 
+class StoreUnavailable(HotsetError):
+    """The cache store cannot answer now: what it holds is unknown (not empty)."""
+
+
 class MissingSampleError(SampleError):
     """The sample's file does not exist in the storage."""
 

@@ -12,13 +12,18 @@ entry); the counter keeps a stray writer from overfilling the cluster.
 Slot moves (MOVED/ASK) are followed by the client; a master that is down, a cluster
 that is not ok, or any other Redis error is absorbed like ``RedisStore``'s outages:
 ``failures`` counted, absent reads, nothing stored, no request for ``retry_after_s``.
+Reads go to each master on their own: a master that is down costs only its keys (not
+asked again for ``retry_after_s``), the others still hit. Run a cache cluster with
+``cluster-require-full-coverage no``, else every master refuses once one is down.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 
+from hotset.errors import StoreUnavailable
 from hotset.store.redis_store import RedisStore
 
 SCHEME = "redis+cluster://"
@@ -32,6 +37,7 @@ class RedisClusterStore(RedisStore):
         super().__init__(capacity_bytes, url=url, namespace=namespace, **options)
         self._prefix = f"hotset:{namespace}:"  # no hash tag: keys spread over all slots
         self._used_key = f"hotset:{{{namespace}}}:__used_bytes__"
+        self._node_down: dict[str, float] = {}  # master -> not asked again until
 
     def _outages(self, redis) -> tuple[type[Exception], ...]:
         # a master down, the cluster not ok, slots moving: the loader reads from storage
@@ -52,28 +58,51 @@ class RedisClusterStore(RedisStore):
             self._pid = os.getpid()
         return self._client
 
+    def _per_master(self, r, keys: Sequence[str], fn) -> None:
+        """``fn(positions)`` for the positions of ``keys`` on each master in turn; a
+        master that fails (or failed less than ``retry_after_s`` ago) is skipped, counted."""
+        import redis
+
+        by_node: dict[str, list[int]] = {}
+        for pos, key in enumerate(keys):  # the client's slot map: no request
+            by_node.setdefault(r.get_node_from_key(self._k(key)).name, []).append(pos)
+        for node, where in by_node.items():
+            if time.monotonic() < self._node_down.get(node, 0.0):
+                self.failures += 1
+                continue
+            try:
+                fn(where)
+            except self._outages(redis):
+                self.failures += 1
+                self._node_down[node] = time.monotonic() + self.retry_after_s
+
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        if not keys:
-            return []
-        return self._call(
-            lambda r: r.mget_nonatomic([self._k(k) for k in keys]), [None] * len(keys)
-        )
+        out: list[bytes | None] = [None] * len(keys)
+
+        def read(r, where):
+            values = r.mget_nonatomic([self._k(keys[p]) for p in where])
+            for p, value in zip(where, values, strict=True):
+                out[p] = value
+
+        if keys:
+            self._call(lambda r: self._per_master(r, keys, lambda where: read(r, where)), None)
+        return out
 
     def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
-        if not items:
-            return 0, []
         names = list(items)
+        stored, refused = [0], list(names)  # refused until a master takes them
 
-        def put(r):
+        def put(r, where):
+            mine = [names[p] for p in where]
             pipe = r.pipeline()
-            for name in names:
+            for name in mine:
                 pipe.exists(self._k(name))
-            new = [n for n, there in zip(names, pipe.execute(), strict=True) if not there]
+            new = [n for n, there in zip(mine, pipe.execute(), strict=True) if not there]
             pipe = r.pipeline()
             for name in new:  # reserve each new entry's bytes in turn
                 pipe.incrby(self._used_key, len(items[name]))
             fits = [total <= self.capacity_bytes for total in pipe.execute()]
-            refused = [n for n, ok in zip(new, fits, strict=True) if not ok]
+            over = [n for n, ok in zip(new, fits, strict=True) if not ok]
             pipe = r.pipeline()
             for name in (n for n, ok in zip(new, fits, strict=True) if ok):
                 pipe.set(self._k(name), items[name], nx=True)
@@ -82,10 +111,14 @@ class RedisClusterStore(RedisStore):
             unused = [n for n, ok in zip(new, fits, strict=True) if not ok or not next(written)]
             if unused:
                 r.decrby(self._used_key, sum(len(items[n]) for n in unused))
-            self.refused += len(refused)
-            return len(new) - len(unused), refused
+            self.refused += len(over)
+            stored[0] += len(new) - len(unused)
+            taken = set(mine) - set(over)
+            refused[:] = [n for n in refused if n not in taken]
 
-        return self._call(put, (0, names))
+        if names:
+            self._call(lambda r: self._per_master(r, names, lambda where: put(r, where)), None)
+        return stored[0], refused
 
     def delete_many(self, keys: Sequence[str]) -> None:
         if not keys:
@@ -104,4 +137,20 @@ class RedisClusterStore(RedisStore):
         self._call(delete, None)
 
     def _data_keys(self, r, prefix: str = "") -> list[bytes]:
-        return list(r.scan_iter(match=self._prefix + prefix + "*", count=1000))
+        """The keys of every master that answers: a master that is down holds nothing
+        the cache can use (its entries are forgotten); none answering is unknown."""
+        import redis
+
+        keys, answered = [], 0
+        for node in r.get_primaries():
+            try:
+                keys += r.scan_iter(
+                    match=self._prefix + prefix + "*", count=1000, target_nodes=node
+                )
+                answered += 1
+            except self._outages(redis):
+                self.failures += 1
+                self._node_down[node.name] = time.monotonic() + self.retry_after_s
+        if not answered:
+            raise StoreUnavailable(f"no master of redis cluster {self.url} answers")
+        return keys

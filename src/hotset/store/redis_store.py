@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, StoreUnavailable
 from hotset.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class RedisStore(Store):
             return fallback
         try:
             return fn(self._redis())
-        except self._outages(redis) as exc:
+        except (*self._outages(redis), StoreUnavailable) as exc:
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_after_s
             log.debug("redis store %s unavailable: %s", self.url, exc)
@@ -145,7 +145,10 @@ class RedisStore(Store):
 
     def list_keys(self, prefix: str = "") -> list[str]:
         n = len(self._prefix)
-        return self._call(lambda r: [k.decode()[n:] for k in self._data_keys(r, prefix)], [])
+        keys = self._call(lambda r: [k.decode()[n:] for k in self._data_keys(r, prefix)], None)
+        if keys is None:  # unknown, not empty: a planner must not forget what it holds
+            raise StoreUnavailable(f"redis store {self.url} is unavailable: cannot list it")
+        return keys
 
     def reconcile(self) -> int:
         def recount(r):
