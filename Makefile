@@ -46,6 +46,7 @@ test: install system-deps
 
 bench: install
 	$(PY) benchmarks/control_plane.py
+	$(PY) benchmarks/plan_scale.py
 	$(PY) benchmarks/store_latency.py
 	$(PY) benchmarks/loader_throughput.py
 	$(PY) benchmarks/dsa_tree.py

@@ -246,8 +246,9 @@ def test_package_size_adapts_to_a_small_cache_and_an_empty_region_is_warned(capl
 )
 @settings(max_examples=60, deadline=None)
 def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(seed, n, l_count, cached):
-    """Packages are drawn, not listed (issue 12: no scan of all ids per package), yet when
-    L-samples are rare or nearly all cached the draw still finds every one that is left."""
+    """Packages walk an order of the L-samples drawn once per H-list (issue 12: no scan
+    of all ids per package), yet when L-samples are rare or nearly all cached the walk
+    still finds every one that is left."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 50, n)
     pol = make_policy("icache", int(sizes.sum()), sizes=sizes, seed=seed, h_share=0.5)

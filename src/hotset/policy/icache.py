@@ -68,6 +68,9 @@ class ICachePolicy(Policy):
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
+        # the L-samples in a random order, and how far packages took them (``_pool_ids``)
+        self._pool = np.zeros(0, np.int32 if self.num_samples < 2**31 else np.int64)
+        self._cursor, self._wrapped = 0, False
         self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
         self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
         self._h: dict[int, None] = {}  # H-cache residents
@@ -211,6 +214,9 @@ class ICachePolicy(Policy):
         self._served = set()
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
+        order = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
+        self._pool = order.permutation(np.flatnonzero(~hot).astype(self._pool.dtype))
+        self._cursor, self._wrapped = 0, False
         self._queue = {i: None for i in self._queue if not hot[i]}
 
     def rebuild_step(self, budget: int) -> None:
@@ -366,7 +372,7 @@ class ICachePolicy(Policy):
         if nbytes < limit:
             rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
             pools = [] if prefer is None else [rng.permutation(np.asarray(prefer, np.int64))]
-            pools.append(self._random_l(rng))
+            pools.append(self._pool_ids())
             for pool in pools:
                 for i in pool:
                     if nbytes >= limit:
@@ -380,18 +386,19 @@ class ICachePolicy(Policy):
                         skip.add(i)
         return np.array(out, np.int64)
 
-    def _random_l(self, rng: np.random.Generator):
-        """L-samples in random order, drawn (with repeats) rather than listed: a package
-        costs what it holds, not a scan of all ids. After as many draws as there are ids
-        (L-samples are rare, or nearly all taken) the rest come from one full scan."""
-        n, drawn = self.num_samples, 0
-        while drawn < n:
-            k = min(n - drawn, 1024)
-            drawn += k
-            for i in rng.integers(0, n, k).tolist():
-                if not self._hot[i]:
-                    yield i
-        yield from rng.permutation(np.flatnonzero(~self.is_h)).tolist()
+    def _pool_ids(self):
+        """The H-list's L-samples in a random order drawn once per H-list, from where the
+        last package stopped: a package costs what it looks at, not a scan of all ids.
+        The order is walked at most twice per H-list (the second time for L-samples that
+        were cached, and have left, the first time)."""
+        pool = self._pool
+        while pool.size:
+            if self._cursor >= pool.size:
+                if self._wrapped:
+                    return
+                self._wrapped, self._cursor = True, 0
+            self._cursor += 1
+            yield int(pool[self._cursor - 1])
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete

@@ -13,7 +13,7 @@ Both are read-only sequences of ``str``: ``column[i]``, ``len``, iteration, ``ta
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 
 import numpy as np
 
@@ -40,11 +40,8 @@ class _Column(Sequence[str]):
     def positions(self, strings: Iterable[str]) -> np.ndarray:
         """The position of each of ``strings`` in the column (the first, if repeated);
         -1 for one that is absent."""
-        index = self._index()
+        index = {s: i for i, s in reversed(list(enumerate(self)))}
         return np.fromiter((index.get(s, -1) for s in strings), np.int64)
-
-    def _index(self) -> dict[str, int]:
-        return {s: i for i, s in reversed(list(enumerate(self)))}
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -185,14 +182,10 @@ def key_column(keys: Iterable[str]) -> _Column:
     first = next(it, None)
     if first is None:
         return DigestColumn()
-    rest = _prepend(first, it)
+    rest = chain([first], it)
     return DigestColumn(rest) if _is_digest(first) else StringColumn(rest)
 
 
 def text_column(strings: Iterable[str]) -> _Column:
     return strings if isinstance(strings, _Column) else StringColumn(strings)
 
-
-def _prepend(first: str, it: Iterator[str]) -> Iterator[str]:
-    yield first
-    yield from it
