@@ -41,6 +41,11 @@ CLASSES = 1000
 DIM = 16
 
 
+def traced() -> int:
+    """Bytes traced now, while the control plane is alive (0 when not tracing)."""
+    return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+
+
 def make_manifest(n: int):
     """A manifest of ``n`` samples as ``hotset prepare`` writes one (keys, paths, sizes,
     labels), built straight into its columns."""
@@ -120,6 +125,7 @@ def run_planner(system: str, manifest, batches: int, batch_size: int) -> dict:
         "planned": planned,
         "busy_s": busy,
         "package_ms": package_ms,
+        "held": traced(),  # while the control plane is alive
     }
 
 
@@ -145,6 +151,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int) -> dict:
         "planned": planned,
         "busy_s": busy,
         "package_ms": float("nan"),
+        "held": traced(),
     }
 
 
@@ -161,10 +168,10 @@ def one(system: str, n: int, batches: int, batch_size: int, memory: bool) -> dic
     run = run_service if system in SERVICE_SYSTEMS else run_planner
     r = run(SERVICE_SYSTEMS.get(system, system), manifest, batches, batch_size)
     if memory:
-        now, top = tracemalloc.get_traced_memory()
+        top = tracemalloc.get_traced_memory()[1]
         return {
             "manifest_B_per_id": manifest_bytes / n,
-            "state_B_per_id": (now - manifest_bytes) / n,
+            "state_B_per_id": (r["held"] - manifest_bytes) / n,
             "peak_B_per_id": (top - manifest_bytes) / n,
         }
     us = 1e6 * r["busy_s"] / max(1, r["planned"])

@@ -133,17 +133,15 @@ class ICachePolicy(Policy):
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), until
         ``need`` more bytes fit the L-cache; returns them."""
-        out, freed, sizes = [], 0, self._sizes
+        out = []
         for used_first in (True, False):
-            for i, used in self._l.items():  # in order, stopping once there is room
-                if self.l_used - freed + need <= self.l_capacity:
-                    break
+            for i, used in list(self._l.items()):
+                if self.l_used + need <= self.l_capacity:
+                    return out
                 if used == used_first and not self.pinned[i]:
+                    del self._l[i]
+                    self.l_used -= self._sizes[i]
                     out.append(i)
-                    freed += sizes[i]
-        for i in out:
-            del self._l[i]
-        self.l_used -= freed
         return out
 
     @property

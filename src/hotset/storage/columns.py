@@ -188,4 +188,3 @@ def key_column(keys: Iterable[str]) -> _Column:
 
 def text_column(strings: Iterable[str]) -> _Column:
     return strings if isinstance(strings, _Column) else StringColumn(strings)
-
