@@ -4,7 +4,7 @@
 
 Each rank draws the same global list (every rank's losses are shared), serves its shard
 with the same batch count, and all ranks pool one cache: ``--store shared`` on one node,
-``--store redis+cluster://host:port`` across nodes.
+``--store shared+redis+cluster://host:port`` across nodes (node copies in front of a Redis Cluster).
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
     torch.manual_seed(0)
     system = dict(system)
     kill = system.pop("kill_at", None)  # (epoch, batch, pid): rank 0 kills that process
+    if system.pop("rank_per_node", False):  # as torchrun tells each node's agent
+        os.environ["GROUP_RANK"] = str(rank)
     storage = FileStorage(data)
     loader = hotset.make_loader(
         storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=1, seed=0,
@@ -69,6 +71,13 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             over += int(loader.dataset.store.used_bytes > capacity)
         c = loader.counters()
         order = loader.planner._order
+        tiers = getattr(loader.dataset.store.inner, "local", None)
+        if tiers is not None:  # node-local copies: the node's own LMDB, within the plan
+            pooled = set(loader.dataset.store.inner.inner.list_keys())
+            copies = set(tiers.list_keys())
+            record.setdefault("local", []).append(
+                {"path": tiers.path, "copies": len(copies), "stray": len(copies - pooled)}
+            )
         record["epochs"].append({
             "ids": ids_seen, "batches": batches, "len": announced, "wrong": wrong,
             "over_budget": over,
@@ -187,6 +196,25 @@ def test_ranks_absorb_a_cluster_master_killed_mid_epoch(fmnist_dir, tmp_path, re
         assert all(ep["wrong"] == 0 and ep["corrupt"] == 0 for ep in epochs)
     assert sum(r["epochs"][1]["failures"] + r["epochs"][2]["failures"] for r in records) > 0
     assert all(r["epochs"][2]["hits"] > 0 for r in records)  # two masters of three still up
+
+
+def test_two_nodes_keep_local_copies_over_a_pooled_cluster(fmnist_dir, tmp_path, redis_cluster):
+    """Two ranks on two nodes (torchrun's node rank): each node makes its own LMDB of
+    copies, the pooled Redis Cluster holds the plan's entries under its budget, both
+    ranks hit, and after each epoch a node's copies are all still in the plan."""
+    data = str(fmnist_dir / "train")
+    system = {**SYSTEMS["uniform"], "store": "shared+" + redis_cluster.url, "rank_per_node": True}
+    records = run_ranks(2, data, system, tmp_path)
+    n = len(FileStorage(data))
+    for e in range(3):
+        epochs = [r["epochs"][e] for r in records]
+        assert sorted(epochs[0]["ids"] + epochs[1]["ids"]) == list(range(n))
+        assert all(ep["wrong"] == 0 and ep["over_budget"] == 0 for ep in epochs)
+    assert records[0]["local"][0]["path"] != records[1]["local"][0]["path"]  # one per node
+    assert all(tier["stray"] == 0 for r in records for tier in r["local"])
+    assert all(r["local"][-1]["copies"] > 0 for r in records)
+    hits = sum(ep["hits"] for r in records for ep in r["epochs"][1:])
+    assert abs(hits / (2 * n) - CAPACITY_FRACTION) < 0.02  # MinIO at C over both nodes
 
 
 def test_the_readme_torchrun_example_runs(fmnist_dir):

@@ -4,11 +4,13 @@ mid-epoch is absorbed (the epoch finishes from storage, each sample once)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import hotset
 from hotset.storage import FileStorage
-from hotset.store import RedisClusterStore, make_store
+from hotset.store import RedisClusterStore, TieredStore, make_store
 
 
 def test_entries_spread_over_every_master_and_the_budget_holds(redis_cluster):
@@ -49,3 +51,25 @@ def test_a_master_killed_mid_epoch_is_absorbed(redis_cluster, fmnist_dir):
     # the two live masters still serve their keys: about 2/3 of the 50% the plan holds
     after, reads = c["hits"] - before, len(storage) - 4 * 50
     assert after / reads > 0.5 * 2 / 3 * 0.8
+
+
+def test_node_copies_in_front_of_the_cluster(redis_cluster):
+    """``shared+redis+cluster://``: what the pooled tier takes is copied to the node's
+    LMDB and read from there; the pooled budget decides (a refused entry is not copied);
+    trimming drops copies the pooled tier no longer holds."""
+    store = make_store("shared+" + redis_cluster.url, 1_000)
+    assert isinstance(store, TieredStore) and store.shared_across_processes
+    items = {f"k{i}": bytes([i]) * 100 for i in range(12)}
+    stored, refused = store.put(items)
+    assert stored == 10 and len(refused) == 2  # the pooled budget: 1,000 bytes
+    assert sorted(store.local.list_keys()) == sorted(set(items) - set(refused))
+    store.inner.delete_many(["k0"])  # the plan evicted it (through another node)
+    assert store.get_many(["k0", "k1"]) == [items["k0"], items["k1"]]  # both from the node
+    assert store.local_hits == 2
+    assert store.trim_copies() == 1  # k0 left the pooled tier: its copy goes
+    assert store.get_many(["k0"]) == [None]
+    store.local.delete_many(["k2"])  # a node that never read k2 ...
+    assert store.get_many(["k2"]) == [items["k2"]] and store.local.contains("k2")  # copies it
+    path = store.local.path
+    store.close(destroy=True)
+    assert not os.path.exists(path) and len(make_store(redis_cluster.url, 1_000)) == 0

@@ -20,6 +20,7 @@ group of hotset's own, never interleaved with the model's (NCCL) ones.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -63,7 +64,13 @@ class RankGroup:
 
     def hosts(self) -> int:
         """How many machines the ranks run on (a collective)."""
-        return len(set(self.all_gather(socket.gethostname())))
+        return len(set(self.all_gather(node_name())))
+
+
+def node_name() -> str:
+    """This process's machine: the host name, and torchrun's node rank where it is set
+    (two agents on one host are two nodes to it)."""
+    return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '')}"
 
 
 def detect_ranks(distributed: bool | None = None) -> RankGroup | None:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from hotset.codecs import decode_sample, to_tensor
-from hotset.distributed import RankGroup, detect_ranks
+from hotset.distributed import RankGroup, detect_ranks, node_name
 from hotset.errors import (
     ConfigError,
     CorruptSampleError,
@@ -42,6 +42,8 @@ from hotset.storage.manifest import content_key
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
 from hotset.store.shared import SharedStore
+from hotset.store.tiered import PREFIX as TIERED
+from hotset.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
 
@@ -457,6 +459,7 @@ class HotsetLoader:
         if held is None:
             return
         extra = self.planner.sync_with_store(held)
+        self.dataset.store.trim_copies()  # each node drops copies the plan let go
         if ranks is not None and ranks.rank != 0:
             return
         if extra.size:
@@ -694,14 +697,24 @@ def _deterministic(sampler: str, policy: str, sampler_options, policy_options):
 def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> tuple[Store, bool]:
     """The store ``spec`` names, and whether this loader removes it at ``close``. With
     ranks, rank 0 makes it and the others open the same one: ``shared`` only on one node,
-    ``memory`` never."""
+    ``memory`` never; ``shared+`` a pooled URL: every rank opens the pooled tier, the
+    first rank on each node makes the node's LMDB of copies and its other ranks open it."""
     if ranks is None:
         return make_store(spec, capacity), True
+    if spec.startswith(TIERED):
+        nodes = ranks.all_gather(node_name())
+        first = nodes.index(nodes[ranks.rank])  # the node's first rank makes its LMDB
+        local = SharedStore(capacity) if first == ranks.rank else None
+        paths = ranks.all_gather(local.path if local else None)
+        local = local or SharedStore(capacity, path=paths[first])
+        pooled = make_store(spec[len(TIERED) :], capacity)
+        return TieredStore(local, pooled, first == ranks.rank, ranks.rank == 0), True
     hosts = ranks.hosts()
     if spec == "memory" or (spec.startswith("shared") and hosts > 1):
         raise ConfigError(
             f"store={spec!r} cannot be shared by {ranks.world} ranks on {hosts} "
-            "host(s): use 'shared' on one node, or a redis:// URL"
+            "host(s): use 'shared' on one node, or a redis:// or redis+cluster:// URL "
+            "('shared+' before it for node-local copies in front)"
         )
     store = make_store(spec, capacity) if ranks.rank == 0 else None
     where = ranks.broadcast(store.path if isinstance(store, SharedStore) else None)

@@ -10,6 +10,8 @@ from hotset.store.redis_cluster import SCHEME, RedisClusterStore
 from hotset.store.redis_store import RedisStore
 from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
+from hotset.store.tiered import PREFIX as TIERED
+from hotset.store.tiered import TieredStore
 
 STORE_KINDS = (
     "memory",
@@ -18,12 +20,17 @@ STORE_KINDS = (
     "redis://host:port/db",
     "redis+cluster://host:port",
     "unix:///sock",
+    "shared+redis+cluster://host:port",
 )
 
 
 def make_store(spec: str, capacity_bytes: int, **options) -> Store:
     """A store from a short spec: ``memory``, ``shared`` (a fresh LMDB dir in /dev/shm),
-    ``shared:///dev/shm/name`` (a named one several processes open), or a Redis URL."""
+    ``shared:///dev/shm/name`` (a named one several processes open), a Redis URL, or
+    ``shared+`` and a Redis URL (node-local copies in front of it: ``tiered.py``)."""
+    if spec.startswith(TIERED):
+        pooled = make_store(spec[len(TIERED) :], capacity_bytes, **options)
+        return TieredStore(SharedStore(capacity_bytes), pooled)
     if spec == "memory":
         return MemoryStore(capacity_bytes)
     if spec == "shared":
@@ -44,5 +51,6 @@ __all__ = [
     "SealedStore",
     "SharedStore",
     "Store",
+    "TieredStore",
     "make_store",
 ]

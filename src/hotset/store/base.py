@@ -76,6 +76,11 @@ class Store(ABC):
         some behind the budget counter's back); returns the corrected ``used_bytes``."""
         return self.used_bytes
 
+    def trim_copies(self) -> int:
+        """Drop copies of entries the planned tier no longer holds (a tiered store's
+        node-local copies, at an epoch boundary); returns how many."""
+        return 0
+
     def close(self, destroy: bool = False) -> None:  # noqa: B027 - optional hook
         """Release handles; ``destroy=True`` also removes the backing data."""
 
@@ -120,6 +125,9 @@ class StoreWrapper(Store):
 
     def reconcile(self) -> int:
         return self.inner.reconcile()
+
+    def trim_copies(self) -> int:
+        return self.inner.trim_copies()
 
     def close(self, destroy: bool = False) -> None:
         self.inner.close(destroy=destroy)

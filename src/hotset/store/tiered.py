@@ -1,0 +1,86 @@
+"""Two tiers for jobs across nodes: a node-local LMDB of copies in front of the pooled tier
+(a Redis Cluster, or one Redis server) that the plan decides.
+
+The pooled tier is the plan's: every admission lands there under its global budget, its
+listing and counters are this store's, and a rank on any node reads what another put.
+The local tier holds copies of pooled entries this node read or wrote, up to its own
+budget, so a node's repeated reads skip the network. Keys are content digests, so a copy
+is never wrong bytes; a copy of an entry the plan has since evicted is dropped when the
+node trims its copies to the pooled listing at each epoch boundary (``trim_copies``), and
+a full local tier only stops copying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hotset.errors import StoreUnavailable
+from hotset.store.base import Store, StoreWrapper
+
+PREFIX = "shared+"  # shared+redis+cluster://host:port, shared+redis://host:port
+
+
+class TieredStore(StoreWrapper):
+    """``pooled`` (the planned tier) with ``local`` copies in front. ``owns_local`` /
+    ``owns_pooled``: which tiers ``close(destroy=True)`` removes (a node's LMDB is its
+    maker's; the pooled tier the job's first rank's)."""
+
+    def __init__(
+        self, local: Store, pooled: Store, owns_local: bool = True, owns_pooled: bool = True
+    ) -> None:
+        super().__init__(pooled)
+        self.local = local
+        self.owns_local, self.owns_pooled = owns_local, owns_pooled
+        self.shared_across_processes = (
+            local.shared_across_processes and pooled.shared_across_processes
+        )
+        self.local_hits = 0  # reads the local tier served (this process)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        got = self.local.get_many(keys)
+        far = [k for k, v in zip(keys, got, strict=True) if v is None]
+        self.local_hits += len(keys) - len(far)
+        if not far:
+            return got
+        fetched = iter(self.inner.get_many(far))
+        got = [v if v is not None else next(fetched) for v in got]
+        copies = {k: v for k, v in zip(keys, got, strict=True) if v is not None and k in far}
+        if copies:
+            self.local.put(copies)
+        return got
+
+    def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
+        stored, refused = self.inner.put(items)
+        lost = set(refused)
+        self.local.put({k: v for k, v in items.items() if k not in lost})
+        return stored, refused
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)
+        self.local.delete_many(keys)
+
+    def contains(self, key: str) -> bool:
+        return self.inner.contains(key)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self.local.clear()
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        return self.inner.list_keys(prefix)
+
+    def trim_copies(self) -> int:
+        try:
+            keep = set(self.inner.list_keys())
+        except StoreUnavailable:
+            return 0  # the pooled tier's contents are unknown: keep the copies
+        drop = [k for k in self.local.list_keys() if k not in keep]
+        self.local.delete_many(drop)
+        return len(drop)
+
+    def close(self, destroy: bool = False) -> None:
+        self.inner.close(destroy=destroy and self.owns_pooled)
+        self.local.close(destroy=destroy and self.owns_local)
