@@ -12,6 +12,7 @@ Both are read-only sequences of ``str``: ``column[i]``, ``len``, iteration, ``ta
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
 
@@ -29,13 +30,18 @@ def _chunks(strings: Iterable[str]) -> Iterator[list[str]]:
 
 
 class _Column(Sequence[str]):
+    """What both columns share; a subclass stores the strings (``_at``, ``take``,
+    ``__len__``)."""
+
     __slots__ = ()
 
+    @abstractmethod
     def _at(self, i: int) -> str:
-        raise NotImplementedError
+        """The string at ``0 <= i < len(self)``."""
 
+    @abstractmethod
     def take(self, idx) -> _Column:
-        raise NotImplementedError
+        """The strings at ``idx``, in that order, as a column of the same kind."""
 
     def positions(self, strings: Iterable[str]) -> np.ndarray:
         """The position of each of ``strings`` in the column (the first, if repeated);

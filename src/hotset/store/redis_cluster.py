@@ -90,7 +90,7 @@ class RedisClusterStore(RedisStore):
 
     def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
         names = list(items)
-        stored, refused = [0], list(names)  # refused until a master takes them
+        stored, taken = [0], set()  # the rest are refused: over budget, or a master down
 
         def put(r, where):
             mine = [names[p] for p in where]
@@ -113,12 +113,11 @@ class RedisClusterStore(RedisStore):
                 r.decrby(self._used_key, sum(len(items[n]) for n in unused))
             self.refused += len(over)
             stored[0] += len(new) - len(unused)
-            taken = set(mine) - set(over)
-            refused[:] = [n for n in refused if n not in taken]
+            taken.update(set(mine) - set(over))
 
         if names:
             self._call(lambda r: self._per_master(r, names, lambda where: put(r, where)), None)
-        return stored[0], refused
+        return stored[0], [n for n in names if n not in taken]
 
     def delete_many(self, keys: Sequence[str]) -> None:
         if not keys:

@@ -42,12 +42,11 @@ class TieredStore(StoreWrapper):
         self.local_hits += len(keys) - len(far)
         if not far:
             return got
-        fetched = iter(self.inner.get_many(far))
-        got = [v if v is not None else next(fetched) for v in got]
-        copies = {k: v for k, v in zip(keys, got, strict=True) if v is not None and k in far}
+        fetched = dict(zip(far, self.inner.get_many(far), strict=True))
+        copies = {k: v for k, v in fetched.items() if v is not None}
         if copies:
             self.local.put(copies)
-        return got
+        return [fetched[k] if v is None else v for k, v in zip(keys, got, strict=True)]
 
     def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
         stored, refused = self.inner.put(items)
