@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from hotset import ConfigError, MemoryStore, SharedStore, make_loader
 from hotset.errors import CorruptSampleError, SkipLimitError
 from hotset.loader import dataset_namespace
+from hotset.packages import write_package
 from hotset.storage import FileStorage
 from hotset.store import RedisStore
 from hotset.store.base import NamespacedStore
@@ -49,6 +51,16 @@ def read_epoch(loader, epoch: int) -> None:
 
 def store_ids(loader) -> set[int]:
     return set(loader.dataset.ids_of(loader.dataset.store.list_keys()).tolist())
+
+
+def package_file(loader, ids, directory) -> tuple[str, int]:
+    """A package file of ``ids`` (beside the packaging thread's own), and its size."""
+    storage = loader.dataset.storage
+    path = directory / f"staged-{len(list(directory.iterdir()))}.bin"
+    entries = zip(
+        ids.tolist(), storage.keys.take(ids), storage.read_many(ids.tolist()), strict=True
+    )
+    return str(path), write_package(path, list(entries))
 
 
 def run_system(storage, name, num_workers, fraction, batch_size, epochs=3, **kw):
@@ -101,6 +113,99 @@ def test_residents_equal_the_store_after_every_epoch(
     share = 0.02 if name == "shade" else 0.005
     assert steady["late_misses"] <= share * (steady["hits"] + steady["late_misses"]) + 1
     assert c["corrupt_hits"] == 0
+
+
+def test_a_package_loaded_while_the_store_is_listed_is_neither_forgotten_nor_deleted(
+    fmnist_dir, tmp_path
+):
+    """iCACHE's loading thread puts a package while the epoch's end lists the store: the
+    reconcile must not forget what it put (the store would keep entries the plan does not
+    hold) nor delete it. The load is started from inside the listing and given 1 s."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    system = resolve_system("icache")
+    loader = make_loader(
+        storage, batch_size=50, policy=system.policy, sampler=system.sampler,
+        sampler_options=dict(system.sampler_options), cache_fraction=0.5, store="memory",
+        num_workers=0, seed=1,
+    )  # fmt: skip
+    planner, store = loader.planner, loader.dataset.store
+    try:
+        for epoch in range(2):  # an H-list, and L-samples left to package
+            loader.set_epoch(epoch)
+            for _, y, ids in loader:
+                synthetic_feedback(loader, ids, y, epoch)
+        listed = store.list_keys
+        loads: list[threading.Thread] = []
+        packaged: list[np.ndarray] = []
+
+        def load_a_package() -> None:
+            with planner.lock:
+                ids = planner.policy.l_next_package()
+            packaged.append(ids)
+            planner.feeder._load(*package_file(loader, ids, tmp_path), ids)
+
+        def listing_during_a_load():
+            keys = listed()
+            loads.append(threading.Thread(target=load_a_package))
+            loads[-1].start()
+            loads[-1].join(1.0)
+            return keys
+
+        store.list_keys = listing_during_a_load
+        loader.sync_with_store()
+        store.list_keys = listed
+        loads[0].join()
+        assert packaged[0].size > 0
+        with planner.lock:
+            assert set(planner.policy.cached_ids().tolist()) == store_ids(loader)
+            assert set(packaged[0].tolist()) <= store_ids(loader)
+        assert loader.counters()["sync_fixes"] == 0
+    finally:
+        loader.close()
+
+
+def test_a_package_never_puts_what_a_plan_in_flight_deletes(fmnist_dir, tmp_path):
+    """A plan evicts an id (its worker deletes it), and before the worker runs, iCACHE's
+    loading thread packages that id (an L-sample now): the package must leave it out, or
+    the worker deletes what the plan then counts as cached. The package is loaded from
+    inside the worker's delete, each time the deleted ids include L-samples."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    system = resolve_system("icache")
+    loader = make_loader(
+        storage, batch_size=16, policy=system.policy, sampler=system.sampler,
+        sampler_options=dict(system.sampler_options), cache_fraction=0.5, store="memory",
+        num_workers=0, seed=1,
+    )  # fmt: skip
+    planner, store, main = loader.planner, loader.dataset.store, threading.current_thread()
+    policy, deleting = planner.policy, store.delete_many
+    raced = []
+
+    def delete_after_a_package(keys):
+        if threading.current_thread() is main:  # a worker's delete, not the package's own
+            with planner.lock:
+                ids = loader.dataset.ids_of(keys)
+                ids = ids[~policy.is_h[ids] & ~np.isin(ids, policy.cached_ids())]
+            if ids.size:
+                raced.append(ids)
+                staged = package_file(loader, ids, tmp_path)
+                load = threading.Thread(target=planner.feeder._load, args=(*staged, ids))
+                load.start()
+                load.join()
+        return deleting(keys)
+
+    store.delete_many = delete_after_a_package
+    try:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _, y, ids in loader:
+                synthetic_feedback(loader, ids, y, epoch)
+            with planner.lock:
+                assert set(policy.cached_ids().tolist()) == store_ids(loader)
+        assert raced  # the race was staged
+        c = loader.counters()
+        assert c["sync_fixes"] == 0 and c["phantoms"] == 0
+    finally:
+        loader.close()
 
 
 def test_duplicate_ids_in_a_batch_are_read_once_and_admitted(fmnist_dir):

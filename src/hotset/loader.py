@@ -448,24 +448,31 @@ class HotsetLoader:
         ranks = getattr(self.planner, "ranks", None)
         if ranks is not None:
             ranks.barrier()  # every rank's writes of the epoch have landed
-        held = None
-        if ranks is None or ranks.rank == 0:
-            try:
-                held = self.dataset.ids_of(self.dataset.store.list_keys())
-            except HotsetError as exc:
-                log.debug("cannot reconcile with the store: %s", exc)
-        if ranks is not None:
-            held = ranks.broadcast(held)
-        if held is None:
-            return
-        extra = self.planner.sync_with_store(held)
+        # the listing and the reconcile under the planner's lock: a package the feeder
+        # loads between them would be in the policy but not in the listing (and forgotten
+        # while the store keeps it), or an entry found extra would be loaded and deleted
+        with self.planner.lock:
+            held = None
+            if ranks is None or ranks.rank == 0:
+                try:
+                    held = self.dataset.ids_of(self.dataset.store.list_keys())
+                except HotsetError as exc:
+                    log.debug("cannot reconcile with the store: %s", exc)
+            if ranks is not None:
+                held = ranks.broadcast(held)
+            if held is None:
+                return
+            extra = self.planner.sync_with_store(held)
+            if ranks is None or ranks.rank == 0:
+                self._delete_extra(extra)
         self.dataset.store.trim_copies()  # each node drops copies the plan let go
-        if ranks is not None and ranks.rank != 0:
-            return
+
+    def _delete_extra(self, extra: np.ndarray) -> None:
+        """Delete the store's entries the plan does not hold; recount the budget when
+        something may have moved it unseen."""
         if extra.size:
             log.info("deleting %d store entries the plan does not hold", extra.size)
             self.dataset.store.delete_many([self.dataset.keys[i] for i in extra.tolist()])
-        # the budget counter is recounted only when something may have moved it unseen
         s, c = self.stats, self.planner.counters()
         drift = (s.store_failures, s.refused_puts, s.late_misses, c["phantoms"], c["sync_fixes"])
         if drift != self._drift:

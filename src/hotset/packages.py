@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -99,6 +100,9 @@ class Packager:
     ``threads=False`` packages and loads in the planner's thread, as soon as the policy
     asks: slower planning, but what the L-cache holds then depends only on the plans, so
     two runs with the same seed serve the same samples.
+
+    ``deleting`` (planner lock held): which ids plans in flight delete; a package loads
+    none of them (the plan's worker could delete it after the package's put).
     """
 
     def __init__(
@@ -111,8 +115,10 @@ class Packager:
         ahead: int = 2,
         keep_files: int = 8,
         threads: bool = True,
+        deleting: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.storage, self.store, self.policy, self.lock = storage, store, policy, lock
+        self.deleting = deleting
         self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
         try:
@@ -270,6 +276,8 @@ class Packager:
             return
         keys = self.storage.keys
         with self.lock:
+            if self.deleting is not None:
+                ids = ids[~self.deleting(ids)]
             victims, ids = self.policy.l_make_room(ids)
             loaded: list[int] = []
             try:

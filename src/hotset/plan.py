@@ -204,7 +204,8 @@ class Planner:
         self.lock = threading.RLock()
         self.sampler = sampler
         self.policy = policy
-        self.feeder = policy.make_feeder(self.lock, storage, store, package_dir)
+        deleting = self.deleted_in_flight if store is not None else None
+        self.feeder = policy.make_feeder(self.lock, storage, store, package_dir, deleting)
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
         self.feed_future = feed_future
@@ -303,6 +304,11 @@ class Planner:
             lost = np.concatenate([report.lost, report.absent])
             lost = lost[self._writer[lost] <= seq]  # one a later plan writes is its to report
             self.phantoms += len(self.policy.reconcile(report.stored, lost))
+
+    def deleted_in_flight(self, ids: np.ndarray) -> np.ndarray:
+        """Mask of ``ids`` that a plan in flight deletes (lock held)."""
+        oldest = self._inflight[0][0] if self._inflight else self._seq
+        return self._deleter[ids] >= oldest
 
     def _release_all(self) -> None:
         """Plans handed out and never consumed (an abandoned epoch) hold nothing now."""

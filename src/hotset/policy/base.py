@@ -14,7 +14,7 @@ import copy
 import threading
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -294,10 +294,13 @@ class Policy(ABC):
         storage: Storage | None = None,
         store: Store | None = None,
         directory: str | None = None,
+        deleting: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> Feeder | None:
         """The feeder that fills part of this cache off the batch path, if any: over
         ``storage`` and ``store`` (with ``lock``, the planner's, held on policy calls),
-        or with no bytes at all when they are ``None`` (the simulator)."""
+        or with no bytes at all when they are ``None`` (the simulator). ``deleting``
+        (lock held): a mask of the ids that plans in flight delete, which the feeder must
+        not put (a plan's worker may delete them after its put)."""
         return None
 
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> Policy:

@@ -54,11 +54,12 @@ class ICachePolicy(Policy):
         """``package_threads=False``: packages are made and loaded in the planner's
         thread (reproducible runs; see ``packages.Packager``)."""
         super().__init__(capacity_bytes, sizes, seed)
+        self._max_size = max(1, int(np.max(sizes)))
         if not 0.0 <= h_share <= 1.0:
             raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
         if package_bytes is None:  # 1 MB, or a quarter of the L-cache's first share
             l_share = int(self.capacity_bytes * (1.0 - h_share)) // 4
-            package_bytes = max(int(max(self._sizes, default=1)), min(1 << 20, l_share))
+            package_bytes = max(self._max_size, min(1 << 20, l_share))
         if package_bytes < 1:
             raise ConfigError(f"package_bytes must be >= 1, got {package_bytes}")
         self.package_bytes = int(package_bytes)
@@ -66,6 +67,10 @@ class ICachePolicy(Policy):
         self.package_threads = bool(package_threads)
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
+        self._all_h = True
+        # the L-samples in a random order, and how far packages took them (``_pool_ids``)
+        self._pool = np.zeros(0, np.int32 if self.num_samples < 2**31 else np.int64)
+        self._cursor, self._wrapped = 0, False
         self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
         self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
         self._h: dict[int, None] = {}  # H-cache residents
@@ -91,7 +96,7 @@ class ICachePolicy(Policy):
     def set_split(self, h_share: float) -> None:
         """H-cache gets ``h_share`` of the capacity, the L-cache the rest, >= one package."""
         self.h_share = float(h_share)
-        one_package = self.package_bytes + max(self._sizes)  # the last sample may cross it
+        one_package = self.package_bytes + self._max_size  # the last sample may cross it
         self.l_capacity = min(
             self.capacity_bytes,
             max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
@@ -120,6 +125,10 @@ class ICachePolicy(Policy):
             src.push(j, level)
         self._evict_next += self._free_l(0)
         self.used = self.h_used + self.l_used
+
+    def set_sizes(self, ids, sizes) -> None:
+        super().set_sizes(ids, sizes)
+        self._max_size = max(self._max_size, int(np.max(sizes, initial=0)))
 
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), until
@@ -167,14 +176,16 @@ class ICachePolicy(Policy):
         """The L-cache's residents (loaded from packages)."""
         return np.fromiter(self._l, np.int64, len(self._l))
 
-    def make_feeder(self, lock, storage=None, store=None, directory=None) -> Feeder:
+    def make_feeder(self, lock, storage=None, store=None, directory=None, deleting=None) -> Feeder:
         """The package threads over ``storage`` and ``store`` (``packages.Packager``), or
         with no bytes (the simulator) packages loaded the moment they are wanted."""
         if storage is None or store is None:
             return InstantPackages(self)
         from hotset.packages import Packager  # the data plane: bytes, files, the store
 
-        return Packager(storage, store, self, lock, directory, threads=self.package_threads)
+        return Packager(
+            storage, store, self, lock, directory, threads=self.package_threads, deleting=deleting
+        )
 
     # -- H-list ----------------------------------------------------------------------
     def apply_hints(self, hints: dict) -> None:
@@ -191,6 +202,7 @@ class ICachePolicy(Policy):
         self.freq_h = self.freq_l = 0
         self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
         self.is_h = hot
+        self._all_h = bool(hot.all())
         self._hot = hot.tolist()
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
         if self._h:  # the heap turns read-only; the shadow gets the new values
@@ -202,6 +214,9 @@ class ICachePolicy(Policy):
         self._served = set()
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
+        order = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
+        self._pool = order.permutation(np.flatnonzero(~hot).astype(self._pool.dtype))
+        self._cursor, self._wrapped = 0, False
         self._queue = {i: None for i in self._queue if not hot[i]}
 
     def rebuild_step(self, budget: int) -> None:
@@ -333,7 +348,7 @@ class ICachePolicy(Policy):
     def l_wants_package(self) -> bool:
         """Whether a package should be loaded now: less than half the L-cache is left
         unused and no load is in flight."""
-        if self.loading or (self.is_h.all() and not self._queue):
+        if self.loading or (self._all_h and not self._queue):
             return False
         l_items = max(1, self.l_capacity // max(1, int(np.mean(self._sizes[:64]))))
         return self.l_fresh() < l_items // 2
@@ -356,21 +371,36 @@ class ICachePolicy(Policy):
                 skip.add(i)
         if nbytes < limit:
             rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
-            pools = [] if prefer is None else [np.asarray(prefer, np.int64)]
-            pools.append(np.flatnonzero(~self.is_h))
+            pools = [] if prefer is None else [rng.permutation(np.asarray(prefer, np.int64))]
+            pools.append(self._pool_ids())
             for pool in pools:
-                pool = pool[~self.is_h[pool]]
-                for i in rng.permutation(pool).tolist():
-                    if nbytes >= limit:
-                        break
-                    if nbytes + sizes[i] > self.l_capacity:
+                for i in pool:  # stop right after the last taken: the walk goes on from there
+                    if nbytes + sizes[i] > self.l_capacity or self.is_h[i]:
                         continue
                     taken = i in self._l or i in self._h or i in self._served
                     if not taken and i not in skip:
                         out.append(i)
                         nbytes += sizes[i]
                         skip.add(i)
+                        if nbytes >= limit:
+                            break
+                if nbytes >= limit:
+                    break
         return np.array(out, np.int64)
+
+    def _pool_ids(self):
+        """The H-list's L-samples in a random order drawn once per H-list, from where the
+        last package stopped: a package costs what it looks at, not a scan of all ids.
+        The order is walked at most twice per H-list (the second time for L-samples that
+        were cached, and have left, the first time)."""
+        pool = self._pool
+        while pool.size:
+            if self._cursor >= pool.size:
+                if self._wrapped:
+                    return
+                self._wrapped, self._cursor = True, 0
+            self._cursor += 1
+            yield int(pool[self._cursor - 1])
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete
