@@ -180,7 +180,7 @@ def test_iis_jobs_sample_their_own_subsets_and_the_cache_keeps_the_highest_aiv()
     co = JobCoordinator(capacity_bytes=40, max_samples=1000, sampling="iis", seed=2)
     a = co.register("shufflenet", keys(range(200)), np.ones(200), batch_size=16)
     b = co.register("resnet", keys(range(200)), np.ones(200), batch_size=16)
-    gid = np.array([co.gid_of[k] for k in keys(range(200))])
+    gid = co.keys.positions(keys(range(200)))
     rank = np.empty(200)
     rank[gid] = np.arange(200)  # job a finds sample k harder the larger k is
     for j in (a, b):  # epoch 0: a full pass, each sample once

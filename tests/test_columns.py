@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hotset.errors import ConfigError
-from hotset.storage.columns import DigestColumn, StringColumn, key_column
+from hotset.storage.columns import DigestColumn, StringColumn, concat, key_column
 from hotset.storage.manifest import Manifest
 
 texts = st.lists(st.text(max_size=12), max_size=40)
@@ -45,6 +45,23 @@ def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
     query = other + keys + ["not a digest", keys[0].upper() if keys else "x"]
     first = {k: i for i, k in reversed(list(enumerate(keys)))}
     assert col.positions(query).tolist() == [first.get(k, -1) for k in query]
+
+
+@settings(max_examples=60, deadline=None)
+@given(digests, digests)
+def test_columns_concatenate_and_name_their_distinct_keys(a, b):
+    """What the service's key index is built of: packed look-ups of a column in a column,
+    first occurrences, and concatenation, packed when both are digests."""
+    ca, cb = key_column(a), key_column(b)
+    both = concat(ca, cb)
+    assert list(both) == a + b and isinstance(both, DigestColumn)
+    first = {k: i for i, k in reversed(list(enumerate(a + b)))}
+    assert both.positions(cb).tolist() == [first[k] for k in b]  # column against column
+    assert both.distinct().tolist() == sorted(first.values())
+    mixed = concat(ca, StringColumn(["k1", "k1"]))
+    assert isinstance(mixed, StringColumn) and list(mixed) == [*a, "k1", "k1"]
+    assert mixed.distinct().tolist() == sorted({k: i for i, k in reversed(list(
+        enumerate(list(mixed))))}.values())  # fmt: skip
 
 
 def test_a_key_that_is_not_a_digest_is_named():

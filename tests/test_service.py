@@ -20,6 +20,7 @@ from hotset.compare_jobs import SCENARIOS, JobsConfig, compare_jobs, scenario_jo
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
+from hotset.storage.columns import DigestColumn
 from hotset.store.sealed import sealed_id
 
 
@@ -80,12 +81,20 @@ def test_identical_jobs_read_each_sample_from_storage_once_with_dsa(sampling):
         assert misses > 1.2 * 300
 
 
-@pytest.mark.parametrize("sampling", ["dsa", "isa", "quiver", "chunks"])
-def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
+def digests(ids) -> DigestColumn:
+    """Content keys as the manifest holds them: packed 32-hex digests."""
+    return DigestColumn(f"{i * 7919:032x}" for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "keys"),
+    [("dsa", keys), ("isa", keys), ("quiver", keys), ("chunks", keys), ("dsa", digests)],
+)
+def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling, keys):
     co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3, sampling=sampling)
     a = co.register("a", keys(range(200)), np.ones(200), batch_size=16)
     b = co.register("b", keys(range(100, 400)), np.ones(300), batch_size=7)
-    c = co.register("c", keys(range(50, 150)) * 2, np.ones(200), batch_size=5)  # dup keys
+    c = co.register("c", [*keys(range(50, 150))] * 2, np.ones(200), batch_size=5)  # dup keys
     assert co.samples_per_epoch(c) == 100
     rng = np.random.default_rng(0)
     seen = {a: [], b: [], c: []}
@@ -102,8 +111,9 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling):
     # one global id per key: shared by the jobs whose manifests list it, twice listed
     # keys (c's) map to one id, and distinct keys never share one
     ga, gb, gc = (co.jobs[j].gids for j in (a, b, c))
-    assert ga[150] == gb[50] == co.gid_of["k00150"] and gc[0] == gc[100] == ga[50]
-    assert len(set(co.gid_of.values())) == len(co.gid_of) == 400
+    assert ga[150] == gb[50] == co.keys.positions(keys([150]))[0] and gc[0] == gc[100] == ga[50]
+    assert len(set(co.keys)) == len(co.keys) == 400
+    assert isinstance(co.keys, DigestColumn) == (keys is digests)  # packed when digests
     assert refs(co) == unread(co)  # every read consumed its reference
 
 

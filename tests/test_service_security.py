@@ -13,13 +13,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
 import hotset
 from hotset.errors import ConfigError
 from hotset.service.address import default_address, runtime_dir
+from hotset.service.protocol import decode, encode
 from hotset.service.server import CacheService, start_service
+from hotset.storage.columns import DigestColumn
 
 OTHER = "hotset-test-other"
 
@@ -59,6 +62,16 @@ def test_a_second_service_refuses_a_live_address(running):
     assert proc.is_alive() and "store" in client.hello()  # the first one goes on
 
 
+def test_content_keys_travel_packed():
+    """A manifest's keys go to the service as 16 raw bytes each, not as text lines."""
+    keys = DigestColumn(f"{i:032x}" for i in range(1000))
+    frames = encode({"op": "register"}, {"keys": keys, "sizes": np.ones(1000, np.int64)})
+    assert len(frames[1]) == 16 * 1000
+    header, payload = decode(frames)
+    assert header == {"op": "register"} and isinstance(payload["keys"], DigestColumn)
+    assert payload["keys"] == keys and payload["sizes"].tolist() == [1] * 1000
+
+
 def test_malformed_and_oversized_messages_are_refused_with_the_service_alive(running):
     address, proc, client = running
     reply = _raw_request(address, [b"not json"])
@@ -66,6 +79,9 @@ def test_malformed_and_oversized_messages_are_refused_with_the_service_alive(run
     lying = b'{"op": "register", "frames": [["keys", "array", "<i8", [1000000]]]}'
     reply = _raw_request(address, [lying, b"\0" * 16])
     assert reply is not None and b"do not hold" in reply[0]
+    short = b'{"op": "register", "frames": [["keys", "digests", "", [3]]]}'
+    reply = _raw_request(address, [short, b"\0" * 40])
+    assert reply is not None and b"do not hold 3 digests" in reply[0]
     # over max_message_bytes: libzmq drops the peer before anything is decoded
     assert _raw_request(address, [b'{"op": "hello", "frames": [["x", "lines", "", [1]]]}',
                                   b"x" * (2 << 20)], timeout_ms=1500) is None  # fmt: skip

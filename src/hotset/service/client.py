@@ -36,6 +36,7 @@ from hotset.service.auth import client_keys, connect_curve
 from hotset.service.benefit import Benefit, BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
+from hotset.storage.columns import key_column
 from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
 
@@ -208,8 +209,8 @@ class RemotePlanner:
         self.wait_s = float(wait_s)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.on_new_store = on_new_store
-        self._keys = list(storage.keys)
-        self._mine = np.unique(self._keys, return_index=True)[1]  # a local id per distinct key
+        self._keys = key_column(storage.keys)  # sent packed when they are digests
+        self._mine = self._keys.distinct()  # a local id per distinct key
         self.store_path = client.hello()["store"]
         self.benefits: list[Benefit] = []  # what it measured and reported, by epoch
         self._losses: list[tuple[np.ndarray, np.ndarray]] = []  # feedback not yet sent

@@ -27,6 +27,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,7 @@ from hotset.errors import ConfigError, UnknownJob
 from hotset.service.benefit import Benefit
 from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
+from hotset.storage.columns import DigestColumn, concat, key_column
 
 
 @dataclass
@@ -137,8 +139,8 @@ class JobCoordinator:
         self.seed = seed
         self.lookahead = int(lookahead)
         self.job_timeout_s = float(job_timeout_s)
-        self.gid_of: dict[str, int] = {}
-        self.keys: list[str] = []
+        # the distinct content keys, a global id each (its position), packed (16 B a key)
+        self.keys: Sequence[str] = DigestColumn()
         self.capacity_bytes = int(capacity_bytes)
         self.eligible_ratio = float(eligible_ratio)
         self.next_epoch = bool(next_epoch)
@@ -160,7 +162,7 @@ class JobCoordinator:
     def register(
         self,
         name: str,
-        keys: list[str],
+        keys: Sequence[str],
         sizes: np.ndarray,
         batch_size: int,
         pid: int | None = None,
@@ -188,19 +190,19 @@ class JobCoordinator:
                 f"job {name!r} refused: --sampling {self.mode.name} samples at most {limit} "
                 f"jobs together and {len(self.jobs)} are registered; the others go on"
             )
-        new = [k for k in dict.fromkeys(keys) if k not in self.gid_of]
-        if len(self.keys) + len(new) > self.max_samples:
+        keys = key_column(keys)
+        gids = self.keys.positions(keys)
+        unknown = np.flatnonzero(gids < 0)
+        new = unknown[keys.take(unknown).distinct()]  # each new key's first position
+        if len(self.keys) + new.size > self.max_samples:
             raise ConfigError(
                 f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
-                f"(max_samples); {len(self.keys)} are registered, this dataset adds {len(new)}"
+                f"(max_samples); {len(self.keys)} are registered, this dataset adds {new.size}"
             )
-        for k in new:
-            self.gid_of[k] = len(self.keys)
-            self.keys.append(k)
-        if new:
-            size_of = dict(zip(keys, sizes.tolist(), strict=True))
-            self.mode.add_ids(np.array([size_of[k] for k in new], np.int64))
-        gids = np.fromiter((self.gid_of[k] for k in keys), np.int64, len(keys))
+        if new.size:
+            self.keys = concat(self.keys, keys.take(new))
+            self.mode.add_ids(sizes[new])
+            gids[unknown] = self.keys.positions(keys.take(unknown))
         self.policy.set_sizes(gids, sizes)
         unique, first = np.unique(gids, return_index=True)
         job_id = self._next_job

@@ -1,5 +1,6 @@
-"""The service's messages: a JSON header frame, then one frame per numpy array or list of
-strings (content keys), named in the header. One request and one reply per batch."""
+"""The service's messages: a JSON header frame, then one frame per numpy array, column of
+packed digests (content keys, 16 raw bytes each) or list of strings, named in the header.
+One request and one reply per batch."""
 
 from __future__ import annotations
 
@@ -8,23 +9,28 @@ import json
 import numpy as np
 
 from hotset.errors import HotsetError
+from hotset.storage.columns import DigestColumn
 
 
 class ProtocolError(HotsetError):
     """A message that is not one of the service's (answered with an error, nothing kept)."""
 
 
-Payload = dict[str, np.ndarray | list[str]]
+Payload = dict[str, np.ndarray | DigestColumn | list[str]]
 
 
 def encode(header: dict, payload: Payload | None = None) -> list[bytes]:
-    """Frames for ``header`` and ``payload`` (arrays are sent raw, key lists as lines)."""
+    """Frames for ``header`` and ``payload`` (arrays and digests are sent raw, other
+    string lists as lines)."""
     specs, frames = [], []
     for name, value in (payload or {}).items():
         if isinstance(value, np.ndarray):
             arr = np.ascontiguousarray(value)
             specs.append([name, "array", arr.dtype.str, list(arr.shape)])
             frames.append(arr.tobytes())
+        elif isinstance(value, DigestColumn):
+            specs.append([name, "digests", "", [len(value)]])
+            frames.append(value.raw.tobytes())
         else:
             specs.append([name, "lines", "", [len(value)]])
             frames.append("\n".join(value).encode())
@@ -50,6 +56,10 @@ def decode(frames: list[bytes]) -> tuple[dict, Payload]:
                 if dt.hasobject or int(np.prod(shape)) * dt.itemsize != len(data):
                     raise ValueError(f"{len(data)} bytes do not hold {dtype} {shape}")
                 payload[name] = np.frombuffer(data, dtype=dt).reshape(shape).copy()
+            elif kind == "digests":
+                if int(shape[0]) * 16 != len(data):
+                    raise ValueError(f"{len(data)} bytes do not hold {shape[0]} digests")
+                payload[name] = DigestColumn.of_raw(np.frombuffer(data, np.uint8).copy())
             elif kind == "lines":
                 lines = data.decode().split("\n") if shape[0] else []
                 if len(lines) != shape[0]:

@@ -7,7 +7,8 @@ each before its text).
   keys) packed as their 16 raw bytes.
 
 Both are read-only sequences of ``str``: ``column[i]``, ``len``, iteration, ``take``
-(a sub-column), and ``==`` with any sequence of the same strings.
+(a sub-column), ``positions`` (look-up), ``distinct`` (first occurrences), :func:`concat`,
+and ``==`` with any sequence of the same strings.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class _Column(Sequence[str]):
         -1 for one that is absent."""
         index = {s: i for i, s in reversed(list(enumerate(self)))}
         return np.fromiter((index.get(s, -1) for s in strings), np.int64)
+
+    def distinct(self) -> np.ndarray:
+        """The position of each distinct string's first occurrence, in column order."""
+        return np.sort(np.unique(np.array(list(self), object), return_index=True)[1])
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -150,24 +155,43 @@ class DigestColumn(_Column):
         for lo in range(0, len(raw), 16):
             yield raw[lo : lo + 16].hex()
 
-    def take(self, idx) -> DigestColumn:
-        col = DigestColumn.__new__(DigestColumn)
-        col._raw, col._order = self._raw[np.asarray(idx, np.int64)], None
+    @classmethod
+    def of_raw(cls, raw: np.ndarray) -> DigestColumn:
+        """The digests whose 16 raw bytes are the rows of ``raw`` (``(n, 16)`` uint8)."""
+        col = cls.__new__(cls)
+        col._raw, col._order = np.ascontiguousarray(raw, np.uint8).reshape(-1, 16), None
         return col
+
+    @property
+    def raw(self) -> np.ndarray:
+        """The digests' raw bytes, ``(n, 16)`` uint8 (read-only use)."""
+        return self._raw
+
+    def take(self, idx) -> DigestColumn:
+        return DigestColumn.of_raw(self._raw[np.asarray(idx, np.int64)])
+
+    def _packed(self) -> np.ndarray:
+        return self._raw.view("S16").ravel()  # 16 raw bytes each: order and equality hold
+
+    def distinct(self) -> np.ndarray:
+        return np.sort(np.unique(self._packed(), return_index=True)[1])
 
     def positions(self, strings: Iterable[str]) -> np.ndarray:
         """As ``_Column.positions``, by binary search in the digests sorted once (24 B
         per id, not a dict of strings)."""
-        strings = list(strings)
-        ok = np.fromiter(map(_is_digest, strings), bool, len(strings))
-        out = np.full(len(strings), -1, np.int64)
+        if isinstance(strings, DigestColumn):
+            ok, query = np.ones(len(strings), bool), strings._packed()
+        else:
+            strings = list(strings)
+            ok = np.fromiter(map(_is_digest, strings), bool, len(strings))
+            hexes = "".join(s for s, y in zip(strings, ok, strict=True) if y)
+            query = np.frombuffer(bytes.fromhex(hexes), "S16")
+        out = np.full(ok.size, -1, np.int64)
         if not ok.any() or not len(self):
             return out
-        hexes = "".join(s for s, y in zip(strings, ok, strict=True) if y)
-        query = np.frombuffer(bytes.fromhex(hexes), "S16")
         if self._order is None:  # S16 of 16 raw bytes each: order and equality hold
-            order = np.argsort(self._raw.view("S16").ravel(), kind="stable")
-            self._order = (order, self._raw.view("S16").ravel()[order])
+            order = np.argsort(self._packed(), kind="stable")
+            self._order = (order, self._packed()[order])
         order, ranked = self._order
         at = np.minimum(np.searchsorted(ranked, query), len(self) - 1)
         found = ranked[at] == query
@@ -190,6 +214,13 @@ def key_column(keys: Iterable[str]) -> _Column:
         return DigestColumn()
     rest = chain([first], it)
     return DigestColumn(rest) if _is_digest(first) else StringColumn(rest)
+
+
+def concat(a: _Column, b: _Column) -> _Column:
+    """``a`` then ``b`` as one column (packed digests when both are)."""
+    if isinstance(a, DigestColumn) and isinstance(b, DigestColumn):
+        return DigestColumn.of_raw(np.concatenate([a.raw, b.raw]))
+    return StringColumn(chain(a, b))
 
 
 def text_column(strings: Iterable[str]) -> _Column:
