@@ -115,19 +115,23 @@ def test_residents_equal_the_store_after_every_epoch(
     assert c["corrupt_hits"] == 0
 
 
+def icache_loader(fmnist_dir, batch_size: int):
+    """iCACHE (its package threads on) at 50% over a memory store, 0 workers."""
+    system = resolve_system("icache")
+    return make_loader(
+        FileStorage(str(fmnist_dir / "train")), batch_size=batch_size, policy=system.policy,
+        sampler=system.sampler, sampler_options=dict(system.sampler_options),
+        cache_fraction=0.5, store="memory", num_workers=0, seed=1,
+    )  # fmt: skip
+
+
 def test_a_package_loaded_while_the_store_is_listed_is_neither_forgotten_nor_deleted(
     fmnist_dir, tmp_path
 ):
     """iCACHE's loading thread puts a package while the epoch's end lists the store: the
     reconcile must not forget what it put (the store would keep entries the plan does not
     hold) nor delete it. The load is started from inside the listing and given 1 s."""
-    storage = FileStorage(str(fmnist_dir / "train"))
-    system = resolve_system("icache")
-    loader = make_loader(
-        storage, batch_size=50, policy=system.policy, sampler=system.sampler,
-        sampler_options=dict(system.sampler_options), cache_fraction=0.5, store="memory",
-        num_workers=0, seed=1,
-    )  # fmt: skip
+    loader = icache_loader(fmnist_dir, batch_size=50)
     planner, store = loader.planner, loader.dataset.store
     try:
         for epoch in range(2):  # an H-list, and L-samples left to package
@@ -169,13 +173,7 @@ def test_a_package_never_puts_what_a_plan_in_flight_deletes(fmnist_dir, tmp_path
     loading thread packages that id (an L-sample now): the package must leave it out, or
     the worker deletes what the plan then counts as cached. The package is loaded from
     inside the worker's delete, each time the deleted ids include L-samples."""
-    storage = FileStorage(str(fmnist_dir / "train"))
-    system = resolve_system("icache")
-    loader = make_loader(
-        storage, batch_size=16, policy=system.policy, sampler=system.sampler,
-        sampler_options=dict(system.sampler_options), cache_fraction=0.5, store="memory",
-        num_workers=0, seed=1,
-    )  # fmt: skip
+    loader = icache_loader(fmnist_dir, batch_size=16)
     planner, store, main = loader.planner, loader.dataset.store, threading.current_thread()
     policy, deleting = planner.policy, store.delete_many
     raced = []
