@@ -66,6 +66,8 @@ def test_node_copies_in_front_of_the_cluster(redis_cluster):
     store.inner.delete_many(["k0"])  # the plan evicted it (through another node)
     assert store.get_many(["k0", "k1"]) == [items["k0"], items["k1"]]  # both from the node
     assert store.local_hits == 2
+    reader = TieredStore(store.local, store.inner, owns_local=False, owns_pooled=False)
+    assert reader.trim_copies() == 0  # another rank of the node: the tier's maker trims
     assert store.trim_copies() == 1  # k0 left the pooled tier: its copy goes
     assert store.get_many(["k0"]) == [None]
     store.local.delete_many(["k2"])  # a node that never read k2 ...

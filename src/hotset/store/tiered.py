@@ -72,6 +72,10 @@ class TieredStore(StoreWrapper):
         return self.inner.list_keys(prefix)
 
     def trim_copies(self) -> int:
+        """Drop the node's copies the pooled tier no longer holds: done by the node tier's
+        maker only (its other ranks share that LMDB; each would list the pool again)."""
+        if not self.owns_local:
+            return 0
         try:
             keep = set(self.inner.list_keys())
         except StoreUnavailable:
