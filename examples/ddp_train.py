@@ -48,6 +48,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             print(f"epoch {epoch}: {len(loader)} batches per rank, hits {c['hits']}, "
                   f"misses {c['misses']}, sync {c['sync_s']:.2f} s")  # fmt: skip
+    dist.barrier()  # every rank done before any tears its process group down
     loader.close()
     dist.destroy_process_group()
 

@@ -88,6 +88,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()  # tear down together: gloo aborts a rank whose peer left mid-teardown
     loader.close()
     dist.destroy_process_group()
 
@@ -247,6 +248,7 @@ def _service_rank(rank: int, world: int, init: str, address: str, data: str, out
             loader.feedback(ids, torch.ones(len(ids)))
         record["epochs"].append({"ids": ids_seen, "wrong": wrong})
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()  # tear down together: gloo aborts a rank whose peer left mid-teardown
     loader.close()
     dist.destroy_process_group()
 
