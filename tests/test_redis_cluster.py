@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 import hotset
 from hotset.storage import FileStorage
 from hotset.store import RedisClusterStore, TieredStore, make_store
+from test_truth import read_epoch
 
 
 def test_entries_spread_over_every_master_and_the_budget_holds(redis_cluster):
@@ -30,27 +32,31 @@ def test_entries_spread_over_every_master_and_the_budget_holds(redis_cluster):
     assert len(store) == 0 and store.used_bytes == 0
 
 
-def test_a_master_killed_mid_epoch_is_absorbed(redis_cluster, fmnist_dir):
+@pytest.mark.parametrize("victim", [0, 1, 2])
+def test_a_master_killed_mid_epoch_costs_its_keys_only(redis_cluster, fmnist_dir, victim):
+    """Whichever master dies (each in turn), the epoch finishes from storage, each sample
+    once, right bytes; the two live masters still serve their keys, and writes go on
+    landing on them (the budget is spread: no master holds all of it)."""
     storage = FileStorage(str(fmnist_dir / "train"))
-    loader = hotset.make_loader(storage, batch_size=50, cache_fraction=0.5, policy="minio",
+    loader = hotset.make_loader(storage, batch_size=50, cache_fraction=0.5, policy="lru",
                                 store=redis_cluster.url, num_workers=1)  # fmt: skip
     with loader:
-        for _ in loader:  # epoch 0 fills the cache
-            pass
+        read_epoch(loader, 0)  # fills the cache
         loader.set_epoch(1)
         served = []
         for k, (_, y, ids) in enumerate(loader):
             assert np.array_equal(y.numpy(), storage.labels[ids.numpy()])
             served += ids.tolist()
             if k == 3:
-                redis_cluster.kill(redis_cluster.ports[1])
-                before = loader.counters()["hits"]
+                redis_cluster.kill(redis_cluster.ports[victim])
+        assert sorted(served) == list(range(len(storage)))  # each sample once, right bytes
+        before = loader.counters()["hits"]
+        read_epoch(loader, 2)
         c = loader.counters()
-    assert sorted(served) == list(range(len(storage)))  # each sample once, right bytes
+        held = len(loader.dataset.store.list_keys())
     assert c["store_failures"] > 0 and c["corrupt_hits"] == 0
-    # the two live masters still serve their keys: about 2/3 of the 50% the plan holds
-    after, reads = c["hits"] - before, len(storage) - 4 * 50
-    assert after / reads > 0.5 * 2 / 3 * 0.8
+    assert held > 0.25 * len(storage)  # writes land on the live masters: ~2/3 of 50%
+    assert c["hits"] - before > 0.1 * len(storage)  # and are read back
 
 
 def test_node_copies_in_front_of_the_cluster(redis_cluster):
@@ -66,7 +72,7 @@ def test_node_copies_in_front_of_the_cluster(redis_cluster):
     store.inner.delete_many(["k0"])  # the plan evicted it (through another node)
     assert store.get_many(["k0", "k1"]) == [items["k0"], items["k1"]]  # both from the node
     assert store.local_hits == 2
-    reader = TieredStore(store.local, store.inner, owns_local=False, owns_pooled=False)
+    reader = TieredStore(store.local, store.inner, trims=False)
     assert reader.trim_copies() == 0  # another rank of the node: the tier's maker trims
     assert store.trim_copies() == 1  # k0 left the pooled tier: its copy goes
     assert store.get_many(["k0"]) == [None]
@@ -74,4 +80,4 @@ def test_node_copies_in_front_of_the_cluster(redis_cluster):
     assert store.get_many(["k2"]) == [items["k2"]] and store.local.contains("k2")  # copies it
     path = store.local.path
     store.close(destroy=True)
-    assert not os.path.exists(path) and len(make_store(redis_cluster.url, 1_000)) == 0
+    assert not os.path.exists(path) and len(make_store(store.inner.spec, 1_000)) == 0

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import hotset
 from hotset import ConfigError, ServiceError
@@ -21,7 +22,9 @@ from hotset.service.coordinator import JobCoordinator
 from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
 from hotset.storage.columns import DigestColumn
+from hotset.storage.manifest import content_key
 from hotset.store.sealed import sealed_id
+from test_truth import read_epoch
 
 
 def keys(ids) -> list[str]:
@@ -320,6 +323,40 @@ def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
     assert (tmp_path / "compare-jobs-same.json").exists()
 
 
+def test_planted_wrong_entries_are_dropped_and_the_service_forgets_them(fmnist_dir, service):
+    """Wrong bytes under the entries the service planned (tampered, or a mixed-up write):
+    the job counts each as a corrupt hit, serves the sample from storage, deletes the
+    entry and reports it absent; the service forgets it and admits the sample again, so
+    no wrong entry is met twice and the hits come back."""
+    address, _, client = service
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = client.make_loader(storage, batch_size=50, num_workers=1, name="victim")
+    try:
+        read_epoch(loader, 0)
+        sealed = loader.dataset.store
+        planted = [k for k, v in zip(storage.keys, sealed.get_many(list(storage.keys)),
+                                     strict=True) if v is not None][:200]  # fmt: skip
+        assert len(planted) > 100
+        sealed.inner.delete_many([sealed_id(k) for k in planted])
+        sealed.inner.put_many({sealed_id(k): b"wrong bytes" for k in planted})
+        counts = []
+        for epoch in (1, 2, 3):
+            before = loader.counters()
+            loader.set_epoch(epoch)
+            for x, _, ids in loader:
+                i = int(ids[0])
+                assert torch.equal(x[0], loader.dataset[i][0])  # never the wrong bytes
+            after = loader.counters()
+            counts.append({k: after[k] - before[k] for k in ("corrupt_hits", "hits")})
+        assert counts[0]["corrupt_hits"] > 0 and counts[1]["corrupt_hits"] == 0
+        assert counts[2]["corrupt_hits"] == 0 and client.stats()["phantoms"] > 0
+        held = sealed.get_many(planted)
+        assert all(v is None or content_key(v) == k for k, v in zip(planted, held, strict=True))
+        assert counts[2]["hits"] > 0
+    finally:
+        loader.close()
+
+
 def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
     _, _, client = service
     full = FileStorage(str(fmnist_dir / "train"))
@@ -340,7 +377,8 @@ def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
         assert all(held[k] == owned.read(i) for i, k in enumerate(owned.keys) if k in held)
         victim = next(iter(held))
         raw_entries(sealed.inner.path, flip=sealed_id(victim))  # a flipped byte in one entry
-        assert sealed.get_many([victim]) == [None] and sealed.rejected == 1  # never served
+        (wrong,) = sealed.get_many([victim])  # unseals to bytes its digest refuses
+        assert content_key(wrong) != victim
     finally:
         loader.close()
 

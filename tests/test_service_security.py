@@ -55,11 +55,26 @@ def running(tmp_path):
     proc.join(10)
 
 
-def test_a_second_service_refuses_a_live_address(running):
+def test_a_second_service_refuses_a_live_address_even_a_busy_one(running):
+    """Liveness is the lock the service holds for its lifetime, not an answer within a
+    time-out: a service that cannot answer now (stopped here, as by a long register) is
+    still not taken over; once it is gone (kill -9), the address is free again."""
+    import signal
+
     address, proc, client = running
-    with pytest.raises(ConfigError, match="already answers on"):
+    with pytest.raises(ConfigError, match="already runs on"):
         CacheService(address, capacity_bytes=10_000)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ConfigError, match="already runs on"):
+            CacheService(address, capacity_bytes=10_000)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
     assert proc.is_alive() and "store" in client.hello()  # the first one goes on
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    second = CacheService(address, capacity_bytes=10_000)  # the kernel dropped its lock
+    second.close(destroy_store=True)
 
 
 def test_content_keys_travel_packed():
@@ -82,9 +97,15 @@ def test_malformed_and_oversized_messages_are_refused_with_the_service_alive(run
     short = b'{"op": "register", "frames": [["keys", "digests", "", [3]]]}'
     reply = _raw_request(address, [short, b"\0" * 40])
     assert reply is not None and b"do not hold 3 digests" in reply[0]
-    # over max_message_bytes: libzmq drops the peer before anything is decoded
+    # a frame over max_message_bytes: libzmq drops the peer before anything is decoded
     assert _raw_request(address, [b'{"op": "hello", "frames": [["x", "lines", "", [1]]]}',
                                   b"x" * (2 << 20)], timeout_ms=1500) is None  # fmt: skip
+    # frames each under the limit, over it together, or too many: refused, not kept
+    many = [b'{"op": "hello", "frames": []}'] + [b"x" * (1 << 19)] * 8
+    reply = _raw_request(address, many, timeout_ms=5000)
+    assert reply is not None and b"refused" in reply[0]
+    reply = _raw_request(address, [b'{"op": "hello", "frames": []}'] + [b""] * 10)
+    assert reply is not None and b"frames: refused" in reply[0]
     assert proc.is_alive() and "store" in client.hello()
 
 
@@ -322,7 +343,7 @@ def test_tcp_clients_need_the_key_file(on_tcp, fmnist_dir):
     with pytest.raises(ConfigError, match="no service key file"):
         hotset.connect(address, timeout_s=0.2, key_file=key_file + ".missing")
     assert proc.is_alive() and "store" in client.hello()
-    with pytest.raises(ConfigError, match="already answers on"):  # its probe has the keys
+    with pytest.raises(ConfigError, match="cannot listen on"):  # the port is taken
         CacheService(address, capacity_bytes=10_000, key_file=key_file)
     Path(key_file).chmod(0o644)
     with pytest.raises(ConfigError, match="readable by others"):
@@ -343,4 +364,84 @@ def test_another_user_cannot_use_a_tcp_service(on_tcp):
     assert "not to you" in _as_user(other, _try_connect, address, key_file)
     assert _as_user(other, _try_read, key_file).startswith("refused")  # 0600: not even read
     assert _as_user(other, _try_stop, address) == "no answer"
+    assert proc.is_alive() and "store" in client.hello()
+
+
+def _fuzz_messages(rng: np.random.Generator, n: int):
+    """Random and mutated requests: bad types, ranges, sizes, frames and bytes (never a
+    ``stop``, and job ids far from the real job's, which a valid ``leave`` would end)."""
+    odd = ["abc", 10**23, -1, 1.5, None, [], {}, "", "x" * 300, True, float("nan"), 2**63]
+    ops = ["hello", "register", "plan", "heartbeat", "leave", "stats", "nope", 7, None]
+    for _ in range(n):
+        kind = rng.integers(6)
+        if kind == 0:  # noise
+            yield [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(1, 4)))]
+            continue
+        header = {"op": ops[rng.integers(len(ops))], "job": int(rng.integers(1000, 10**6)),
+                  "epoch": int(rng.integers(0, 3)), "name": "fuzz", "batch_size": 10}  # fmt: skip
+        for field in rng.choice(["pid", "batch_size", "epoch", "job", "done", "benefit",
+                                 "cache", "name", "host", "instance"], size=2):  # fmt: skip
+            header[str(field)] = odd[rng.integers(len(odd))]
+        m = int(rng.integers(1, 50))
+        payload = {
+            "keys": DigestColumn(f"{int(k):032x}" for k in rng.integers(0, 1 << 60, m)),
+            "sizes": rng.integers(-5, 100, m if kind != 2 else m + 1),
+            "served": rng.integers(-3, m + 3, int(rng.integers(0, 5))),
+            "fb_ids": rng.integers(-2, 100, m),
+            "fb_losses": rng.normal(size=m if kind != 3 else m - 1),
+        }
+        keep = rng.random(len(payload)) < 0.6
+        payload = {k: v for (k, v), on in zip(payload.items(), keep, strict=True) if on}
+        try:
+            frames = encode(header, payload)
+        except (TypeError, ValueError):
+            continue
+        if kind == 4:  # a mutated byte in a frame
+            f = int(rng.integers(len(frames)))
+            if frames[f]:
+                b = bytearray(frames[f])
+                b[int(rng.integers(len(b)))] ^= 0xFF
+                frames[f] = bytes(b)
+        yield frames
+
+
+def test_the_protocol_survives_fuzzing_while_a_job_trains(running, fmnist_dir):
+    """Thousands of random and mutated messages while a job trains: every one answered
+    (an error where it is wrong), the service stays up, and the job serves every sample
+    exactly once per epoch."""
+    import threading
+
+    from hotset.storage import FileStorage
+
+    address, proc, client = running
+    storage = FileStorage(str(fmnist_dir / "train"))
+    answered, silent = [0], [0]
+
+    def fuzz() -> None:
+        ctx = zmq.Context()
+        rng = np.random.default_rng(0)
+        for frames in _fuzz_messages(rng, 3000):
+            sock = ctx.socket(zmq.REQ)
+            for opt, v in ((zmq.RCVTIMEO, 5000), (zmq.SNDTIMEO, 5000), (zmq.LINGER, 0)):
+                sock.setsockopt(opt, v)
+            sock.connect(address)
+            try:
+                sock.send_multipart(frames)
+                sock.recv_multipart()
+                answered[0] += 1
+            except zmq.Again:
+                silent[0] += 1
+            finally:
+                sock.close(0)
+        ctx.term()
+
+    thread = threading.Thread(target=fuzz)
+    thread.start()
+    with client.make_loader(storage, batch_size=50, num_workers=1, name="real") as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            served = sorted(i for _, _, ids in loader for i in ids.tolist())
+            assert served == list(range(len(storage))), epoch
+    thread.join(300)
+    assert not thread.is_alive() and answered[0] > 2500 and silent[0] == 0
     assert proc.is_alive() and "store" in client.hello()

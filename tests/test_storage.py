@@ -116,6 +116,40 @@ def test_no_manifest_is_a_config_error(tmp_path):
         FileStorage(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"paths": ["../../../../etc/hostname"]}, r"paths\[0\] = '../../../../etc/hostname'"),
+        ({"paths": ["/etc/hostname"]}, r"paths\[0\] = '/etc/hostname' leaves"),
+        ({"paths": ["a/../../secret"]}, r"paths\[0\].*leaves the dataset"),
+        ({"paths": ["file:///etc/hostname"]}, r"paths\[0\].*leaves the dataset"),
+        ({"keys": None}, r"missing required field `keys`"),
+        ({"labels": ["1"]}, r"Expected `int`, got `str` - at `\$.labels\[0\]`"),
+        ({"labels": [7]}, r"labels\[0\] = 7 is not a class index"),
+        ({"sizes": [-1]}, r"`\$.sizes\[0\]`"),
+        ({"format": "other/1"}, r"format 'other/1'"),
+    ],
+)
+def test_a_manifest_that_escapes_or_lies_is_refused_with_the_field_named(
+    tmp_path, change, named
+):
+    """A manifest is untrusted input: a key path outside the dataset, a missing field, a
+    label of the wrong type or outside the class list: refused when it is loaded, with a
+    ConfigError naming the field, before any sample is read."""
+    import json
+
+    (tmp_path / "secret").write_bytes(b"not part of the dataset")
+    doc = {"format": "hotset-manifest/1", "paths": ["a/0.png"], "keys": ["0" * 32],
+           "sizes": [10], "labels": [0], "classes": ["a", "b"]}  # fmt: skip
+    doc.update(change)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(
+        json.dumps({k: v for k, v in doc.items() if v is not None})
+    )
+    with pytest.raises(ConfigError, match=named):
+        FileStorage(str(tmp_path / "data"))
+
+
 def test_throttle_costs_latency_and_bounds_concurrency(fmnist_dir):
     inner = FileStorage(str(fmnist_dir / "train"))
     slow = ThrottledStorage(inner, latency_ms=20, concurrency=2)

@@ -24,7 +24,7 @@ from hotset.packages import write_package
 from hotset.storage import FileStorage
 from hotset.store import RedisStore
 from hotset.store.base import NamespacedStore
-from hotset.store.shared import PREFIX, default_shm_dir
+from hotset.store.lease import STORE_PREFIX, private_base
 from hotset.systems import resolve_system
 
 SYSTEMS = ["lru", "minio", "belady", "shade", "icache", "spider"]
@@ -354,7 +354,7 @@ def test_a_full_tmpfs_is_absorbed(fmnist_dir, tmp_path):
     try:
         storage = FileStorage(str(fmnist_dir / "train"))
         (mnt / "ballast").write_bytes(b"\0" * (4 << 20))  # leave ~1 MB
-        store = SharedStore(10**8, path=str(mnt / "store"))
+        store = SharedStore(4 << 20, path=str(mnt / "store"))  # fits the tmpfs, not its room
         loader = make_loader(storage, batch_size=50, policy="minio", cache_fraction=1.0,
                              store=store, num_workers=2)  # fmt: skip
         for epoch in range(2):
@@ -372,7 +372,7 @@ def test_a_full_tmpfs_is_absorbed(fmnist_dir, tmp_path):
 
 
 def shm_stores() -> set[str]:
-    return set(glob.glob(os.path.join(default_shm_dir() or "/tmp", PREFIX + "*")))
+    return set(glob.glob(os.path.join(private_base(), STORE_PREFIX + "*")))
 
 
 def test_no_store_is_left_behind(fmnist_dir, tmp_path):

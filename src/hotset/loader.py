@@ -303,6 +303,19 @@ def _pass_through(batch: dict) -> dict:
     return batch
 
 
+def _release(store: Store, owns_store: bool, release: Callable[[], None] | None) -> None:
+    """A clean close: the job's entries leave a store it opened (others may go on using a
+    named one; a crash leaves them for a resumed job), then the store is closed."""
+    if owns_store:
+        try:
+            store.clear()
+        except HotsetError as exc:  # the store is down or gone: nothing more to do there
+            log.info("the job's entries stay in the store: %s", exc)
+        store.close(destroy=True)
+    if release is not None:
+        release()
+
+
 class HotsetLoader:
     """A DataLoader over a :class:`~hotset.plan.PlanSource`: iterate it as usual,
     ``set_epoch`` it as a DistributedSampler, read ``stats`` (or ``counters()``) for what
@@ -317,7 +330,10 @@ class HotsetLoader:
     Each batch's report goes back to the planner as the batch reaches the training loop;
     at the start and end of each epoch a planner that owns its cache is reconciled with
     the store's contents (entries nobody plans for are deleted). ``owns_store``: the
-    store was made for this loader, and ``close()`` (or the interpreter's exit) removes it.
+    store was opened for this loader, and ``close()`` (or the interpreter's exit) closes it
+    and removes what of it is this loader's to remove. ``release``: called at close too
+    (the loader's claim on its entries). ``fits``: what a saved state must match to be
+    loaded (``make_loader``'s arguments that shape the plan).
     """
 
     def __init__(
@@ -329,6 +345,8 @@ class HotsetLoader:
         progress: bool = False,
         desc: str = "",
         owns_store: bool = False,
+        release: Callable[[], None] | None = None,
+        fits: dict | None = None,
         with_ids: bool = True,
         **dataloader_kwargs,
     ) -> None:
@@ -346,6 +364,7 @@ class HotsetLoader:
         self.desc = desc
         self.stats = LoaderStats()
         self.with_ids = with_ids
+        self.fits = fits
         self.last_ids: torch.Tensor | None = None  # the ids of the batch yielded last
         self.epoch = 0
         self._epochs_set = False  # whether set_epoch was ever called (or a state loaded)
@@ -354,9 +373,7 @@ class HotsetLoader:
         self._synced = False
         self._drift: tuple = ()  # what suggested the store's budget counter moved unseen
         self._closed = False
-        self._remove_store = (
-            weakref.finalize(self, dataset.store.close, destroy=True) if owns_store else None
-        )
+        self._release = weakref.finalize(self, _release, dataset.store, owns_store, release)
         if dataloader_kwargs.get("pin_memory") and not torch.cuda.is_available():
             # torch's DataLoader warns and goes on; so do we (the targets too stay unpinned)
             warnings.warn(
@@ -532,16 +549,36 @@ class HotsetLoader:
             return
         self._closed = True
         self.planner.close()
-        if self._remove_store is not None:
-            self._remove_store()
+        self._release()
 
     def state_dict(self) -> dict:
         """Where training stands (as torch's stateful loaders): save it with the model's
         checkpoint; ``load_state_dict`` in a loader made with the same arguments serves
-        exactly the rest of the epoch, then goes on as the saved run would have."""
-        return {"planner": self.planner.state_dict(), "stats": asdict(self.stats)}
+        exactly the rest of the epoch, then goes on as the saved run would have. Taken at
+        any point (before the first batch, between batches, after the last, after
+        ``set_epoch``, after an abandoned epoch)."""
+        return {
+            "planner": self.planner.state_dict(),
+            "stats": asdict(self.stats),
+            "fits": self.fits,
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``; one saved by a loader of other arguments (dataset,
+        batch size, system, options, world size, hotset version) is refused, naming them:
+        it would skip or repeat samples."""
+        if self.fits is not None:
+            saved = state.get("fits") or {}
+            diff = [
+                f"{k}: saved {saved.get(k)!r}, this loader {v!r}"
+                for k, v in self.fits.items()
+                if saved.get(k) != v
+            ]
+            if diff:
+                raise ConfigError(
+                    "this state was saved by a loader made differently; make the loader "
+                    "with the saved run's arguments (" + "; ".join(diff) + ")"
+                )
         self.planner.load_state_dict(state["planner"])
         self.set_epoch(int(state["planner"]["epoch"]))
         self.stats = LoaderStats(**state["stats"])
@@ -654,14 +691,18 @@ def make_loader(
         )
     owns_store = isinstance(store, str)
     if owns_store:
-        store, owns_store = _open_store(store, capacity, ranks)
+        store = _open_store(store, capacity, ranks)
     elif store.capacity_bytes < capacity:
         raise ConfigError(
             f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
         )
     # one dataset's entries: another job's planner on the same store never touches them
-    store = NamespacedStore(store, dataset_namespace(storage.keys))
+    namespace = dataset_namespace(storage.keys)
+    store = NamespacedStore(store, namespace)
+    release = None
     try:
+        if ranks is None or ranks.rank == 0:  # one job: its ranks plan together
+            release = store.claim()
         pol = make_policy(
             policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {})
         )
@@ -680,14 +721,41 @@ def make_loader(
             storage, store, decode=decode, transform=transform, on_error=on_error,
             max_skipped=max_skipped,
         )  # fmt: skip
+        fits = {
+            "hotset": _version(), "dataset": namespace, "samples": len(storage),
+            "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
+            "sampler": sampler, "sampler_options": _digest(sampler_options),
+            "policy": policy, "policy_options": _digest(policy_options),
+            "capacity_bytes": capacity,
+            "world": ranks.world if ranks is not None else num_replicas,
+            "rank": None if ranks is not None else rank,  # ranks: one global plan
+        }  # fmt: skip
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress,
-            owns_store=owns_store, with_ids=with_ids, **dataloader_kwargs,
+            owns_store=owns_store, release=release, fits=fits, with_ids=with_ids,
+            **dataloader_kwargs,
         )  # fmt: skip
     except BaseException:
-        if owns_store:  # nothing else will ever remove it
-            store.close(destroy=True)
+        _release(store, owns_store, release)  # nothing else ever will
         raise
+
+
+def _version() -> str:
+    from hotset import __version__
+
+    return __version__
+
+
+def _digest(options: dict | None) -> str:
+    """A digest of a constructor's options (arrays by their bytes) to compare runs by."""
+    digest = hashlib.blake2b(digest_size=8)
+    for k, v in sorted((options or {}).items()):
+        if isinstance(v, np.ndarray):
+            text = f"{v.dtype}{v.shape}{hashlib.blake2b(v.tobytes()).hexdigest()}"
+        else:  # an object without a value repr (a function) by its type only
+            text = type(v).__qualname__ if " at 0x" in repr(v) else repr(v)
+        digest.update(f"{k}={text};".encode())
+    return digest.hexdigest()
 
 
 def _deterministic(sampler: str, policy: str, sampler_options, policy_options):
@@ -701,21 +769,23 @@ def _deterministic(sampler: str, policy: str, sampler_options, policy_options):
     return sampler_options, policy_options
 
 
-def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> tuple[Store, bool]:
-    """The store ``spec`` names, and whether this loader removes it at ``close``. With
-    ranks, rank 0 makes it and the others open the same one: ``shared`` only on one node,
-    ``memory`` never; ``shared+`` a pooled URL: every rank opens the pooled tier, the
-    first rank on each node makes the node's LMDB of copies and its other ranks open it."""
+def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> Store:
+    """The store ``spec`` names, for this loader (its ``close(destroy=True)`` at the
+    loader's close removes only what is its own to remove: a shared LMDB when its last
+    user leaves, a Redis namespace the store drew itself). With ranks, rank 0 makes it and the
+    others open the same one: ``shared`` only on one node, ``memory`` never; ``shared+`` a
+    pooled URL: the pooled tier as the others, and the first rank on each node makes the
+    node's LMDB of copies, which its other ranks open."""
     if ranks is None:
-        return make_store(spec, capacity), True
+        return make_store(spec, capacity)
     if spec.startswith(TIERED):
         nodes = ranks.all_gather(node_name())
         first = nodes.index(nodes[ranks.rank])  # the node's first rank makes its LMDB
         local = SharedStore(capacity) if first == ranks.rank else None
         paths = ranks.all_gather(local.path if local else None)
         local = local or SharedStore(capacity, path=paths[first])
-        pooled = make_store(spec[len(TIERED) :], capacity)
-        return TieredStore(local, pooled, first == ranks.rank, ranks.rank == 0), True
+        pooled = _made_by_rank_0(spec[len(TIERED) :], capacity, ranks)
+        return TieredStore(local, pooled, trims=first == ranks.rank)
     hosts = ranks.hosts()
     if spec == "memory" or (spec.startswith("shared") and hosts > 1):
         raise ConfigError(
@@ -723,11 +793,14 @@ def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> tuple[Stor
             "host(s): use 'shared' on one node, or a redis:// or redis+cluster:// URL "
             "('shared+' before it for node-local copies in front)"
         )
+    return _made_by_rank_0(spec, capacity, ranks)
+
+
+def _made_by_rank_0(spec: str, capacity: int, ranks: RankGroup) -> Store:
+    """Rank 0 makes the store ``spec`` names; the others open the same entries."""
     store = make_store(spec, capacity) if ranks.rank == 0 else None
-    where = ranks.broadcast(store.path if isinstance(store, SharedStore) else None)
-    if store is None:
-        store = make_store(f"shared://{where}" if where else spec, capacity)
-    return store, ranks.rank == 0
+    same = ranks.broadcast(store.spec if store is not None else None)
+    return store if store is not None else make_store(same, capacity)
 
 
 def dataset_namespace(keys: list[str]) -> str:

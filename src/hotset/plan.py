@@ -220,6 +220,7 @@ class Planner:
         self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
+        self._order_epoch = -1  # which epoch that is
         self._consumed = 0  # its batches the loader handed to the training loop
         self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
         self.phantoms = 0  # residents forgotten: the store lacked them, or never would hold them
@@ -348,12 +349,22 @@ class Planner:
         """Where training stands: the epoch, its order as drawn and how many of its
         batches were consumed, the sampler's and the policy's state, the counters. Plans
         handed out but not consumed are not in it: after a restart they are planned
-        again (the cache is then reconciled with what the store really holds)."""
+        again (the cache is then reconciled with what the store really holds). Taken at
+        any point, it resumes to what an uninterrupted run would still serve: an epoch
+        ``set_epoch`` named but not begun starts afresh (not with the last epoch's order),
+        and after an epoch's last batch the next epoch does."""
         with self.lock:
+            epoch, order, consumed = self.sampler.epoch, self._order, self._consumed
+            if self._resume is not None and self._resume[0] == epoch:
+                _, order, consumed = self._resume  # loaded, not yet served: as loaded
+            elif self._order_epoch != epoch:
+                order, consumed = _EMPTY, 0  # set_epoch moved on: the epoch has not begun
+            elif consumed >= self._batches(order):
+                epoch, order, consumed = epoch + 1, _EMPTY, 0  # over: the next one is due
             return {
-                "epoch": self.sampler.epoch,
-                "order": self._order.copy(),
-                "consumed": self._consumed,
+                "epoch": epoch,
+                "order": order.copy(),
+                "consumed": consumed,
                 "sampler": self.sampler.state_dict(),
                 "policy": self.policy.state_dict(),
                 "counters": {k: getattr(self, k) for k in COUNTERS},
@@ -373,6 +384,10 @@ class Planner:
             order = np.asarray(state["order"], np.int64)
             if order.size:
                 self._resume = (int(state["epoch"]), order, int(state["consumed"]))
+
+    def _batches(self, order: np.ndarray) -> int:
+        """Global batches in an epoch of ``order``."""
+        return -(-order.size // (self.batch_size * self.world))
 
     def __len__(self) -> int:
         """This rank's batches per epoch (the same on every rank)."""
@@ -481,10 +496,10 @@ class Planner:
         else:
             order = self._start_epoch(epoch)
         self._resume = None
-        self._order, self._consumed = order, first
+        self._order, self._consumed, self._order_epoch = order, first, epoch
         self.planning_s += time.perf_counter() - start
         step = self.batch_size * self.world
-        for index in range(first, -(-order.size // step)):
+        for index in range(first, self._batches(order)):
             lo = index * step
             start = time.perf_counter()
             plan = self._plan(epoch, index, order[lo : lo + step])

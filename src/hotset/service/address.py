@@ -1,18 +1,18 @@
 """Where the service listens: by default a socket in a directory only its user can enter
 (``$XDG_RUNTIME_DIR/hotset``, else ``/tmp/hotset-UID``, mode 0700), so no other local
 user can take the address while the service is down or answer in its place; a client
-refuses an ``ipc://`` socket that another user owns."""
+refuses an ``ipc://`` socket that another user owns; a running service holds a lock
+beside its socket, so a second one never takes the address over."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from pathlib import Path
 
-import zmq
-
 from hotset.errors import ConfigError
-from hotset.service.protocol import encode
+from hotset.store.lease import check_own_file
 
 
 def runtime_dir() -> Path:
@@ -52,24 +52,28 @@ def check_ipc_owner(address: str) -> None:
         )
 
 
-def refuse_live(
-    address: str, ctx: zmq.Context, timeout_ms: int = 300, secure=lambda sock: None
-) -> None:
-    """Raise if a service already answers on ``address`` (a second ``hotset serve`` must
-    not silently take over an ``ipc://`` socket); ``secure`` sets up the probe's socket
-    (CURVE keys) before it connects."""
-    if address.startswith("ipc://") and not Path(address[len("ipc://") :]).exists():
-        return
-    sock = ctx.socket(zmq.REQ)
-    secure(sock)
-    for opt, v in ((zmq.RCVTIMEO, timeout_ms), (zmq.SNDTIMEO, timeout_ms), (zmq.LINGER, 0)):
-        sock.setsockopt(opt, v)
+def hold_address(address: str) -> int | None:
+    """Hold the lock that says a service runs on the ``ipc://`` ``address`` (an ``flock``
+    on ``SOCKET.lock`` beside the socket, kept for the service's lifetime and dropped by
+    the kernel when it dies, even by kill -9); returns its descriptor. A second service
+    is refused however busy the first is (a liveness probe that waits for an answer
+    would take a busy service for a dead one). ``tcp://``: binding the port decides."""
+    if not address.startswith("ipc://"):
+        return None
+    path = address[len("ipc://") :] + ".lock"
     try:
-        sock.connect(address)
-        sock.send_multipart(encode({"op": "hello"}))
-        sock.recv_multipart()
-    except zmq.ZMQError:
-        return  # nobody answered: a stale socket, or a free port
-    finally:
-        sock.close(0)
-    raise ConfigError(f"a hotset service already answers on {address}: stop it first")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the service lock {path}: {exc}") from exc
+    try:
+        check_own_file(path, os.fstat(fd))
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"a hotset service already runs on {address} (it holds {path}): stop it first"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -142,7 +142,9 @@ class ServiceClient:
             raise ConfigError("a job's ranks share the service's node-local store: one node")
 
         def store_of(info: dict) -> SealedStore:
-            return SealedStore(SharedStore(int(info["capacity_bytes"]), path=info["store"]))
+            return SealedStore(
+                SharedStore(int(info["capacity_bytes"]), path=info["store"], join=True)
+            )
 
         dataset = CachedDataset(
             storage, store_of(self.hello()), decode=decode, transform=transform,
@@ -222,6 +224,7 @@ class RemotePlanner:
         self.failures = 0  # outages: the rest of an epoch was read from storage
         self.rejoins = 0  # registrations after the first (service restarted, or timed out)
         self._lost = False  # the service was unreachable: register again at the next epoch
+        self._absent: list[np.ndarray] = []  # planned hits the store lacked, to report
         reply = self._register() if self.leader else None
         if ranks is not None:
             reply = ranks.broadcast(reply)
@@ -308,6 +311,9 @@ class RemotePlanner:
             ids, losses = zip(*self._losses, strict=True)
             payload = {"fb_ids": np.concatenate(ids), "fb_losses": np.concatenate(losses)}
             self._losses = []
+        if self._absent:
+            payload["absent"] = np.unique(np.concatenate(self._absent))
+            self._absent = []
         return header, payload
 
     def __iter__(self) -> Iterator[BatchPlan]:
@@ -366,9 +372,13 @@ class RemotePlanner:
 
     def batch_consumed(self, report=None) -> None:
         """The loader got one more batch: its plan's reads have run (the service may now
-        evict what it read)."""
-        if self.ranks is not None:
-            self.ranks.barrier()  # every rank's reads of it ran: the service may evict
+        evict what it read); its planned hits the store lacked (gone, or dropped as
+        corrupt) go to the service with the next request, which forgets them."""
+        absent = np.empty(0, np.int64) if report is None else report.absent
+        if self.ranks is not None:  # every rank's reads of it ran: the service may evict
+            absent = np.concatenate(self.ranks.all_gather(absent))
+        if absent.size:
+            self._absent.append(absent)
         self.done += 1
         self.probe.consumed()
 

@@ -153,6 +153,7 @@ class JobCoordinator:
         self._next_job = 0
         self.removed: list[tuple[str, str]] = []  # (job name, why)
         self.planning_s = 0.0
+        self.phantoms = 0  # residents forgotten: a job found them absent from the store
 
     def evict_later(self, ids) -> None:
         """Evictions decided outside a plan: they go out with the next one."""
@@ -282,17 +283,24 @@ class JobCoordinator:
         while job.inflight and job.inflight[0][0] < done:
             self.policy.pin(job.inflight.popleft()[1], -1)
 
-    def plan(self, job_id: int, epoch: int, done: int | None = None, cache: bool = True) -> dict:
+    def plan(
+        self, job_id: int, epoch: int, done: int | None = None, cache: bool = True,
+        absent: np.ndarray | None = None,
+    ) -> dict:  # fmt: skip
         """The job's next batch of ``epoch``: global ids, the hit mask, what to admit, and
         the keys to evict (of any job's dataset). An empty batch ends the epoch. ``done``:
         how many of its batches the job has consumed (their reads have run); ``None``:
         all of them (a caller that runs each plan before asking for the next).
         ``cache=False``: the batch is read from storage (no hit, no admission), for
-        timing the job without the cache."""
+        timing the job without the cache. ``absent``: the job's local ids whose planned
+        hits the store did not hold (gone, or dropped as corrupt): forgotten where no
+        plan in flight still reads or writes them."""
         start = time.perf_counter()
         job = self._job(job_id)
         job.last_seen = time.monotonic()
         self._unpin(job, job.seq if done is None else done)
+        if absent is not None and absent.size:
+            self._forget(job, absent)
         if epoch != job.epoch:
             if epoch < job.epoch:
                 raise ConfigError(f"job {job.name!r}: epoch {epoch} is before {job.epoch}")
@@ -315,6 +323,13 @@ class JobCoordinator:
             "admit": admitted,
             "evict_keys": [self.keys[g] for g in evicted],
         }
+
+    def _forget(self, job: Job, local_ids: np.ndarray) -> None:
+        if local_ids.max() >= job.gids.size:
+            raise ConfigError(f"job {job.name!r}: absent ids out of [0, {job.gids.size})")
+        gids = job.gids[np.asarray(local_ids, np.int64)]
+        free = gids[self.policy.template.pinned[gids] == 0]
+        self.phantoms += len(self.policy.discard(free))
 
     # -- what jobs report ----------------------------------------------------------------
     def feedback(self, job_id: int, local_ids: np.ndarray, losses: np.ndarray) -> None:
@@ -385,6 +400,7 @@ class JobCoordinator:
             "cached": len(self.policy),
             "cached_bytes": self.policy.used,
             "planning_s": self.planning_s,
+            "phantoms": self.phantoms,
         }
 
 

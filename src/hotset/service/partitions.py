@@ -61,6 +61,16 @@ class PartitionedPolicy:
         ev = np.concatenate(evicted) if evicted else ids[:0]
         return AccessResult(hits, adm[self.owner[adm] >= 0], ev[self.owner[ev] < 0])
 
+    def discard(self, ids: np.ndarray) -> list[int]:
+        """Forget residents the store does not hold (gone, or dropped as corrupt)."""
+        ids = np.asarray(ids, np.int64)
+        ids = ids[self.owner[ids] >= 0]
+        out: list[int] = []
+        for p in dict.fromkeys(self.owner[ids].tolist()):
+            out += self.parts[p].discard(ids[self.owner[ids] == p])
+        self.owner[ids] = -1
+        return out
+
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
         for part in (self.template, *self.parts):
             part.set_sizes(ids, sizes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import secrets
 import signal
 import time
@@ -18,17 +19,20 @@ import time
 import zmq
 
 from hotset.errors import ConfigError, HotsetError, UnknownJob
-from hotset.service.address import default_address, refuse_live
-from hotset.service.auth import connect_curve, serve_curve, server_keys
+from hotset.service.address import default_address, hold_address
+from hotset.service.auth import serve_curve, server_keys
 from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
-from hotset.service.protocol import decode, encode
+from hotset.service.messages import Heartbeat, Hello, Leave, Plan, Register, Stats, parse
+from hotset.service.protocol import ProtocolError, decode, encode
 from hotset.store.sealed import sealed_id
 from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 256 << 20  # a register of ~5M sample keys; larger: the peer is dropped
+MAX_MESSAGE_BYTES = 256 << 20  # a register of ~5M sample keys; larger: refused
+#: a request's frames: the ROUTER envelope (identity, empty), a header, at most 3 arrays
+MAX_FRAMES = 6
 
 
 class CacheService:
@@ -54,8 +58,13 @@ class CacheService:
         self.address = address = address or default_address()
         self._ctx = zmq.Context.instance()
         self.key_file, keys = server_keys(address, curve, key_file)
-        refuse_live(address, self._ctx, secure=lambda s: keys and connect_curve(s, keys))
-        self.store = SharedStore(capacity_bytes, path=store_path)
+        self._address_lock = hold_address(address)
+        try:
+            self.store = SharedStore(capacity_bytes, path=store_path)
+        except BaseException:
+            if self._address_lock is not None:
+                os.close(self._address_lock)
+            raise
         if len(self.store):  # an earlier run's entries (killed): the new plan knows none
             log.warning("clearing %d entries an earlier service left in %s", len(self.store),
                         self.store.path)  # fmt: skip
@@ -65,9 +74,10 @@ class CacheService:
         # jobs apply deletes and puts out of order, and the slack absorbs it
         self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
         self.reap_every_s = reap_every_s
+        self.max_message_bytes = int(max_message_bytes)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # bounded messages
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # bounded frames
         self._auth = serve_curve(self._sock, keys) if keys else None
         try:
             self._sock.bind(address)
@@ -75,28 +85,29 @@ class CacheService:
             self._sock.close(0)
             if self._auth:
                 self._auth.stop()
-            self.store.close(destroy=store_path is None)
+            self.close(destroy_store=store_path is None)
             raise ConfigError(f"cannot listen on {address}: {exc}") from exc
         self.stopped = False
 
     def handle(self, header: dict, payload: dict) -> tuple[dict, dict]:
-        """One request -> one reply (errors become ``{"error": message}``)."""
+        """One request -> one reply (errors become ``{"error": message}``); the request
+        is checked against its declared schema (``messages.py``) before any field is
+        used."""
         co = self.coordinator
-        op = header.get("op")
-        if header.get("instance", self.instance) != self.instance:
+        req = parse(header, payload)
+        if req.instance not in (None, self.instance):
             raise UnknownJob(f"job {header.get('job')} was registered with an earlier run of "
                              "the service")  # fmt: skip
-        if op == "hello":
+        if isinstance(req, Hello):
             return {
                 "store": self.store.path,
                 "capacity_bytes": self.store.capacity_bytes,
                 "instance": self.instance,
             }, {}
-        if op == "register":
+        if isinstance(req, Register):
             job = co.register(
-                header["name"], payload["keys"], payload["sizes"], int(header["batch_size"]),
-                header.get("pid"), header.get("host", ""), int(header.get("epoch", 0)),
-                payload.get("served"),
+                req.name, payload["keys"], payload["sizes"], req.batch_size, req.pid,
+                req.host, req.epoch, payload.get("served"),
             )  # fmt: skip
             return {
                 "instance": self.instance,
@@ -107,14 +118,13 @@ class CacheService:
                 "wants_losses": co.mode.wants_losses,
                 "job_timeout_s": co.job_timeout_s,
             }, {}
-        if op == "plan":
-            job_id = int(header["job"])
+        if isinstance(req, Plan):
             if "fb_ids" in payload:
-                co.feedback(job_id, payload["fb_ids"], payload["fb_losses"])
-            if "benefit" in header:
-                co.report_benefit(job_id, Benefit(*header["benefit"]))
-            p = co.plan(job_id, int(header["epoch"]), header.get("done"), header.get("cache", True))
-            job = co.jobs[job_id]
+                co.feedback(req.job, payload["fb_ids"], payload["fb_losses"])
+            if req.benefit is not None:
+                co.report_benefit(req.job, Benefit(*req.benefit))
+            p = co.plan(req.job, req.epoch, req.done, req.cache, payload.get("absent"))
+            job = co.jobs[req.job]
             out = {
                 "local": job.local(p["gids"]),
                 "hit": p["hit"],
@@ -122,18 +132,16 @@ class CacheService:
                 "evict_keys": [sealed_id(k) for k in p["evict_keys"]],
             }
             return {"epoch": p["epoch"], "index": p["index"]}, out
-        if op == "heartbeat":
-            co.seen(int(header["job"]))
+        if isinstance(req, Heartbeat):
+            co.seen(req.job)
             return {}, {}
-        if op == "leave":
-            co.leave(int(header["job"]))
+        if isinstance(req, Leave):
+            co.leave(req.job)
             return {}, {}
-        if op == "stats":
+        if isinstance(req, Stats):
             return co.stats(), {}
-        if op == "stop":
-            self.stopped = True
-            return {}, {}
-        return {"error": f"unknown request {op!r}"}, {}
+        self.stopped = True  # Stop
+        return {}, {}
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
@@ -143,11 +151,16 @@ class CacheService:
         try:
             while not self.stopped:
                 if poller.poll(int(self.reap_every_s * 1000)):
-                    ident, *frames = self._sock.recv_multipart()
+                    ident, *frames = self._receive()
                     if len(frames) < 2 or frames[0]:  # not a REQ envelope: nothing to answer
                         continue
                     empty, frames = frames[0], frames[1:]
                     try:
+                        if frames[-1] is None:
+                            raise ProtocolError(
+                                f"message over {self.max_message_bytes} bytes or "
+                                f"{MAX_FRAMES} frames: refused"
+                            )
                         reply, payload = self.handle(*decode(frames))
                     except HotsetError as exc:
                         reply, payload = {"error": str(exc), "code": type(exc).__name__}, {}
@@ -156,16 +169,42 @@ class CacheService:
                         reply, payload = {"error": f"{type(exc).__name__}: {exc}"}, {}
                     self._sock.send_multipart([ident, empty, *encode(reply, payload)])
                 if time.monotonic() - last_reap >= self.reap_every_s:
-                    for job in self.coordinator.reap():
-                        log.warning("job %s removed (%s)", job, self.coordinator.removed[-1][1])
+                    try:
+                        for job in self.coordinator.reap():
+                            log.warning("job %s removed (%s)", job,
+                                        self.coordinator.removed[-1][1])  # fmt: skip
+                    except Exception:  # noqa: BLE001 - the service outlives a bad job record
+                        log.exception("reaping jobs failed")
                     last_reap = time.monotonic()
         finally:
             self._sock.close(0)
             if self._auth:
                 self._auth.stop()
 
+    def _receive(self) -> list[bytes | None]:
+        """One message, frame by frame: frames past ``MAX_FRAMES`` or past
+        ``max_message_bytes`` in all are received and dropped, not kept (the last frame
+        kept is then ``None``). libzmq has already buffered the message whole (it delivers
+        multipart messages atomically); each frame is bounded there by ``MAXMSGSIZE``."""
+        frames: list[bytes | None] = []
+        size, over = 0, False
+        while True:
+            frame = self._sock.recv(copy=False)
+            size += len(frame)
+            over = over or len(frames) >= MAX_FRAMES or size > self.max_message_bytes
+            if not over:
+                frames.append(frame.bytes)
+            if not self._sock.getsockopt(zmq.RCVMORE):
+                break
+        if over:
+            frames = [*frames[:2], None]  # the envelope, to answer the refusal
+        return frames
+
     def close(self, destroy_store: bool = False) -> None:
         self.store.close(destroy=destroy_store)
+        if self._address_lock is not None:
+            os.close(self._address_lock)  # the address is free for the next service
+            self._address_lock = None
 
 
 def serve(

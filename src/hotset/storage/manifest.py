@@ -11,7 +11,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
 
+import msgspec
 import numpy as np
 
 from hotset.errors import ConfigError
@@ -21,6 +23,36 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "hotset-manifest/1"
 KEY_KIND = "blake2b-128"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+
+
+class _Document(msgspec.Struct):
+    """``manifest.json`` as declared: a field missing or of the wrong type is named."""
+
+    format: str
+    paths: list[str]
+    keys: list[str]
+    sizes: list[Annotated[int, msgspec.Meta(ge=0)]]
+    labels: list[int]
+    classes: list[str] = []
+    name: str = ""
+    key_kind: str = KEY_KIND
+
+
+#: what a relative path inside the dataset never holds (each path is framed by newlines)
+_ESCAPES = ("\n/", "/../", "\n../", "/..\n", "\n..\n", "\\", "://", "\n\n", "\x00")
+
+
+def _check_paths(paths: list[str], where: str) -> None:
+    """Every path stays inside the dataset's root: relative, no ``..`` step, no URL."""
+    framed = "\n" + "\n".join(paths) + "\n"
+    if not any(bad in framed for bad in _ESCAPES):
+        return
+    for i, p in enumerate(paths):  # only on failure: name the first offender
+        if any(bad in f"\n{p}\n" for bad in _ESCAPES):
+            raise ConfigError(
+                f"{where}: paths[{i}] = {p!r} leaves the dataset's directory (absolute, "
+                "'..', a URL or empty): refusing the manifest"
+            )
 
 
 def content_key(data: bytes) -> str:
@@ -73,20 +105,26 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, where: str = "manifest") -> Manifest:
+        """Parse and check a manifest (untrusted input): fields and types as declared,
+        paths inside the dataset, labels within the class list, keys of the known kind."""
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
-        if doc.get("format") != FORMAT:
-            raise ConfigError(f"{where}: format {doc.get('format')!r}, expected {FORMAT!r}")
-        return cls(
-            paths=doc["paths"],
-            keys=doc["keys"],
-            sizes=doc["sizes"],
-            labels=doc["labels"],
-            classes=doc.get("classes", []),
-            name=doc.get("name", ""),
-        )
+            doc = msgspec.json.decode(text, type=_Document)
+        except msgspec.DecodeError as exc:  # ValidationError names the field
+            raise ConfigError(f"{where}: {exc}") from exc
+        if doc.format != FORMAT:
+            raise ConfigError(f"{where}: format {doc.format!r}, expected {FORMAT!r}")
+        if doc.key_kind != KEY_KIND:
+            raise ConfigError(f"{where}: key_kind {doc.key_kind!r}, expected {KEY_KIND!r}")
+        _check_paths(doc.paths, where)
+        labels = np.asarray(doc.labels, dtype=np.int64)
+        if doc.classes and labels.size:
+            bad = np.flatnonzero((labels < 0) | (labels >= len(doc.classes)))
+            if bad.size:
+                raise ConfigError(
+                    f"{where}: labels[{bad[0]}] = {labels[bad[0]]} is not a class index "
+                    f"(0..{len(doc.classes) - 1}, {len(doc.classes)} classes)"
+                )
+        return cls(doc.paths, doc.keys, doc.sizes, labels, doc.classes, doc.name)
 
     @classmethod
     def from_samples(

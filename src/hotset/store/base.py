@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hotset.errors import ConfigError
 
@@ -81,6 +81,20 @@ class Store(ABC):
         node-local copies, at an epoch boundary); returns how many."""
         return 0
 
+    def claim(self, namespace: str) -> Callable[[], None]:
+        """Reserve ``namespace`` (one job's entries, see ``NamespacedStore``) for the
+        caller until it calls the returned release: two jobs planning the same entries
+        would undo each other's work, so a store other processes can open refuses a
+        second live claim with a ``ConfigError``. Default: nothing to reserve (the store
+        is private to this object, or its namespace was drawn for it alone)."""
+        return lambda: None
+
+    @property
+    def spec(self) -> str | None:
+        """What another process passes to ``make_store`` to open these same entries
+        (``None``: they are private to this process)."""
+        return None
+
     def close(self, destroy: bool = False) -> None:  # noqa: B027 - optional hook
         """Release handles; ``destroy=True`` also removes the backing data."""
 
@@ -119,6 +133,9 @@ class StoreWrapper(Store):
     def delete_store_keys(self, keys: Sequence[str]) -> None:
         self.inner.delete_many(keys)  # already the inner store's names
 
+    def claim(self, namespace: str) -> Callable[[], None]:
+        return self.inner.claim(namespace)
+
     @property
     def used_bytes(self) -> int:
         return self.inner.used_bytes
@@ -140,6 +157,9 @@ class NamespacedStore(StoreWrapper):
     def __init__(self, inner: Store, prefix: str) -> None:
         super().__init__(inner)
         self.prefix = prefix
+
+    def claim(self, namespace: str = "") -> Callable[[], None]:
+        return self.inner.claim(self.prefix + namespace)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         return self.inner.get_many([self.prefix + k for k in keys])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 
+from hotset.errors import ConfigError
 from hotset.store.base import Store
 
 
@@ -15,6 +17,12 @@ class MemoryStore(Store):
 
     def __init__(self, capacity_bytes: int) -> None:
         super().__init__(capacity_bytes)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if self.capacity_bytes > ram:
+            raise ConfigError(
+                f"capacity_bytes={self.capacity_bytes} is more than this machine's memory "
+                f"({ram} bytes): use a smaller cache_fraction or capacity_bytes"
+            )
         self._data: dict[str, bytes] = {}
         self._used = 0
         self._lock = threading.Lock()

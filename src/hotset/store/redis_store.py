@@ -9,14 +9,23 @@ the server is not asked again for ``retry_after_s`` seconds: the loader then rea
 storage and training goes on. A server out of memory (``maxmemory`` with ``noeviction``)
 refuses the put, counted the same way; one that evicts keys itself (``allkeys-lru``)
 leaves the budget counter high, which ``reconcile`` recounts from the keys.
+
+Each store's entries and budget counter live under its ``namespace``: a URL that names
+none (``?namespace=name``) gets a fresh one, so two jobs on one server never share a
+budget, and ``close(destroy=True)`` clears only a namespace the store drew itself. A
+namespace the user names is theirs: it outlives ``close`` (a resumed job finds its
+entries), and one job at a time should use it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import time
 from collections.abc import Mapping, Sequence
+from urllib.parse import parse_qsl, urlencode
 
 from hotset.errors import ConfigError, StoreUnavailable
 from hotset.store.base import Store
@@ -54,8 +63,27 @@ return freed
 """
 
 
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def split_namespace(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``namespace=`` query parameter, and that namespace."""
+    base, sep, query = url.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    named = [v for k, v in pairs if k == "namespace"]
+    if not named:
+        return url, None
+    rest = urlencode([(k, v) for k, v in pairs if k != "namespace"])
+    return base + ("?" + rest if rest else ""), named[-1]
+
+
+def with_namespace(url: str, namespace: str) -> str:
+    return url + ("&" if "?" in url else "?") + urlencode({"namespace": namespace})
+
+
 class RedisStore(Store):
-    """Store in a Redis server at ``url`` (``redis://host:port/db`` or ``unix:///path``)."""
+    """Store in a Redis server at ``url`` (``redis://host:port/db`` or ``unix:///path``,
+    ``?namespace=name`` optional), under ``namespace`` (default: the URL's, else fresh)."""
 
     shared_across_processes = True
 
@@ -63,7 +91,7 @@ class RedisStore(Store):
         self,
         capacity_bytes: int,
         url: str = "redis://localhost:6379/0",
-        namespace: str = "hotset",
+        namespace: str | None = None,
         retry_after_s: float = 2.0,
         socket_timeout_s: float = 1.0,
     ) -> None:
@@ -74,15 +102,28 @@ class RedisStore(Store):
                 "the Redis store needs redis-py: pip install 'hotset[redis]'"
             ) from exc
         super().__init__(capacity_bytes)
-        self.url = url
-        self.namespace = namespace
+        self.url, named = split_namespace(url)
+        namespace = namespace or named
+        if namespace is not None and not _NAMESPACE.fullmatch(namespace):
+            # letters, digits, _.-: one namespace's keys never match another's pattern
+            raise ConfigError(
+                f"redis store namespace {namespace!r}: use 1 to 64 letters, digits, '_.-'"
+            )
+        #: whether ``close(destroy=True)`` clears it: only a namespace drawn here
+        self.owns_namespace = namespace is None
+        self.namespace = namespace or f"job-{secrets.token_hex(8)}"
         self.retry_after_s = retry_after_s
         self.socket_timeout_s = socket_timeout_s
-        self._prefix = f"hotset:{{{namespace}}}:"
+        self._prefix = f"hotset:{{{self.namespace}}}:"
         self._used_key = self._prefix + "__used_bytes__"
         self._client = None
         self._pid = -1
         self._down_until = 0.0
+
+    @property
+    def spec(self) -> str:
+        """The URL that opens this store's namespace (for other ranks)."""
+        return with_namespace(self.url, self.namespace)
 
     def _redis(self):
         if self._client is None or self._pid != os.getpid():
@@ -184,17 +225,22 @@ class RedisStore(Store):
     def __len__(self) -> int:
         return self._call(lambda r: len(self._data_keys(r)), 0)
 
+    def _budget_keys(self, r) -> list[str]:
+        """The keys that keep the byte budget (removed with the entries by ``clear``)."""
+        return [self._used_key]
+
     def clear(self) -> None:
         def clear(r):
             keys = self._data_keys(r)
             for i in range(0, len(keys), 1000):
                 r.delete(*keys[i : i + 1000])
-            r.set(self._used_key, 0)
+            for k in self._budget_keys(r):  # absent: the budget is whole again
+                r.delete(k)
 
         self._call(clear, None)
 
     def close(self, destroy: bool = False) -> None:
-        if destroy:
+        if destroy and self.owns_namespace:
             self.clear()
         if self._client is not None and self._pid == os.getpid():
             self._client.close()

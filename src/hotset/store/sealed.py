@@ -4,9 +4,10 @@ A sample's content digest (its manifest key) is the capability to read it: the e
 stored under a one-way hash of the digest, and its bytes are XORed with a keystream
 derived from the digest (convergent encryption, SHAKE-256). A process that can list the
 store but does not hold a sample's digest sees neither the digest nor the bytes; a job
-that registered the dataset (and so has the digests) reads them. Every read is checked
-against the digest, so a tampered or mixed-up entry is dropped (``rejected``), never
-served.
+that registered the dataset (and so has the digests) reads them. A tampered or mixed-up
+entry unseals to bytes that do not match the digest: the reader checks every hit
+(``CachedDataset`` does, as for any store), counts it in ``corrupt_hits``, deletes the
+entry and reports it absent, so the service forgets it; it is never served.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from hotset.storage.manifest import content_key
-from hotset.store.base import Store, StoreWrapper
+from hotset.store.base import StoreWrapper
 
 
 def sealed_id(key: str) -> str:
@@ -33,19 +33,10 @@ def _xor(key: str, data: bytes) -> bytes:
 class SealedStore(StoreWrapper):
     """Wraps a store: entries under ``sealed_id(key)``, bytes sealed with ``key``."""
 
-    def __init__(self, inner: Store) -> None:
-        super().__init__(inner)
-        self.rejected = 0  # entries whose unsealed bytes did not match their digest
-
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for k, v in zip(keys, self.inner.get_many([sealed_id(k) for k in keys]), strict=True):
-            data = None if v is None else _xor(k, v)
-            if data is not None and content_key(data) != k:
-                self.rejected += 1
-                data = None
-            out.append(data)
-        return out
+        """The unsealed values (the caller checks them against ``keys``)."""
+        values = self.inner.get_many([sealed_id(k) for k in keys])
+        return [None if v is None else _xor(k, v) for k, v in zip(keys, values, strict=True)]
 
     def put(self, items: Mapping[str, bytes]) -> tuple[int, list[str]]:
         of = {sealed_id(k): k for k in items}

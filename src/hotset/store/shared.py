@@ -7,9 +7,15 @@ entries, so it holds across processes.
 
 A full map (``MapFullError``) or a tmpfs without room for a write (checked before the
 write, and any LMDB error of the write itself) is absorbed: the put stores nothing and is
-counted in ``failures``. A store made without a path is owned by its process (an
-``owner`` file with its pid and start time); ``close(destroy=True)`` removes it, and
-``remove_stale_stores`` removes those whose owner is gone (a process killed with -9).
+counted in ``failures``; so is a store whose directory was removed under it (a tmpfs
+cleanup): reads miss, listings raise ``StoreUnavailable``. A capacity the filesystem
+cannot hold is refused before anything is made.
+
+Where the files live and who removes them is ``lease.py``'s: a default store is made in
+the user's private ``/dev/shm/hotset-UID``; a named one (``path=``) is checked and shared
+by every process that opens it; ``close(destroy=True)`` removes hotset's files only when
+the last user leaves, and ``remove_unused_stores`` removes default stores whose users were
+killed.
 
 Chosen over Redis-on-loopback for one node by ``benchmarks/store_latency.py`` (batched
 reads are served from the page cache with no socket round trip).
@@ -17,24 +23,21 @@ reads are served from the page cache with no socket round trip).
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 
 import lmdb
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, StoreUnavailable
+from hotset.store import lease
 from hotset.store.base import Store
 
 log = logging.getLogger(__name__)
 
 _USED = b"used_bytes"
 _CAPACITY = b"capacity_bytes"
-PREFIX = "hotset-store-"
-OWNER = "owner"
 #: room a write needs on the tmpfs beyond its values (LMDB pages, B-tree, free list)
 WRITE_MARGIN = 1 << 20
 
@@ -58,12 +61,10 @@ os.register_at_fork(before=_close_before_fork)
 def _environment(
     path: str, map_size: int, create: bool = False
 ) -> tuple[lmdb.Environment, object, object]:
-    """The process's environment at ``path``; ``create``: make the store if missing (its
-    maker only: a store its owner removed must not be made again by a reader)."""
+    """The process's environment at ``path``; ``create``: make the LMDB files if missing
+    (a user holding the lease only: a removed store is never made again by a reader)."""
     handle = _ENVS.get(path)
     if handle is None:
-        if create:
-            os.makedirs(path, mode=0o700, exist_ok=True)  # the cached bytes: this user's only
         env = lmdb.open(
             path,
             create=create,
@@ -79,42 +80,25 @@ def _environment(
     return handle
 
 
-def default_shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), or ``None`` if it is gone."""
+def _resolve(path: str) -> str:
+    """``path`` with its links resolved; a link another user made is not followed."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields[19]
-
-
-def _owner_alive(path: str) -> bool:
-    try:
-        with open(os.path.join(path, OWNER)) as f:
-            pid, start = f.read().split()
-    except (OSError, ValueError):
-        return True  # not ours to judge
-    return _start_time(int(pid)) == start
-
-
-def remove_stale_stores(directory: str | None = None) -> list[str]:
-    """Remove the stores in ``directory`` (default: /dev/shm) whose owning process is
-    gone; returns their paths."""
-    directory = directory or default_shm_dir() or tempfile.gettempdir()
-    gone = [p for p in glob.glob(os.path.join(directory, PREFIX + "*")) if not _owner_alive(p)]
-    for path in gone:
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("removed the stale store %s (its process is gone)", path)
-    return gone
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return os.path.realpath(path)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} is a link another user made: refusing to follow it")
+    return os.path.realpath(path)
 
 
 class SharedStore(Store):
     """LMDB-backed store shared by all processes that open ``path``.
+
+    ``path=None``: a fresh store in the user's private directory, removed by ``close``.
+    ``path``: a named store, made if missing, shared by every process that opens it; the
+    last of them to ``close(destroy=True)`` removes hotset's files (and the directory if
+    hotset made it). ``join``: open a store another process made and keeps (the multi-job
+    service's): never make it, never remove it.
 
     The environment is opened lazily in each process (LMDB handles must not cross a
     ``fork``), so the object can be handed to DataLoader workers.
@@ -122,42 +106,90 @@ class SharedStore(Store):
 
     shared_across_processes = True
 
-    def __init__(self, capacity_bytes: int, path: str | None = None) -> None:
+    def __init__(self, capacity_bytes: int, path: str | None = None, *, join: bool = False):
         super().__init__(capacity_bytes)
-        self.owned = path is None
-        if self.owned:
-            remove_stale_stores()
-            path = tempfile.mkdtemp(prefix=PREFIX, dir=default_shm_dir())
-            with open(os.path.join(path, OWNER), "w") as f:
-                f.write(f"{os.getpid()} {_start_time(os.getpid())}")
-        self.path = path
         # Sparse on tmpfs: the map size reserves address space, not memory. LMDB needs
         # room for page overhead and for pages freed while readers still hold them.
         self.map_size = 3 * self.capacity_bytes + (256 << 20)
-        self.path = os.path.realpath(self.path)
-        env = self._open(create=True)
-        with env.begin(write=True, db=self._meta) as txn:
+        self.lease: lease.Lease | None = None
+        if path is None:
+            base = lease.private_base()
+            self._check_capacity(base)
+            lease.remove_unused(base)
+            self.lease = lease.Lease.fresh(base)
+            self.path = self.lease.path
+        else:
+            self.path = _resolve(path)
+            if join:
+                lease.check_own_dir(self.path)
+                lease.check_lmdb_files(self.path)
+            else:
+                exists = os.path.isdir(self.path)
+                self._check_capacity(self.path if exists else os.path.dirname(self.path))
+                self.lease = lease.Lease.open(self.path)
+        try:
+            self._init_meta(create=not join)
+        except BaseException:
+            self.close(destroy=True)
+            raise
+
+    @property
+    def spec(self) -> str:
+        return f"shared://{self.path}"
+
+    def claim(self, namespace: str) -> Callable[[], None]:
+        return lease.claim(self.path, namespace)
+
+    def _check_capacity(self, directory: str) -> None:
+        """Refuse, before anything is made, a capacity the filesystem cannot hold."""
+        st = os.statvfs(directory)
+        if self.capacity_bytes > st.f_blocks * st.f_frsize:
+            raise ConfigError(
+                f"capacity_bytes={self.capacity_bytes} is more than the filesystem of "
+                f"{directory} holds ({st.f_blocks * st.f_frsize} bytes): use a smaller "
+                "cache_fraction or capacity_bytes, or a Redis store"
+            )
+
+    def _init_meta(self, create: bool) -> None:
+        try:
+            env = self._open(create=create)
+        except (MemoryError, lmdb.Error) as exc:
+            raise ConfigError(
+                f"cannot open the shared store at {self.path} with capacity_bytes="
+                f"{self.capacity_bytes}: {exc}"
+            ) from exc
+        with env.begin(write=create, db=self._meta) as txn:
             stored = txn.get(_CAPACITY)
             if stored is not None and int(stored) != self.capacity_bytes:
                 raise ConfigError(
                     f"shared store at {self.path} has capacity_bytes={int(stored)}, "
                     f"asked for {self.capacity_bytes}"
                 )
-            txn.put(_CAPACITY, str(self.capacity_bytes).encode())
-            if txn.get(_USED) is None:
-                txn.put(_USED, b"0")
+            if create:
+                txn.put(_CAPACITY, str(self.capacity_bytes).encode())
+                if txn.get(_USED) is None:
+                    txn.put(_USED, b"0")
 
     def _open(self, create: bool = False) -> lmdb.Environment:
         env, self._data, self._meta = _environment(self.path, self.map_size, create)
         return env
 
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+    def _txn(self, fn, fallback, write: bool = False):
+        """``fn(txn)`` in a transaction; an LMDB error (map full, no space left, the store
+        removed under this process) is counted and ``fallback`` returned."""
         try:
-            with self._open().begin(db=self._data) as txn:
-                return [txn.get(k.encode()) for k in keys]
-        except lmdb.Error:  # the store is gone (its service stopped): misses, counted
+            with self._open().begin(write=write) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:
             self.failures += 1
-            return [None] * len(keys)
+            log.debug("shared store %s: %s", self.path, exc)
+            return fallback
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        def read(txn):
+            return [txn.get(k.encode(), db=self._data) for k in keys]
+
+        return self._txn(read, [None] * len(keys))
 
     def _room_on_disk(self, nbytes: int) -> bool:
         try:
@@ -172,82 +204,92 @@ class SharedStore(Store):
         if not self._room_on_disk(sum(len(v) for v in items.values())):
             self.failures += 1  # the tmpfs is full: writing would raise SIGBUS
             return 0, list(items)
-        stored, out = 0, []
-        try:
-            with self._open().begin(write=True) as txn:
-                used = int(txn.get(_USED, db=self._meta))
-                for k, v in items.items():
-                    kb = k.encode()
-                    if txn.get(kb, db=self._data) is not None:
-                        continue
-                    if used + len(v) > self.capacity_bytes:
-                        self.refused += 1
-                        out.append(k)
-                        continue
-                    txn.put(kb, v, db=self._data)
-                    used += len(v)
-                    stored += 1
-                txn.put(_USED, str(used).encode(), db=self._meta)
-        except lmdb.Error:  # map full, no space left: the transaction stored nothing
-            self.failures += 1
+
+        def write(txn):
+            stored, out = 0, []
+            used = int(txn.get(_USED, db=self._meta))
+            for k, v in items.items():
+                kb = k.encode()
+                if txn.get(kb, db=self._data) is not None:
+                    continue
+                if used + len(v) > self.capacity_bytes:
+                    out.append(k)
+                    continue
+                txn.put(kb, v, db=self._data)
+                used += len(v)
+                stored += 1
+            txn.put(_USED, str(used).encode(), db=self._meta)
+            return stored, out
+
+        stored, out = self._txn(write, (0, None), write=True)
+        if out is None:  # the transaction stored nothing
             return 0, list(items)
+        self.refused += len(out)
         return stored, out
 
     def list_keys(self, prefix: str = "") -> list[str]:
-        start, out = prefix.encode(), []
-        with self._open().begin(db=self._data) as txn:
-            cursor = txn.cursor()
+        start = prefix.encode()
+
+        def listing(txn):
+            out, cursor = [], txn.cursor(db=self._data)
             if cursor.set_range(start):  # keys are sorted: the prefix's run only
                 for k in cursor.iternext(values=False):
                     if not k.startswith(start):
                         break
                     out.append(bytes(k).decode())
-        return out
+            return out
+
+        keys = self._txn(listing, None)
+        if keys is None:  # unknown, not empty: a planner must not forget what it holds
+            raise StoreUnavailable(f"shared store {self.path} cannot be read: cannot list it")
+        return keys
 
     def reconcile(self) -> int:
-        with self._open().begin(write=True) as txn:
+        def recount(txn):
             used = sum(len(v) for _, v in txn.cursor(db=self._data))
             txn.put(_USED, str(used).encode(), db=self._meta)
-        return used
+            return used
+
+        return self._txn(recount, 0, write=True)
 
     def delete_many(self, keys: Sequence[str]) -> None:
-        try:
-            with self._open().begin(write=True) as txn:
-                used = int(txn.get(_USED, db=self._meta))
-                for k in keys:
-                    kb = k.encode()
-                    v = txn.get(kb, db=self._data)
-                    if v is not None:
-                        txn.delete(kb, db=self._data)
-                        used -= len(v)
-                txn.put(_USED, str(used).encode(), db=self._meta)
-        except lmdb.Error:  # no room even to delete: the planner reconciles at epoch end
-            self.failures += 1
+        def delete(txn):
+            used = int(txn.get(_USED, db=self._meta))
+            for k in keys:
+                kb = k.encode()
+                v = txn.get(kb, db=self._data)
+                if v is not None:
+                    txn.delete(kb, db=self._data)
+                    used -= len(v)
+            txn.put(_USED, str(used).encode(), db=self._meta)
+
+        self._txn(delete, None, write=True)  # failed: the planner reconciles at epoch end
 
     def contains(self, key: str) -> bool:
-        with self._open().begin(db=self._data) as txn:
-            return txn.get(key.encode()) is not None
+        return self._txn(lambda txn: txn.get(key.encode(), db=self._data) is not None, False)
 
     @property
     def used_bytes(self) -> int:
-        with self._open().begin(db=self._meta) as txn:
-            return int(txn.get(_USED))
+        return self._txn(lambda txn: int(txn.get(_USED, db=self._meta)), 0)
 
     def __len__(self) -> int:
-        with self._open().begin(db=self._data) as txn:
-            return txn.stat(self._data)["entries"]
+        return self._txn(lambda txn: txn.stat(self._data)["entries"], 0)
 
     def clear(self) -> None:
-        with self._open().begin(write=True) as txn:
+        def clear(txn):
             txn.drop(self._data, delete=False)
             txn.put(_USED, b"0", db=self._meta)
 
+        self._txn(clear, None, write=True)
+
     def close(self, destroy: bool = False) -> None:
-        if destroy:
+        """Stop using the store; ``destroy``: remove it if this is its last user (only
+        hotset's files, and the directory if hotset made it). A joined store is left
+        alone."""
+        if self.lease is not None and self.lease.leave(remove=destroy):
             handle = _ENVS.pop(self.path, None)
             if handle is not None:
                 handle[0].close()
-            shutil.rmtree(self.path, ignore_errors=True)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -21,16 +21,15 @@ PREFIX = "shared+"  # shared+redis+cluster://host:port, shared+redis://host:port
 
 
 class TieredStore(StoreWrapper):
-    """``pooled`` (the planned tier) with ``local`` copies in front. ``owns_local`` /
-    ``owns_pooled``: which tiers ``close(destroy=True)`` removes (a node's LMDB is its
-    maker's; the pooled tier the job's first rank's)."""
+    """``pooled`` (the planned tier) with ``local`` copies in front. ``trims``: this
+    process trims the node's copies (the node tier's maker). ``close(destroy=True)``
+    removes each tier as its own rules say: the node's LMDB when its last user leaves,
+    the pooled namespace if the pooled store drew it."""
 
-    def __init__(
-        self, local: Store, pooled: Store, owns_local: bool = True, owns_pooled: bool = True
-    ) -> None:
+    def __init__(self, local: Store, pooled: Store, trims: bool = True) -> None:
         super().__init__(pooled)
         self.local = local
-        self.owns_local, self.owns_pooled = owns_local, owns_pooled
+        self.trims = trims
         self.shared_across_processes = (
             local.shared_across_processes and pooled.shared_across_processes
         )
@@ -74,7 +73,7 @@ class TieredStore(StoreWrapper):
     def trim_copies(self) -> int:
         """Drop the node's copies the pooled tier no longer holds: done by the node tier's
         maker only (its other ranks share that LMDB; each would list the pool again)."""
-        if not self.owns_local:
+        if not self.trims:
             return 0
         try:
             keep = set(self.inner.list_keys())
@@ -85,5 +84,5 @@ class TieredStore(StoreWrapper):
         return len(drop)
 
     def close(self, destroy: bool = False) -> None:
-        self.inner.close(destroy=destroy and self.owns_pooled)
-        self.local.close(destroy=destroy and self.owns_local)
+        self.inner.close(destroy=destroy)
+        self.local.close(destroy=destroy)

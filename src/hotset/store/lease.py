@@ -1,0 +1,252 @@
+"""Who may use a shared store's directory, and who removes what.
+
+* **Trust no path another user controls.** A default store lives in the user's own
+  directory (``/dev/shm/hotset-UID``, 0700, checked). A named directory must be the user's
+  own and writable by nobody else; hotset's files in it (``data.mdb``, ``lock.mdb``,
+  ``hotset.lock``) must be the user's own regular files that nobody else can open. Files
+  are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat``: a symlink, a FIFO
+  or a device is refused, never followed or waited on.
+* **Delete only what hotset made.** Every user of a store holds a shared ``flock`` on its
+  ``hotset.lock`` while the store is open (the kernel drops it when the process dies, even
+  by kill -9). Leaving with ``remove=True``, the last user out (granted the exclusive lock)
+  removes hotset's three files, and the directory only if hotset made it (``hotset.lock``
+  says so) and nothing else is left in it. Any other user just leaves.
+* A directory holding an LMDB environment with no ``hotset.lock`` is not hotset's: refused.
+* One job's entries (its namespace) are claimed with an exclusive ``flock`` on a
+  ``hotset.claim-*`` file while the job runs: a second live job on them is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+
+from hotset.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOCK = "hotset.lock"
+CLAIM = "hotset.claim-"
+LMDB_FILES = ("data.mdb", "lock.mdb")
+MADE = b"made by hotset"  # the lock file's content when hotset made the directory
+STORE_PREFIX = "store-"
+_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def check_own_dir(path: str, private: bool = False) -> None:
+    """Refuse a directory that is a symlink, not this user's, or writable by others
+    (``private``: that others can enter at all)."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} is not a directory of yours: refusing to keep a cache in it")
+    open_to = 0o077 if private else 0o022
+    if st.st_mode & open_to:
+        raise ConfigError(
+            f"{path} is open to other users (mode {st.st_mode & 0o777:o}): they could read "
+            f"or replace the cached samples; use a directory only you can "
+            f"{'enter' if private else 'write'} (chmod {'700' if private else 'go-w'})"
+        )
+
+
+def check_own_file(path: str, st: os.stat_result) -> None:
+    """Refuse a store file that is not a regular file of this user's, or that others can
+    open."""
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise ConfigError(f"{path} is not a regular file of yours: refusing to use the store")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"{path} can be opened by other users (mode {st.st_mode & 0o777:o}): refusing "
+            "to keep cached samples in it"
+        )
+
+
+def check_lmdb_files(path: str) -> None:
+    """The LMDB files already in ``path`` (if any) are this user's own and private."""
+    for name in LMDB_FILES:
+        f = os.path.join(path, name)
+        try:
+            check_own_file(f, os.lstat(f))
+        except FileNotFoundError:
+            continue
+
+
+def private_base() -> str:
+    """This user's directory for default stores: ``/dev/shm/hotset-UID`` (else under the
+    temporary directory), made 0700 and checked."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    base = os.path.join(shm or tempfile.gettempdir(), f"hotset-{os.geteuid()}")
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the store directory {base}: {exc}") from exc
+    check_own_dir(base, private=True)
+    return base
+
+
+def _open_lock(path: str, create: bool, name: str = LOCK) -> int:
+    """A lock file of the store's, opened without following a link or blocking on a FIFO."""
+    fd = os.open(os.path.join(path, name), _OPEN | (os.O_CREAT if create else 0), 0o600)
+    try:
+        check_own_file(os.path.join(path, name), os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def claim(path: str, namespace: str) -> Callable[[], None]:
+    """Claim ``namespace`` in the store at ``path`` for this caller; returns the release.
+    A namespace another live job holds is refused."""
+    name = CLAIM + hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
+    fd = _open_lock(path, create=True, name=name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"another job already trains on this dataset over the store {path}: two "
+            "planners would evict each other's entries. Give each job a store of its own "
+            "(store='shared'), or share one cache between jobs with `hotset serve`"
+        ) from None
+    return lambda: os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed or replaced)."""
+    try:
+        return os.lstat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+class Lease:
+    """This process's use of the store in ``path`` (a shared lock on its ``hotset.lock``),
+    taken by :meth:`open` or :meth:`fresh`."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path, self._fd, self._pid = path, fd, os.getpid()
+
+    @classmethod
+    def open(cls, path: str) -> Lease:
+        """Use the store at ``path``, making the directory (mode 0700) if it is missing;
+        an existing one is checked. Retries if the last user out removes it meanwhile."""
+        for _ in range(10):
+            try:
+                os.mkdir(path, 0o700)
+                made = True
+            except FileExistsError:
+                made = False
+            except FileNotFoundError:
+                raise ConfigError(
+                    f"store directory {path}: its parent directory does not exist"
+                ) from None
+            check_own_dir(path)
+            foreign = any(os.path.lexists(os.path.join(path, f)) for f in LMDB_FILES)
+            if foreign and not os.path.lexists(os.path.join(path, LOCK)):
+                raise ConfigError(
+                    f"{path} holds an LMDB environment hotset did not make (no {LOCK}): "
+                    "refusing to use or remove it; name an empty or new directory"
+                )
+            fd = _open_lock(path, create=True)
+            if made:
+                os.write(fd, MADE)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if _same_file(fd, os.path.join(path, LOCK)):
+                lease = cls(path, fd)
+                try:
+                    check_lmdb_files(path)
+                except BaseException:
+                    lease.leave(remove=made)
+                    raise
+                return lease
+            os.close(fd)  # the last user out removed it meanwhile: start again
+        raise ConfigError(f"store directory {path} keeps disappearing")
+
+    @classmethod
+    def fresh(cls, base: str) -> Lease:
+        """A new store directory in ``base``, leased before it gets its final name (so no
+        other process's ``remove_unused`` takes it for a leftover)."""
+        tmp = tempfile.mkdtemp(prefix=".new-", dir=base)
+        fd = _open_lock(tmp, create=True)
+        os.write(fd, MADE)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        path = os.path.join(base, STORE_PREFIX + os.path.basename(tmp)[len(".new-") :])
+        os.rename(tmp, path)
+        return cls(path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None and self._pid == os.getpid()
+
+    def leave(self, remove: bool) -> bool:
+        """Stop using the store; with ``remove``, remove it if this was its last user.
+        Returns whether it was removed."""
+        if not self.held:
+            return False  # left already, or a forked copy: the lease is its maker's
+        fd, self._fd = self._fd, None
+        try:
+            if not remove:
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # others use it: the last of them removes it
+            return _remove(self.path, fd)
+        finally:
+            os.close(fd)
+
+    def __getstate__(self) -> dict:  # a copy in another process holds no lease
+        return {"path": self.path, "_fd": None, "_pid": -1}
+
+
+def _remove(path: str, fd: int) -> bool:
+    """Remove hotset's files in ``path`` (the exclusive lock held on ``fd``), and the
+    directory if hotset made it and it is empty then."""
+    if not _same_file(fd, os.path.join(path, LOCK)):
+        return False  # removed (and maybe made anew by another job) under us: not ours
+    os.lseek(fd, 0, os.SEEK_SET)
+    made = os.read(fd, len(MADE) + 1) == MADE
+    claims = [n for n in os.listdir(path) if n.startswith(CLAIM)]
+    for name in (*LMDB_FILES, *claims, LOCK):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
+    if made:
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            log.warning("left the store directory %s: it holds other files (%s)", path, exc)
+    return True
+
+
+def remove_unused(base: str) -> list[str]:
+    """Remove the stores in ``base`` (this user's private directory) that no process uses
+    (their users were killed); returns their paths."""
+    gone = []
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if not name.startswith(STORE_PREFIX) or not os.path.isdir(path):
+            continue
+        try:
+            fd = _open_lock(path, create=False)
+        except (OSError, ConfigError):
+            continue  # not a store of ours: leave it alone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # in use
+        try:
+            if _remove(path, fd):
+                gone.append(path)
+                log.info("removed the store %s (no process uses it)", path)
+        finally:
+            os.close(fd)
+    return gone

@@ -1,0 +1,112 @@
+"""Resume at every boundary: a state taken at any point (before the first batch, between
+batches, after an epoch's last batch, after ``set_epoch``, after an abandoned epoch)
+resumes to exactly what an uninterrupted run would still serve; a state that does not fit
+the loader is refused, naming the difference."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from hotset import ConfigError, MemoryStore
+from hotset.storage import FileStorage
+from test_truth import _loader, synthetic_feedback
+
+EPOCHS = 3
+
+
+def run(loader, epochs, cut=None, abandon=None):
+    """Served ids per epoch; ``cut = (epoch, batches)``: stop there, returning the state
+    saved after that many batches of that epoch (-1: right after its ``set_epoch``;
+    ``None``: after its loop ended); ``abandon = (epoch, batches)``: that epoch is left
+    after that many batches."""
+    served = {}
+
+    def save():
+        return pickle.loads(pickle.dumps(loader.state_dict()))  # as torch.save would
+
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        if cut == (epoch, -1):
+            return served, save()
+        served[epoch] = []
+        for n, (_, y, ids) in enumerate(loader):
+            synthetic_feedback(loader, ids, y, epoch)
+            served[epoch] += ids.tolist()
+            if cut == (epoch, n + 1):
+                return served, save()
+            if abandon == (epoch, n + 1):
+                break
+        if cut == (epoch, None):
+            return served, save()
+    return served, None
+
+
+@pytest.mark.parametrize("name", ["lru", "shade"])
+@pytest.mark.parametrize(
+    "where",
+    ["before the first batch", "between batches", "after the last batch", "after set_epoch",
+     "after an abandoned epoch"],
+)  # fmt: skip
+def test_a_state_taken_anywhere_resumes_to_what_is_left(fmnist_dir, name, where):
+    """The run stops at the cut with its store intact (as a killed job leaves a named
+    store); a new loader on that store loads the state and serves exactly what the
+    uninterrupted run served from there, epoch after epoch (SHADE's orders included,
+    which depend on its scores and on what the cache holds)."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    abandon = (1, 4) if where == "after an abandoned epoch" else None
+    cut = {
+        "before the first batch": (0, -1),
+        "between batches": (1, 7),
+        "after the last batch": (1, None),
+        "after set_epoch": (2, -1),
+        "after an abandoned epoch": (2, -1),
+    }[where]
+    capacity = int(0.2 * storage.manifest.total_bytes)
+    ref, _ = run(_loader(storage, name, 0, store=MemoryStore(capacity)), range(EPOCHS),
+                 abandon=abandon)  # fmt: skip
+    store = MemoryStore(capacity)  # outlives the loaders: the caller's
+    _, state = run(_loader(storage, name, 0, store=store), range(EPOCHS), cut, abandon)
+
+    epoch, batches = cut
+    resumed = _loader(storage, name, 0, store=store)
+    resumed.load_state_dict(state)
+    if batches is None:  # after the last batch: the next epoch is due
+        assert resumed.epoch == epoch + 1
+        epoch, batches = epoch + 1, 0
+    rest, _ = run(resumed, range(epoch, EPOCHS))
+    assert resumed.counters()["sync_fixes"] == 0  # it adopted the store as it was
+    resumed.close()
+    assert rest[epoch] == ref[epoch][max(batches, 0) * 40 :]  # nothing skipped or repeated
+    for e in range(epoch + 1, EPOCHS):
+        assert rest[e] == ref[e]
+
+
+def test_a_state_that_does_not_fit_the_loader_is_refused_naming_the_difference(fmnist_dir):
+    train, test = FileStorage(str(fmnist_dir / "train")), FileStorage(str(fmnist_dir / "test"))
+    loader = _loader(train, "lru", 0, store="memory")
+    _, state = run(loader, [0], cut=(0, 3))
+    loader.close()
+    from hotset import make_loader
+
+    others = {
+        "batch_size": dict(storage=train, batch_size=50),
+        "dataset": dict(storage=test, batch_size=40),
+        "policy": dict(storage=train, batch_size=40, policy="minio"),
+        "seed": dict(storage=train, batch_size=40, seed=4),
+        "sampler": dict(storage=train, batch_size=40, sampler="shade"),
+    }
+    for field, kwargs in others.items():
+        kwargs.setdefault("seed", 3)
+        other = make_loader(kwargs.pop("storage"), cache_fraction=0.2, store="memory",
+                            num_workers=0, **kwargs)  # fmt: skip
+        with pytest.raises(ConfigError, match=f"{field}: saved"):
+            other.load_state_dict(state)
+        other.close()
+    old = dict(state, fits={**state["fits"], "hotset": "0.0.1"})
+    same = _loader(train, "lru", 0, store="memory")
+    with pytest.raises(ConfigError, match="hotset: saved '0.0.1'"):
+        same.load_state_dict(old)
+    same.load_state_dict(state)  # the same arguments: accepted
+    same.close()

@@ -1,0 +1,270 @@
+"""Nothing lost, nobody else in: a loader removes only what hotset made, a named store
+outlives every user but its last, two jobs on one server keep apart, a capacity the
+backend cannot hold is refused before anything is made, and paths other users control
+(links, FIFOs, open modes, files of theirs) are refused instead of followed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hotset import ConfigError, MemoryStore, SharedStore, decode_image, make_loader, to_tensor
+from hotset.storage import FileStorage
+from hotset.store.lease import LOCK, STORE_PREFIX, private_base, remove_unused
+
+OTHER_UID = 54321  # a user that is not us (the tests that chown need root)
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+def epoch_checked(loader, epoch: int) -> int:
+    """One epoch; every served sample compared with a direct read of its file. Returns
+    the samples served."""
+    loader.set_epoch(epoch)
+    storage, n = loader.dataset.storage, 0
+    for x, _, ids in loader:
+        expected = [to_tensor(decode_image(storage.read(i))) for i in ids.tolist()]
+        assert torch.equal(x, torch.stack(expected))
+        n += len(ids)
+    return n
+
+
+def private_stores() -> set[str]:
+    return {n for n in os.listdir(private_base()) if n.startswith(STORE_PREFIX)}
+
+
+def test_a_directory_of_the_users_keeps_everything_it_held(fmnist_dir, tmp_path):
+    """``shared:///some/dir`` on a directory that exists: close() removes hotset's files
+    and nothing else (the directory stays, with the user's file in it)."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    mine = tmp_path / "x"
+    mine.mkdir(mode=0o755)
+    (mine / "precious.txt").write_text("keep")
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.2,
+                         store=f"shared://{mine}", num_workers=2)  # fmt: skip
+    epoch_checked(loader, 0)
+    assert {"data.mdb", "lock.mdb", LOCK} <= set(os.listdir(mine))
+    loader.close()
+    assert os.listdir(mine) == ["precious.txt"] and (mine / "precious.txt").read_text() == "keep"
+    # the exit finaliser of a loader never closed follows the same rule
+    script = textwrap.dedent(f"""
+        from hotset import FileStorage, make_loader
+        loader = make_loader(FileStorage({str(fmnist_dir / "train")!r}), batch_size=100,
+                             cache_fraction=0.2, store="shared://{mine}", num_workers=0)
+        loader.set_epoch(0)
+        for _ in loader:
+            pass
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert os.listdir(mine) == ["precious.txt"]
+
+
+def test_a_directory_hotset_made_goes_with_its_last_user_only_if_empty(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    made = tmp_path / "made"
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.2,
+                         store=f"shared://{made}", num_workers=0)  # fmt: skip
+    epoch_checked(loader, 0)
+    (made / "notes.txt").write_text("the user put this here meanwhile")
+    loader.close()
+    assert os.listdir(made) == ["notes.txt"]  # hotset's files gone, the user's kept
+    fresh = tmp_path / "fresh"
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.2,
+                         store=f"shared://{fresh}", num_workers=2)  # fmt: skip
+    epoch_checked(loader, 0)
+    loader.close()
+    assert not fresh.exists()
+
+
+def test_two_jobs_on_one_named_store_the_last_out_cleans(fmnist_dir, tmp_path):
+    """The first job to close leaves the store (and its own entries only); the second
+    goes on with workers, hits, and no store failure; the last out removes it. A second
+    live job on the same dataset is refused (two planners of the same entries)."""
+    train, test = FileStorage(str(fmnist_dir / "train")), FileStorage(str(fmnist_dir / "test"))
+    spec = f"shared://{tmp_path}/team"
+    a = make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=2)
+    b = make_loader(test, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=2,
+                    policy="minio")  # fmt: skip
+    with pytest.raises(ConfigError, match="another job already trains on this dataset"):
+        make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=0)
+    epoch_checked(a, 0)
+    epoch_checked(b, 0)
+    a_keys = set(a.dataset.store.list_keys())
+    assert a_keys and a.dataset.store.inner.path == b.dataset.store.inner.path
+    a.close()
+    assert os.path.isdir(f"{tmp_path}/team")
+    held = b.dataset.store.inner.list_keys()
+    assert not any(k.startswith(a.dataset.store.prefix) for k in held)  # a's entries left
+    assert held  # b's stayed
+    before = b.counters()
+    for e in (1, 2):
+        assert epoch_checked(b, e) == len(test)
+    after = b.counters()
+    assert after["hits"] > before["hits"] and after["store_failures"] == 0
+    b.close()
+    assert not os.path.exists(f"{tmp_path}/team")
+    # the same dataset again, now that its first job is gone: accepted
+    make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=0).close()
+
+
+def test_a_store_removed_under_a_running_loader_is_absorbed(fmnist_dir, tmp_path):
+    """A tmpfs cleanup removes the store's directory mid-run: every sample is still served
+    right (from storage), the failures are counted, listings do not escape, and close()
+    does not touch a new store made at the same path meanwhile."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    path = tmp_path / "swept"
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.3,
+                         store=f"shared://{path}", num_workers=2)  # fmt: skip
+    epoch_checked(loader, 0)
+    shutil.rmtree(path)
+    for e in (1, 2):
+        assert epoch_checked(loader, e) == len(storage)
+    assert loader.counters()["store_failures"] > 0
+    other = SharedStore(10_000, path=str(path))  # another job makes a store there now
+    other.put_many({"theirs": b"x" * 10})
+    loader.close()
+    assert other.get_many(["theirs"]) == [b"x" * 10] and (path / "data.mdb").exists()
+    other.close(destroy=True)
+    assert not path.exists()
+
+
+def test_two_jobs_on_one_redis_url_keep_their_entries_and_budgets(fmnist_dir, redis_server):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    a = make_loader(storage, batch_size=100, policy="minio", cache_fraction=0.3,
+                    store=redis_server.url, num_workers=2)  # fmt: skip
+    b = make_loader(storage, batch_size=100, policy="minio", cache_fraction=0.3,
+                    store=redis_server.url, num_workers=2)  # fmt: skip
+    epoch_checked(a, 0)
+    epoch_checked(b, 0)
+    assert a.counters()["refused_puts"] == 0 and b.counters()["refused_puts"] == 0
+    b_keys = set(b.dataset.store.list_keys())
+    assert len(b_keys) > 0.25 * len(storage)
+    a.close()
+    assert set(b.dataset.store.list_keys()) == b_keys  # a's close touched nothing of b's
+    epoch_checked(b, 1)
+    assert b.counters()["hits"] >= len(b_keys)
+    b.close()
+    import redis
+
+    assert redis.Redis.from_url(redis_server.url).keys("hotset:*") == []  # both cleaned
+
+
+def test_a_named_redis_namespace_outlives_close_but_not_the_jobs_entries(redis_server):
+    from hotset.store import make_store
+
+    with pytest.raises(ConfigError, match="namespace"):
+        make_store(redis_server.url + "?namespace=a*b", 100)
+    s = make_store(redis_server.url + "?namespace=team", 1000)
+    assert s.namespace == "team" and not s.owns_namespace
+    s.put_many({"k": b"v"})
+    s.close(destroy=True)  # the user's namespace: kept
+    t = make_store(s.spec, 1000)
+    assert t.get_many(["k"]) == [b"v"]
+    t.clear()
+    t.close()
+
+
+def test_a_capacity_the_backend_cannot_hold_is_refused_up_front(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    before = private_stores()
+    for store in ("shared", f"shared://{tmp_path}/big"):
+        with pytest.raises(ConfigError, match="capacity_bytes=100000000000000"):
+            make_loader(storage, batch_size=10, capacity_bytes=10**14, store=store)
+    assert private_stores() == before and not os.path.exists(f"{tmp_path}/big")
+    with pytest.raises(ConfigError, match="capacity_bytes=.* machine's memory"):
+        MemoryStore(10**16)
+
+
+def test_stores_whose_users_are_gone_are_removed_and_fifos_never_opened(tmp_path):
+    """A leftover store (its process killed) is removed at the next start; a FIFO or a
+    link where a lock file should be is skipped, never opened for reading or waited on."""
+    base = private_base()
+    left = SharedStore(1000)
+    path = left.path
+    os.close(left.lease._fd)  # as a kill -9 leaves it: nobody holds it, the files stay
+    left.lease._fd = None
+    trap = os.path.join(base, STORE_PREFIX + "trap")
+    os.makedirs(trap, exist_ok=True)
+    if not os.path.exists(os.path.join(trap, LOCK)):
+        os.mkfifo(os.path.join(trap, LOCK))
+    try:
+        assert path in remove_unused(base) and not os.path.exists(path)
+        assert os.path.exists(trap)  # not a store of ours: left alone, and no hang
+        SharedStore(1000).close(destroy=True)  # a new store starts past it too
+    finally:
+        shutil.rmtree(trap)
+
+
+def test_the_old_fifo_trap_in_dev_shm_no_longer_blocks_anyone(fmnist_dir, tmp_path):
+    """Another user's ``/dev/shm/hotset-store-zz/owner`` FIFO blocked every start forever."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    if shm is None:
+        pytest.skip("no /dev/shm")
+    trap = os.path.join(shm, "hotset-store-zz")
+    os.makedirs(trap, exist_ok=True)
+    if not os.path.exists(os.path.join(trap, "owner")):
+        os.mkfifo(os.path.join(trap, "owner"))
+    try:
+        script = textwrap.dedent(f"""
+            from hotset import FileStorage, make_loader
+            make_loader(FileStorage({str(fmnist_dir / "train")!r}), batch_size=100,
+                        cache_fraction=0.1, num_workers=0).close()
+        """)
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    finally:
+        shutil.rmtree(trap)
+
+
+def test_store_paths_other_users_control_are_refused(tmp_path):
+    """A directory others can write, a link another user made, an LMDB hotset did not
+    make, store files others can open, and a FIFO as the lock file: each refused with a
+    clear error, nothing written into it."""
+    open_dir = tmp_path / "team-cache"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(ConfigError, match="open to other users"):
+        SharedStore(1000, path=str(open_dir))
+    assert os.listdir(open_dir) == []
+
+    foreign = tmp_path / "their-lmdb"
+    foreign.mkdir(mode=0o700)
+    (foreign / "data.mdb").write_bytes(b"an LMDB of another program")
+    with pytest.raises(ConfigError, match="did not make"):
+        SharedStore(1000, path=str(foreign))
+    assert sorted(os.listdir(foreign)) == ["data.mdb"]
+
+    readable = tmp_path / "readable"
+    s = SharedStore(1000, path=str(readable))
+    s.close()  # left without removing: its files stay
+    os.chmod(readable / "data.mdb", 0o666)
+    with pytest.raises(ConfigError, match="can be opened by other users"):
+        SharedStore(1000, path=str(readable))
+
+    fifo = tmp_path / "fifo"
+    fifo.mkdir(mode=0o700)
+    os.mkfifo(fifo / LOCK)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        SharedStore(1000, path=str(fifo))  # refused at once: never blocks on the FIFO
+
+
+@as_root
+def test_a_directory_or_link_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(ConfigError, match="not a directory of yours"):
+        SharedStore(1000, path=str(theirs))
+    assert os.listdir(theirs) == []
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    with pytest.raises(ConfigError, match="link another user made"):
+        SharedStore(1000, path=str(link))
+    assert os.listdir(mine) == []
