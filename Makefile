@@ -9,7 +9,7 @@ OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install system-deps data demo compare test bench lint lock clean
+.PHONY: install system-deps data demo compare test bench chaos lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench: install
 	$(PY) benchmarks/dsa_tree.py
 	$(PY) benchmarks/io_bound_epoch.py
 	$(PY) benchmarks/refcnt_eviction.py
+
+# faults on a schedule for 10 minutes: every served sample checked (README, "Faults")
+chaos: install system-deps
+	$(PY) benchmarks/chaos.py --minutes 10
 
 # the locked set from the current venv (torch and hotset itself excluded)
 lock: install

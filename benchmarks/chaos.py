@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class Outcome:
     wrong: int = 0
     lost: int = 0
     repeated: int = 0
+    errors: int = 0  # the fault escaped: the epochs did not end
     store_failures: int = 0
     hits: int = 0
     seconds: float = 0.0
@@ -68,7 +70,7 @@ class Outcome:
 
     @property
     def absorbed(self) -> bool:
-        return self.injected > 0 and self.wrong == self.lost == self.repeated == 0
+        return self.injected > 0 and self.wrong == self.lost == self.repeated == self.errors == 0
 
 
 def check(storage: FileStorage, x: torch.Tensor, ids: torch.Tensor) -> int:
@@ -120,7 +122,8 @@ def worker_kill(storage, tmp: Path, round_: int) -> Outcome:
                         os.kill(_workers()[0], signal.SIGKILL)
                         out.injected += 1
                 break
-            except RuntimeError as exc:  # torch: "DataLoader worker ... killed by signal"
+            except (RuntimeError, OSError) as exc:  # torch: "DataLoader worker ... killed by
+                # signal", or the connection reset while a batch came from that worker
                 out.notes.append(str(exc).split("\n")[0][:80])
                 loader.load_state_dict(state)
         coverage(out, served, len(storage))
@@ -184,9 +187,13 @@ def redis_restart(storage, tmp: Path, round_: int) -> Outcome:
     try:
         loader = hotset.make_loader(storage, batch_size=BATCH, cache_fraction=0.3,
                                     store=server.url, num_workers=2)  # fmt: skip
+        def outage() -> None:  # down for a few batches, then back empty
+            server.stop()
+            threading.Timer(1.5, server.start).start()
+
         for e in range(3):
-            fault = (lambda: (server.stop(), time.sleep(0.5), server.start())) if e == 1 else None
-            coverage(out, epoch(loader, storage, out, e, fault), len(storage))
+            coverage(out, epoch(loader, storage, out, e, outage if e == 1 else None),
+                     len(storage))  # fmt: skip
         finish(loader, out)
     finally:
         server.stop()
@@ -317,7 +324,7 @@ def main() -> None:
             try:
                 out = fault(storage, tmp, round_)
             except Exception as exc:  # noqa: BLE001 - a fault not absorbed is the finding
-                out = Outcome(fault.__name__.replace("_", "-"), injected=1, lost=-1,
+                out = Outcome(fault.__name__.replace("_", "-"), injected=1, errors=1,
                               notes=[f"{type(exc).__name__}: {exc}"[:200]])  # fmt: skip
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -339,6 +346,7 @@ def main() -> None:
             "wrong": sum(o.wrong for o in mine),
             "lost": sum(o.lost for o in mine),
             "repeated": sum(o.repeated for o in mine),
+            "errors": sum(o.errors for o in mine),
             "store_failures": sum(o.store_failures for o in mine),
             "hits": sum(o.hits for o in mine),
             "seconds": sum(o.seconds for o in mine),
@@ -348,12 +356,13 @@ def main() -> None:
     report(
         "chaos", rows,
         [("fault", "s"), ("injected", "d"), ("absorbed", "d"), ("samples", "d"),
-         ("wrong", "d"), ("lost", "d"), ("repeated", "d"), ("store_failures", "d"),
+         ("wrong", "d"), ("lost", "d"), ("repeated", "d"), ("errors", "d"),
+         ("store_failures", "d"),
          ("hits", "d"), ("seconds", ".0f")],
         meta={"minutes": args.minutes, "samples_per_epoch": len(storage), "rounds": round_,
               "runs": [asdict(o) for o in outcomes]},
     )  # fmt: skip
-    if total["wrong"] or total["lost"] or total["repeated"]:
+    if total["wrong"] or total["lost"] or total["repeated"] or total["errors"]:
         sys.exit(1)
 
 

@@ -11,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,19 @@ def test_malformed_and_oversized_messages_are_refused_with_the_service_alive(run
     reply = _raw_request(address, [b'{"op": "hello", "frames": []}'] + [b""] * 10)
     assert reply is not None and b"frames: refused" in reply[0]
     assert proc.is_alive() and "store" in client.hello()
+
+
+def test_a_register_with_a_bad_pid_is_refused_and_the_service_lives(running):
+    """``"pid": "abc"`` or ``10**23`` used to reach ``os.kill`` in the reaper, outside any
+    ``try``, and stop the service: each field is checked against the declared schema."""
+    address, proc, client = running
+    keys = DigestColumn(f"{i:032x}" for i in range(10))
+    for pid in ("abc", 10**23, -5, 0):
+        header = {"op": "register", "name": "bad", "batch_size": 5, "pid": pid}
+        reply = _raw_request(address, encode(header, {"keys": keys, "sizes": np.ones(10, int)}))
+        assert reply is not None and b"pid" in reply[0], pid
+    time.sleep(1.0)  # the reaper runs every 0.5 s: nothing of those reached it
+    assert proc.is_alive() and client.stats()["registered_samples"] == 0
 
 
 def test_default_address_is_in_a_private_directory(tmp_path, monkeypatch):
@@ -370,15 +384,19 @@ def test_another_user_cannot_use_a_tcp_service(on_tcp):
 def _fuzz_messages(rng: np.random.Generator, n: int):
     """Random and mutated requests: bad types, ranges, sizes, frames and bytes (never a
     ``stop``, and job ids far from the real job's, which a valid ``leave`` would end)."""
+    import socket
+
     odd = ["abc", 10**23, -1, 1.5, None, [], {}, "", "x" * 300, True, float("nan"), 2**63]
-    ops = ["hello", "register", "plan", "heartbeat", "leave", "stats", "nope", 7, None]
+    ops = ["hello", "register", "register", "register", "plan", "plan", "heartbeat", "leave",
+           "stats", "nope", 7, None]  # fmt: skip
     for _ in range(n):
         kind = rng.integers(6)
         if kind == 0:  # noise
             yield [rng.bytes(int(rng.integers(0, 64))) for _ in range(int(rng.integers(1, 4)))]
             continue
         header = {"op": ops[rng.integers(len(ops))], "job": int(rng.integers(1000, 10**6)),
-                  "epoch": int(rng.integers(0, 3)), "name": "fuzz", "batch_size": 10}  # fmt: skip
+                  "epoch": int(rng.integers(0, 3)), "name": "fuzz", "batch_size": 10,
+                  "host": socket.gethostname(), "pid": os.getpid()}  # fmt: skip
         for field in rng.choice(["pid", "batch_size", "epoch", "job", "done", "benefit",
                                  "cache", "name", "host", "instance"], size=2):  # fmt: skip
             header[str(field)] = odd[rng.integers(len(odd))]

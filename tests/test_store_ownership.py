@@ -154,6 +154,35 @@ def test_two_jobs_on_one_redis_url_keep_their_entries_and_budgets(fmnist_dir, re
     assert redis.Redis.from_url(redis_server.url).keys("hotset:*") == []  # both cleaned
 
 
+def test_a_killed_jobs_redis_namespace_is_cleared_by_the_next_one(fmnist_dir, redis_server):
+    """A job killed (-9) leaves its drawn namespace on the server; the next loader that
+    draws one on the same server clears it (its lock file's holder is gone)."""
+    import redis
+
+    script = textwrap.dedent(f"""
+        import os, signal
+        from hotset import FileStorage, make_loader
+        loader = make_loader(FileStorage({str(fmnist_dir / "train")!r}), batch_size=100,
+                             policy="minio", cache_fraction=0.3, store={redis_server.url!r},
+                             num_workers=0)
+        loader.set_epoch(0)
+        for _ in loader:
+            pass
+        print(loader.dataset.store.inner.namespace, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    dead = out.stdout.strip()
+    server = redis.Redis.from_url(redis_server.url)
+    assert dead and len(server.keys(f"hotset:{{{dead}}}:*")) > 100  # left behind
+    storage = FileStorage(str(fmnist_dir / "train"))
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.3, store=redis_server.url,
+                         num_workers=0)  # fmt: skip
+    assert server.keys(f"hotset:{{{dead}}}:*") == []  # cleared at the next start
+    loader.close()
+    assert server.keys("hotset:*") == []
+
+
 def test_a_named_redis_namespace_outlives_close_but_not_the_jobs_entries(redis_server):
     from hotset.store import make_store
 

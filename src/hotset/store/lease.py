@@ -102,20 +102,45 @@ def _open_lock(path: str, create: bool, name: str = LOCK) -> int:
     return fd
 
 
-def claim(path: str, namespace: str) -> Callable[[], None]:
-    """Claim ``namespace`` in the store at ``path`` for this caller; returns the release.
-    A namespace another live job holds is refused."""
-    name = CLAIM + hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
+def hold(path: str, name: str, content: bytes = b"") -> int | None:
+    """Hold an exclusive lock on the file ``path/name`` (made, with ``content``, if
+    missing) for as long as this process keeps the returned descriptor; ``None`` if
+    another process holds it."""
     fd = _open_lock(path, create=True, name=name)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        return None
+    if content:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, content, 0)
+    return fd
+
+
+def orphans(path: str, prefix: str) -> list[tuple[str, bytes, int]]:
+    """The files ``prefix*`` in ``path`` that no process holds (their holder died): each
+    with its content and a descriptor holding its lock (the caller closes it)."""
+    out = []
+    for name in sorted(os.listdir(path)):
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError, ConfigError):
+                fd = hold(path, name)
+                if fd is not None:
+                    out.append((os.path.join(path, name), os.pread(fd, 4096, 0), fd))
+    return out
+
+
+def claim(path: str, namespace: str) -> Callable[[], None]:
+    """Claim ``namespace`` in the store at ``path`` for this caller; returns the release.
+    A namespace another live job holds is refused."""
+    fd = hold(path, CLAIM + hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest())
+    if fd is None:
         raise ConfigError(
             f"another job already trains on this dataset over the store {path}: two "
             "planners would evict each other's entries. Give each job a store of its own "
             "(store='shared'), or share one cache between jobs with `hotset serve`"
-        ) from None
+        )
     return lambda: os.close(fd)
 
 

@@ -14,11 +14,14 @@ Each store's entries and budget counter live under its ``namespace``: a URL that
 none (``?namespace=name``) gets a fresh one, so two jobs on one server never share a
 budget, and ``close(destroy=True)`` clears only a namespace the store drew itself. A
 namespace the user names is theirs: it outlives ``close`` (a resumed job finds its
-entries), and one job at a time should use it.
+entries), and one job at a time should use it. A drawn namespace is held by a lock file
+in the user's private directory while its process lives; the next store drawn on the
+same server clears the namespaces whose process died (kill -9) instead of leaking them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -28,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from hotset.errors import ConfigError, StoreUnavailable
+from hotset.store import lease
 from hotset.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,7 @@ return freed
 """
 
 
+REDIS_LEASE = "redis-"  # lock files of drawn namespaces in the private directory
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -119,6 +124,27 @@ class RedisStore(Store):
         self._client = None
         self._pid = -1
         self._down_until = 0.0
+        self._held = None
+        if self.owns_namespace:
+            self._sweep_and_hold()
+
+    def _sweep_and_hold(self) -> None:
+        """Clear the namespaces drawn on this server by processes that died, then hold
+        this one (``lease.py``: a lock file the kernel releases when the process dies)."""
+        base, tag = lease.private_base(), f"{type(self).__name__}:{self.url}".encode()
+        for path, content, fd in lease.orphans(base, REDIS_LEASE):
+            try:
+                if content == tag:
+                    namespace = os.path.basename(path)[len(REDIS_LEASE) :]
+                    left = type(self)(0, url=self.url, namespace=namespace)
+                    if not left._call(lambda r, left=left: left._clear(r), False):
+                        break  # the server does not answer: try again another time
+                    log.info("cleared the redis namespace %s a killed job left", namespace)
+                    os.unlink(path)
+            finally:
+                os.close(fd)
+        self._held = lease.hold(base, REDIS_LEASE + self.namespace, tag)
+        self._held_by = os.getpid()
 
     @property
     def spec(self) -> str:
@@ -229,19 +255,25 @@ class RedisStore(Store):
         """The keys that keep the byte budget (removed with the entries by ``clear``)."""
         return [self._used_key]
 
-    def clear(self) -> None:
-        def clear(r):
-            keys = self._data_keys(r)
-            for i in range(0, len(keys), 1000):
-                r.delete(*keys[i : i + 1000])
-            for k in self._budget_keys(r):  # absent: the budget is whole again
-                r.delete(k)
+    def _clear(self, r) -> bool:
+        keys = self._data_keys(r)
+        for i in range(0, len(keys), 1000):
+            r.delete(*keys[i : i + 1000])
+        for k in self._budget_keys(r):  # absent: the budget is whole again
+            r.delete(k)
+        return True
 
-        self._call(clear, None)
+    def clear(self) -> None:
+        self._call(self._clear, None)
 
     def close(self, destroy: bool = False) -> None:
-        if destroy and self.owns_namespace:
-            self.clear()
+        cleared = destroy and self.owns_namespace and self._call(self._clear, False)
+        if self._held is not None and self._held_by == os.getpid():
+            if cleared:  # else kept: the next store drawn on this server clears it
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(lease.private_base(), REDIS_LEASE + self.namespace))
+            os.close(self._held)
+            self._held = None
         if self._client is not None and self._pid == os.getpid():
             self._client.close()
         self._client = None
@@ -250,5 +282,6 @@ class RedisStore(Store):
         state = self.__dict__.copy()
         for k in ("_client", "_put", "_delete"):
             state.pop(k, None)
+        state["_held"] = None  # the lease is its maker's
         state["_client"], state["_pid"] = None, -1
         return state
