@@ -123,7 +123,7 @@ class CachedDataset(Dataset):
         self, ids: list[int], stats: LoaderStats, causes: list[str]
     ) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
-        start = time.perf_counter()
+        start, retries = time.perf_counter(), self.storage.retries
         try:
             got = dict(zip(ids, self.storage.read_many(ids), strict=True))
         except SampleError:
@@ -136,6 +136,7 @@ class CachedDataset(Dataset):
                 except SampleError as exc:
                     self._skip(exc, stats, causes)
         stats.storage_wait_s += time.perf_counter() - start
+        stats.storage_retries += self.storage.retries - retries
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 

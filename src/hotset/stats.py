@@ -22,6 +22,7 @@ class LoaderStats:
     * ``corrupt_hits``: store entries whose bytes did not match the sample's digest: never
       served, deleted, the sample read from storage (counted in ``late_misses`` too).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
+    * ``storage_retries``: storage reads tried again after a transient failure.
     * ``prefetched``: samples read and cached that no batch requested (a homophily node).
 
     The control plane adds its own in ``HotsetLoader.counters()``: ``planning_s`` and
@@ -41,6 +42,7 @@ class LoaderStats:
     refused_puts: int = 0
     corrupt_hits: int = 0
     skipped: int = 0
+    storage_retries: int = 0
     prefetched: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0

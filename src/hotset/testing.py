@@ -148,3 +148,61 @@ class RedisClusterServers:
                 proc.wait(10)
 
 
+
+
+FAULTY_HTTP = """
+import asyncio, hashlib, sys
+from aiohttp import web
+
+root, faulty, always = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+seen = {}
+
+async def serve(request):
+    name = request.match_info["name"]
+    seen[name] = seen.get(name, 0) + 1
+    h = int(hashlib.blake2b(name.encode(), digest_size=4).hexdigest(), 16)
+    if not name.endswith("manifest.json") and (
+        name == always or (seen[name] == 1 and (h % 1000) < faulty * 1000)
+    ):
+        fault = h % 3 if name != always else 0
+        if fault == 0:
+            return web.Response(status=503, text="SlowDown")
+        if fault == 1:
+            request.transport.abort()  # the connection drops mid-request
+            await asyncio.sleep(0.05)
+            return web.Response(status=500)
+        await asyncio.sleep(3.0)  # a stall past the client's time-out
+    return web.FileResponse(f"{root}/{name}")
+
+app = web.Application()
+app.router.add_get("/{name:.+}", serve)
+runner = web.AppRunner(app)
+
+async def main():
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+class FaultyHTTPServer:
+    """An HTTP server on 127.0.0.1 (aiohttp, in a process of its own) serving ``root``,
+    whose first answer for a share ``faulty`` of the files (chosen by name) is a fault:
+    a 503, a dropped connection or a 3 s stall; the file ``always`` fails every time."""
+
+    def __init__(self, root: Path, faulty: float = 0.2, always: str = "") -> None:
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FAULTY_HTTP, str(root), str(faulty), always],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)

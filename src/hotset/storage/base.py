@@ -58,6 +58,11 @@ class Storage(ABC):
     def read(self, i: int) -> bytes:
         """The bytes of sample ``i``; raises a :class:`~hotset.errors.SampleError` naming it."""
 
+    @property
+    def retries(self) -> int:
+        """Reads this process tried again after a transient failure (``io/reader.py``)."""
+        return 0
+
     def charge(self, nbytes: int) -> None:  # noqa: B027 - only emulated storage pays
         """Account for one extra request of ``nbytes`` made beside this storage (an iCACHE
         package read): free here, a latency and transfer time on emulated remote storage."""

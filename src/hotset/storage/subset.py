@@ -30,3 +30,7 @@ class SubsetStorage(Storage):
 
     def charge(self, nbytes: int) -> None:
         self.inner.charge(nbytes)
+
+    @property
+    def retries(self) -> int:
+        return self.inner.retries

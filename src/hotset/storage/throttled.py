@@ -39,6 +39,10 @@ class ThrottledStorage(Storage):
         self.concurrency = int(concurrency)
         self._slots = multiprocessing.get_context().BoundedSemaphore(self.concurrency)
 
+    @property
+    def retries(self) -> int:
+        return self.inner.retries
+
     def describe(self, i: int) -> str:
         return self.inner.describe(i)
 

@@ -1,0 +1,102 @@
+"""Reads from a storage that can fail for a moment: one call per batch, retried.
+
+A batch's reads are one call: an async filesystem (HTTP, S3, GCS through fsspec) gets
+them as one ``cat_ranges`` with up to ``concurrency`` in flight on the process's
+connection pool; a synchronous one (local files, NFS) as reads on this process's threads.
+A transient failure (a time-out, a dropped connection, a 5xx, 408 or 429 answer) is
+retried with exponential backoff and full jitter, up to ``Retry.attempts`` in all; a
+missing file or a refusal is final at once. What still fails is returned as its
+exception, for the caller to name the sample.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import fsspec
+
+FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """``attempts`` in all per read; the wait before attempt k+1 is uniform in
+    ``[0, min(max_s, base_s * 2**k)]`` (exponential backoff, full jitter)."""
+
+    attempts: int = 4
+    base_s: float = 0.05
+    max_s: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0.0, min(self.max_s, self.base_s * 2**attempt))
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a read that failed with ``exc`` may succeed if tried again."""
+    if isinstance(exc, FINAL):
+        return False
+    status = getattr(exc, "status", None)  # an HTTP answer (aiohttp, s3fs)
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
+    return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith(
+        ("aiohttp", "botocore", "aiobotocore")
+    )
+
+
+class BatchReader:
+    """Whole-file reads of ``paths`` on ``fs``; ``retries`` counts the reads tried again
+    (in this process)."""
+
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, concurrency: int = 8, retry: Retry | None = None
+    ) -> None:
+        self.fs, self.concurrency, self.retry = fs, max(int(concurrency), 1), retry or Retry()
+        self.retries = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def read(self, paths: Sequence[str]) -> list[bytes | BaseException]:
+        out: list[bytes | BaseException] = [b""] * len(paths)
+        todo = list(range(len(paths)))
+        for attempt in range(self.retry.attempts):
+            again = []
+            for i, got in zip(todo, self._once([paths[i] for i in todo]), strict=True):
+                out[i] = got
+                if isinstance(got, BaseException) and transient(got):
+                    again.append(i)
+            if not again or attempt + 1 == self.retry.attempts:
+                break
+            self.retries += len(again)
+            time.sleep(self.retry.delay(attempt))
+            todo = again
+        return out
+
+    def _once(self, paths: list[str]) -> list[bytes | BaseException]:
+        if getattr(self.fs, "async_impl", False):  # one call, its reads in flight together
+            none = [None] * len(paths)
+            return self.fs.cat_ranges(paths, none, none, batch_size=self.concurrency,
+                                      on_error="return")  # fmt: skip
+        if len(paths) == 1 or self.concurrency == 1:
+            return [self._one(p) for p in paths]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hotset-read")
+        return list(self._pool.map(self._one, paths))
+
+    def _one(self, path: str) -> bytes | BaseException:
+        try:
+            return self.fs.cat_file(path)
+        except Exception as exc:  # noqa: BLE001 - returned, for the caller to name
+            return exc
+
+
+def reader_of(owner: object, make) -> BatchReader:
+    """``owner``'s reader in this process (made by ``make()`` on first use and again in
+    each worker process: connection pools and threads never cross a fork)."""
+    state = owner.__dict__
+    if state.get("_batch_reader_pid") != os.getpid():
+        state.update(_batch_reader=make(), _batch_reader_pid=os.getpid())
+    return state["_batch_reader"]

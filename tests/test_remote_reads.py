@@ -1,0 +1,67 @@
+"""Reads over a real network that fail for a moment: a dataset served over HTTP by a
+server on 127.0.0.1 that answers 503, drops connections and stalls; every epoch ends
+with every sample right (retried with backoff, counted), and a sample that never comes
+is the sample's error after a bounded number of attempts."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+import torch
+
+from hotset import FileStorage, decode_image, make_loader, to_tensor
+from hotset.errors import StorageError
+from hotset.io.reader import Retry, transient
+from hotset.testing import FaultyHTTPServer
+
+OPTIONS = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=1.0)}}
+
+
+@pytest.fixture
+def faulty(fmnist_dir):
+    server = FaultyHTTPServer(fmnist_dir / "train", faulty=0.2, always="0/00001.png")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("system", [("uniform", "minio"), ("shade", "app")])
+def test_an_epoch_over_a_faulty_http_server_serves_every_sample_right(
+    fmnist_dir, faulty, system
+):
+    local = FileStorage(str(fmnist_dir / "train"))
+    remote = FileStorage(faulty.url, storage_options=OPTIONS, retry=Retry(attempts=4),
+                         concurrency=16)  # fmt: skip
+    assert len(remote) == len(local)
+    sampler, policy = system
+    loader = make_loader(remote, batch_size=50, sampler=sampler, policy=policy,
+                         cache_fraction=0.2, num_workers=2, on_error="skip")  # fmt: skip
+    bad = [i for i in range(len(local)) if local.manifest.paths[i] == "0/00001.png"][0]
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for x, _, ids in loader:
+            truth = torch.stack([to_tensor(decode_image(local.read(i))) for i in ids.tolist()])
+            assert torch.equal(x, truth)
+            assert bad not in ids.tolist()
+            loader.feedback(ids, torch.rand(len(ids)))
+    c = loader.counters()
+    loader.close()
+    assert c["storage_retries"] > 50  # a fifth of the files failed once: tried again
+    assert c["skipped"] >= 1  # the file that never comes: skipped after 4 attempts
+
+
+def test_a_sample_that_never_comes_is_its_error_after_bounded_attempts(fmnist_dir, faulty):
+    remote = FileStorage(faulty.url, storage_options=OPTIONS, retry=Retry(attempts=3))
+    bad = [i for i in range(len(remote)) if remote.manifest.paths[i] == "0/00001.png"][0]
+    with pytest.raises(StorageError, match=r"sample \d+ .*0/00001.png.*after 3 attempts"):
+        remote.read(bad)
+    assert remote.retries == 2
+
+
+def test_what_is_tried_again():
+    class Answer(Exception):
+        def __init__(self, status):
+            self.status = status
+
+    assert transient(TimeoutError()) and transient(ConnectionResetError())
+    assert transient(Answer(503)) and transient(Answer(429)) and not transient(Answer(403))
+    assert not transient(FileNotFoundError()) and not transient(PermissionError())
