@@ -9,6 +9,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,11 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
             "failures": c["store_failures"] - before["store_failures"],
+            "cached": hashlib.blake2b(
+                loader.planner.policy.cached_ids().tobytes(), digest_size=8
+            ).hexdigest(),
+            "fixes": c["sync_fixes"] - before["sync_fixes"],
+            "package_reads": c.get("package_storage_reads", 0),
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
@@ -137,6 +143,12 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
             assert ep["wrong"] == 0 and ep["corrupt"] == 0 and ep["over_budget"] == 0
         if name == "uniform":  # each sample exactly once per epoch, over all ranks
             assert sorted(i for ep in epochs for i in ep["ids"]) == list(range(n))
+        # the ranks decided alike: one cache, nothing to fix at the epoch's end
+        assert len({ep["cached"] for ep in epochs}) == 1, (name, e)
+        assert all(ep["fixes"] == 0 for ep in epochs), (name, e, [ep["fixes"] for ep in epochs])
+    if name == "icache":  # one rank reads and loads the packages
+        assert records[0]["epochs"][-1]["package_reads"] > 0
+        assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])
 
 
 def test_a_pooled_cache_hits_as_one_process_with_the_same_cache(fmnist_dir, tmp_path):
@@ -284,3 +296,52 @@ def test_a_job_of_several_ranks_registers_once_with_the_service(fmnist_dir, tmp_
         both = records[0]["epochs"][e]["ids"] + records[1]["epochs"][e]["ids"]
         assert sorted(both) == list(range(1000))  # each sample once, over the ranks
         assert all(r["epochs"][e]["wrong"] == 0 for r in records)
+
+
+def _hang_or_fail(rank: int, world: int, init: str, data: str, out: str) -> None:
+    """Rank 1 stops (as a SIGSTOPped or hung rank) once its loader exists; rank 0 reads
+    on, and writes what ended its wait. Rank 0 first makes and closes ten loaders: the
+    groups hotset makes are destroyed with them (no sockets left behind)."""
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=5))  # fmt: skip
+    storage = FileStorage(data)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        hotset.make_loader(storage, batch_size=25, cache_fraction=0.2, num_workers=0).close()
+    grown = len(os.listdir("/proc/self/fd")) - fds
+    loader = hotset.make_loader(storage, batch_size=25, cache_fraction=0.2, num_workers=0)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        for _ in loader:
+            pass
+        ended = "no error"
+    except hotset.RankError as exc:
+        ended = str(exc)
+    Path(out, "rank0.json").write_text(
+        json.dumps({"error": ended, "waited": time.monotonic() - start, "fds": grown})
+    )
+    os._exit(0)  # the peer is stopped: no teardown with it
+
+
+def test_a_hung_rank_ends_the_others_wait_with_the_users_timeout(fmnist_dir, tmp_path):
+    ctx = mp.get_context("spawn")
+    init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
+    procs = [ctx.Process(target=_hang_or_fail, args=(r, 2, init, data, str(tmp_path)))
+             for r in range(2)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        procs[0].join(180)
+        assert procs[0].exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    record = json.loads((tmp_path / "rank0.json").read_text())
+    assert "across 2 ranks failed on rank 0 (time-out 0:00:05)" in record["error"]
+    assert record["waited"] < 60  # the user's 5 s, not torch's 30 minutes
+    assert record["fds"] < 10  # ten loaders' groups: destroyed, not one per loader left

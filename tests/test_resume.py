@@ -75,7 +75,9 @@ def test_a_state_taken_anywhere_resumes_to_what_is_left(fmnist_dir, name, where)
     if batches is None:  # after the last batch: the next epoch is due
         assert resumed.epoch == epoch + 1
         epoch, batches = epoch + 1, 0
+    announced = len(resumed)  # what is left of the epoch, as a resumed loader says it
     rest, _ = run(resumed, range(epoch, EPOCHS))
+    assert announced == -(-len(rest[epoch]) // 40)
     assert resumed.counters()["sync_fixes"] == 0  # it adopted the store as it was
     resumed.close()
     assert rest[epoch] == ref[epoch][max(batches, 0) * 40 :]  # nothing skipped or repeated

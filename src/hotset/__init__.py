@@ -20,7 +20,7 @@ _EXPORTS = {
     "hotset.codecs": ["decode_array", "decode_image", "decode_sample", "to_tensor"],
     "hotset.errors": [
         "ConfigError", "CorruptSampleError", "HotsetError", "MissingSampleError",
-        "SampleError", "ServiceError", "ServiceUnavailable", "StorageError",
+        "RankError", "SampleError", "ServiceError", "ServiceUnavailable", "StorageError",
     ],
     "hotset.feedback": ["per_sample_loss"],
     "hotset.importance": ["ScoreBoard", "coarse_importance", "rank_importance"],
@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         CorruptSampleError,
         HotsetError,
         MissingSampleError,
+        RankError,
         SampleError,
         ServiceError,
         ServiceUnavailable,

@@ -15,7 +15,11 @@ keeps them identical by exchanging what differs between ranks:
 So every rank draws the same global list and makes the same cache decisions: each entry
 has one decision-maker (the plan), it is written by the first rank that reads it and a
 plan's deletions are applied by one rank (``index % R``). The collectives run on a gloo
-group of hotset's own, never interleaved with the model's (NCCL) ones.
+group of hotset's own, never interleaved with the model's (NCCL) ones, with the time-out
+the user gave ``init_process_group`` (torch's default otherwise): a rank that hangs or
+dies ends the others' wait with a ``RankError`` naming the collective, not a 30-minute
+stall. Every rank must make the same calls (iterate the loader, ``feedback``,
+``report_accuracy``, ``close``) or the others wait for it until that time-out.
 """
 
 from __future__ import annotations
@@ -23,20 +27,32 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
     from hotset.plan import BatchPlan
 
 
+def user_timeout(dist) -> timedelta | None:
+    """The time-out the job's default group was made with (``init_process_group``)."""
+    group = dist.group.WORLD
+    for device in getattr(group, "_device_types", ()):
+        try:
+            return group._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
 class RankGroup:
     """The ranks of an initialised ``torch.distributed`` job, for the control plane."""
 
-    def __init__(self, group=None) -> None:
+    def __init__(self, group=None, timeout: timedelta | None = None) -> None:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -44,23 +60,42 @@ class RankGroup:
         self._dist = dist
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
+        self.timeout = timeout or user_timeout(dist)
         # a gloo group of our own: CPU objects, and never between the model's collectives
-        self.group = dist.new_group(backend="gloo") if group is None else group
+        self.owned = group is None
+        self.group = dist.new_group(backend="gloo", timeout=self.timeout) if self.owned else group
+
+    def _collective(self, name: str, fn, *args, **kwargs) -> None:
+        try:
+            fn(*args, group=self.group, **kwargs)
+        except RuntimeError as exc:  # gloo: a time-out, or a peer that went away
+            raise RankError(
+                f"hotset's {name} across {self.world} ranks failed on rank {self.rank} "
+                f"(time-out {self.timeout}): a rank hung, died, or did not make the same "
+                f"call (every rank iterates the loader, calls feedback, report_accuracy and "
+                f"close alike). {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
 
     def all_gather(self, obj) -> list:
         """Every rank's ``obj``, in rank order (a collective: all ranks call it)."""
         out: list = [None] * self.world
-        self._dist.all_gather_object(out, obj, group=self.group)
+        self._collective("all_gather", self._dist.all_gather_object, out, obj)
         return out
 
     def broadcast(self, obj, src: int = 0):
         """Rank ``src``'s ``obj`` on every rank."""
         box = [obj]
-        self._dist.broadcast_object_list(box, src=src, group=self.group)
+        self._collective("broadcast", self._dist.broadcast_object_list, box, src=src)
         return box[0]
 
     def barrier(self) -> None:
-        self._dist.barrier(group=self.group)
+        self._collective("barrier", self._dist.barrier)
+
+    def close(self) -> None:
+        """Destroy the group this made (its sockets and threads)."""
+        if self.owned and self.group is not None:
+            self._dist.destroy_process_group(self.group)
+            self.group = None
 
     def hosts(self) -> int:
         """How many machines the ranks run on (a collective)."""

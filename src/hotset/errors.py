@@ -49,6 +49,11 @@ class StoreUnavailable(HotsetError):
     """The cache store cannot answer now: what it holds is unknown (not empty)."""
 
 
+class RankError(HotsetError):
+    """A collective of hotset's did not complete across the job's ranks (a rank hung,
+    died, or did not make the same call); names the collective, the rank, the time-out."""
+
+
 class MissingSampleError(SampleError):
     """The sample's file does not exist in the storage."""
 

@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from hotset.errors import ConfigError, CorruptSampleError
 from hotset.storage.base import Storage
 from hotset.storage.manifest import content_key
 from hotset.store.base import Store
+
+if TYPE_CHECKING:
+    from hotset.distributed import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,10 @@ class Packager:
 
     ``deleting`` (planner lock held): which ids plans in flight delete; a package loads
     none of them (the plan's worker could delete it after the package's put).
+
+    ``ranks`` (a data-parallel job, ``threads=False``): every rank composes the same
+    packages, rank 0 alone reads, writes and loads them, and every rank commits what
+    rank 0's put landed (exchanged), so the ranks' L-caches stay one.
     """
 
     def __init__(
@@ -116,9 +123,14 @@ class Packager:
         keep_files: int = 8,
         threads: bool = True,
         deleting: Callable[[np.ndarray], np.ndarray] | None = None,
+        ranks: RankGroup | None = None,
     ) -> None:
         self.storage, self.store, self.policy, self.lock = storage, store, policy, lock
         self.deleting = deleting
+        if ranks is not None and threads:
+            raise ConfigError("packages for several ranks are made in the planner's thread")
+        self.ranks = ranks
+        self.leads = ranks is None or ranks.rank == 0  # reads, writes and loads packages
         self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
         try:
@@ -156,7 +168,13 @@ class Packager:
                 if not ids.size:
                     return
                 fresh = self.policy.l_fresh()
-                self._load(*self._write(ids), ids)
+                try:
+                    path, size = self._write(ids) if self.leads else self._record(ids)
+                except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
+                    self.errors += 1
+                    log.warning("packaging failed, L-samples stay uncached: %s", exc)
+                    path, size = None, 0
+                self._load(path, size, ids)
                 if self.policy.l_fresh() <= fresh:
                     return  # nothing landed (a full store): try again at the next poll
             return
@@ -214,13 +232,26 @@ class Packager:
         for i, _, data in entries:
             self._index[i] = (path, offset, len(data))
             offset += len(data)
+        self._keep(path)
+        return path, size
+
+    def _record(self, ids: np.ndarray) -> tuple[None, int]:
+        """A rank that does not write packages: the index rank 0's ``_write`` keeps (its
+        ids steer the next package's composition), without the bytes."""
+        self._serial += 1
+        path = self.dir / f"remote-{self._serial:06d}"
+        for i in ids.tolist():
+            self._index[i] = (path, 0, 0)
+        self._keep(path)
+        return None, 0
+
+    def _keep(self, path: Path) -> None:
         self._files.append(path)
         while len(self._files) > self.keep_files:
             old = self._files.popleft()
             self._index = {i: w for i, w in self._index.items() if w[0] != old}
             old.unlink(missing_ok=True)
         self._counters["packages_written"] += 1
-        return path, size
 
     def _pack_loop(self) -> None:
         while True:
@@ -263,41 +294,56 @@ class Packager:
                 self._cv.notify_all()
             self._load(path, size, ids)
 
-    def _load(self, path: Path, size: int, ids: np.ndarray) -> None:
+    def _load(self, path: Path | None, size: int, ids: np.ndarray) -> None:
         """Read a package and put its samples into the store and the L-cache together
         (under the planner lock: a planner reconciling with the store never sees the one
-        changed without the other)."""
-        try:
-            entries = read_package(path)
-            self.storage.charge(size)
-        except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
-            self.errors += 1
-            log.warning("loading package %s failed: %s", path, exc)
+        changed without the other). With ranks, rank 0 reads and puts, every rank makes
+        the same room and commits what rank 0's put landed."""
+        entries = None
+        if self.leads and path is not None:
+            try:
+                entries = read_package(path)
+                self.storage.charge(size)
+            except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
+                self.errors += 1
+                log.warning("loading package %s failed: %s", path, exc)
+        ok = entries is not None
+        if self.ranks is not None:  # rank 0's outcome decides for every rank
+            ok = self.ranks.broadcast(ok)
+        if not ok:
             return
-        keys = self.storage.keys
         with self.lock:
             if self.deleting is not None:
                 ids = ids[~self.deleting(ids)]
             victims, ids = self.policy.l_make_room(ids)
             loaded: list[int] = []
             try:
-                if victims.size:
-                    self.store.delete_many([keys[i] for i in victims.tolist()])
-                accepted = set(ids.tolist())
-                good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
-                _, refused = self.store.put(good)
-                held = good.keys() - set(refused)
-                loaded = [i for i, k, _ in entries if k in held]
-                self._counters["packages_loaded"] += 1
-                self._counters["package_bytes_loaded"] += size
+                if self.leads:
+                    loaded = self._put(entries, ids, victims, size)
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)
             finally:
+                if self.ranks is not None:  # every rank commits what landed
+                    loaded = self.ranks.broadcast(loaded)
                 self.policy.l_commit(ids, loaded=loaded)
                 if self.threads and self.policy.l_wants_package():
                     with self._cv:
                         self._need = True
+
+    def _put(self, entries, ids: np.ndarray, victims: np.ndarray, size: int) -> list[int]:
+        """The store side of a load: the victims deleted, the package's accepted samples
+        put; returns the ids that landed."""
+        keys = self.storage.keys
+        if victims.size:
+            self.store.delete_many([keys[i] for i in victims.tolist()])
+        accepted = set(ids.tolist())
+        good = {k: d for i, k, d in entries if i in accepted and keys[i] == k}
+        _, refused = self.store.put(good)
+        held = good.keys() - set(refused)
+        self._counters["packages_loaded"] += 1
+        self._counters["package_bytes_loaded"] += size
+        return [i for i, k, _ in entries if k in held]
 
     def close(self) -> None:
         with self._cv:

@@ -205,7 +205,9 @@ class Planner:
         self.sampler = sampler
         self.policy = policy
         deleting = self.deleted_in_flight if store is not None else None
-        self.feeder = policy.make_feeder(self.lock, storage, store, package_dir, deleting)
+        self.feeder = policy.make_feeder(
+            self.lock, storage, store, package_dir, deleting, ranks=ranks
+        )
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
         self.feed_future = feed_future
@@ -340,10 +342,13 @@ class Planner:
         return out
 
     def close(self) -> None:
-        """Stop the feeder's and the sampler's background threads."""
+        """Stop the feeder's and the sampler's background threads; release the ranks'
+        group."""
         if self.feeder is not None:
             self.feeder.close()
         self.sampler.close()
+        if self.ranks is not None:
+            self.ranks.close()
 
     def state_dict(self) -> dict:
         """Where training stands: the epoch, its order as drawn and how many of its
@@ -390,7 +395,11 @@ class Planner:
         return -(-order.size // (self.batch_size * self.world))
 
     def __len__(self) -> int:
-        """This rank's batches per epoch (the same on every rank)."""
+        """This rank's batches per epoch (the same on every rank); after a state loaded
+        mid-epoch, the batches left of that epoch."""
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            _, order, consumed = self._resume
+            return self._batches(order) - consumed
         n = len(self.sampler)  # the global list's length with ranks
         if self.world > 1:  # padded by wrapping, or cut, to whole shards
             n = n // self.world if self.drop_last else -(-n // self.world)

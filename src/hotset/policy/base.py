@@ -295,12 +295,15 @@ class Policy(ABC):
         store: Store | None = None,
         directory: str | None = None,
         deleting: Callable[[np.ndarray], np.ndarray] | None = None,
+        ranks=None,
     ) -> Feeder | None:
         """The feeder that fills part of this cache off the batch path, if any: over
         ``storage`` and ``store`` (with ``lock``, the planner's, held on policy calls),
         or with no bytes at all when they are ``None`` (the simulator). ``deleting``
         (lock held): a mask of the ids that plans in flight delete, which the feeder must
-        not put (a plan's worker may delete them after its put)."""
+        not put (a plan's worker may delete them after its put). ``ranks``: a
+        data-parallel job's (``distributed.RankGroup``): one rank writes to the store and
+        every rank commits the same outcome."""
         return None
 
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> Policy:

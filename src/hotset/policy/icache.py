@@ -176,7 +176,9 @@ class ICachePolicy(Policy):
         """The L-cache's residents (loaded from packages)."""
         return np.fromiter(self._l, np.int64, len(self._l))
 
-    def make_feeder(self, lock, storage=None, store=None, directory=None, deleting=None) -> Feeder:
+    def make_feeder(
+        self, lock, storage=None, store=None, directory=None, deleting=None, ranks=None
+    ) -> Feeder:
         """The package threads over ``storage`` and ``store`` (``packages.Packager``), or
         with no bytes (the simulator) packages loaded the moment they are wanted."""
         if storage is None or store is None:
@@ -184,8 +186,9 @@ class ICachePolicy(Policy):
         from hotset.packages import Packager  # the data plane: bytes, files, the store
 
         return Packager(
-            storage, store, self, lock, directory, threads=self.package_threads, deleting=deleting
-        )
+            storage, store, self, lock, directory, threads=self.package_threads,
+            deleting=deleting, ranks=ranks,
+        )  # fmt: skip
 
     # -- H-list ----------------------------------------------------------------------
     def apply_hints(self, hints: dict) -> None:

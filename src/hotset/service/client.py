@@ -429,6 +429,8 @@ class RemotePlanner:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.ranks is not None:
+            self.ranks.close()
         if not self.leader:
             return
         self._beat.join(timeout=1.0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import lmdb
@@ -45,6 +46,9 @@ WRITE_MARGIN = 1 << 20
 # One environment per path per process: LMDB forbids opening the same files twice in a
 # process, and several SharedStore objects (or unpickled copies) may name one path.
 _ENVS: dict[str, tuple[lmdb.Environment, object, object]] = {}
+#: the SharedStore objects of this process that hold a lease on each path: the last to
+#: close closes the environment (its map and file descriptors)
+_HOLDERS: Counter[str] = Counter()
 
 
 def _close_before_fork() -> None:
@@ -127,6 +131,8 @@ class SharedStore(Store):
                 exists = os.path.isdir(self.path)
                 self._check_capacity(self.path if exists else os.path.dirname(self.path))
                 self.lease = lease.Lease.open(self.path)
+        if self.lease is not None:
+            _HOLDERS[self.path] += 1
         try:
             self._init_meta(create=not join)
         except BaseException:
@@ -286,7 +292,12 @@ class SharedStore(Store):
         """Stop using the store; ``destroy``: remove it if this is its last user (only
         hotset's files, and the directory if hotset made it). A joined store is left
         alone."""
-        if self.lease is not None and self.lease.leave(remove=destroy):
+        if self.lease is None or not self.lease.held:
+            return
+        self.lease.leave(remove=destroy)
+        _HOLDERS[self.path] -= 1
+        if _HOLDERS[self.path] <= 0:
+            del _HOLDERS[self.path]
             handle = _ENVS.pop(self.path, None)
             if handle is not None:
                 handle[0].close()
