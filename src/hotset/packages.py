@@ -233,6 +233,7 @@ class Packager:
             self._index[i] = (path, offset, len(data))
             offset += len(data)
         self._keep(path)
+        self._counters["packages_written"] += 1
         return path, size
 
     def _record(self, ids: np.ndarray) -> tuple[None, int]:
@@ -251,7 +252,6 @@ class Packager:
             old = self._files.popleft()
             self._index = {i: w for i, w in self._index.items() if w[0] != old}
             old.unlink(missing_ok=True)
-        self._counters["packages_written"] += 1
 
     def _pack_loop(self) -> None:
         while True:
