@@ -81,3 +81,37 @@ def test_node_copies_in_front_of_the_cluster(redis_cluster):
     path = store.local.path
     store.close(destroy=True)
     assert not os.path.exists(path) and len(make_store(store.inner.spec, 1_000)) == 0
+
+
+def test_a_url_with_several_seeds_starts_from_any_that_answers(redis_cluster):
+    """``redis+cluster://a:1,b:2``: a fresh client (a new worker) whose first seed is gone
+    starts from the next one."""
+    ports = redis_cluster.ports
+    url = f"redis+cluster://127.0.0.1:1,127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}"
+    store = make_store(url, 10_000)
+    assert store.put({f"k{i}": b"x" * 10 for i in range(30)}) == (30, [])
+    assert store.get_many(["k0", "k29"]) == [b"x" * 10] * 2 and store.failures == 0
+    store.close(destroy=True)
+
+
+def test_a_full_coverage_cluster_refuses_all_once_a_master_dies_and_says_why(
+    tmp_path, caplog
+):
+    """With Redis's default ``cluster-require-full-coverage yes`` one dead master makes
+    every master refuse: absorbed (reads miss, writes store nothing, counted, no error),
+    and the warning names the setting to change."""
+    from hotset.testing import RedisClusterServers
+
+    cluster = RedisClusterServers(tmp_path, full_coverage=True)
+    try:
+        store = make_store(cluster.url, 10_000)
+        assert store.put({f"k{i}": b"x" * 10 for i in range(30)})[0] == 30
+        cluster.kill(cluster.ports[2])
+        cluster.wait_state(cluster.ports[0], "fail")
+        fresh = make_store(store.spec, 10_000)  # a new worker's client
+        with caplog.at_level("WARNING"):
+            assert fresh.get_many([f"k{i}" for i in range(30)]) == [None] * 30
+            assert fresh.put({"new": b"y"})[0] == 0 and fresh.failures > 0
+        assert "cluster-require-full-coverage no" in caplog.text
+    finally:
+        cluster.stop()

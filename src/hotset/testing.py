@@ -85,8 +85,10 @@ class RedisClusterServers:
     with ``redis-cli --cluster create``; a master can be killed and started again (it
     rejoins with its ``nodes.conf``, empty)."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
+    def __init__(self, workdir: Path, masters: int = 3, full_coverage: bool = False) -> None:
+        """``full_coverage``: Redis's default, every master refuses while one is down."""
         _binary(REDIS_SERVER, "redis-server")
+        self.full_coverage = full_coverage
         _binary("redis-cli", "redis-cli")
         self.workdir = workdir
         self.ports = [_free_port_pair() for _ in range(masters)]
@@ -103,7 +105,7 @@ class RedisClusterServers:
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
         for port in self.ports:
-            self._wait(lambda p=port: "cluster_state:ok" in self._cli(p, "cluster", "info"))
+            self.wait_state(port, "ok")
         self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
 
     @staticmethod
@@ -127,7 +129,8 @@ class RedisClusterServers:
         self.procs[port] = subprocess.Popen(
             [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1",
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-             "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no",
+             "--cluster-node-timeout", "2000",
+             "--cluster-require-full-coverage", "yes" if self.full_coverage else "no",
              "--save", "", "--appendonly", "no", "--dir", str(self.workdir / f"node{port}")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -136,10 +139,14 @@ class RedisClusterServers:
         self.procs[port].kill()
         self.procs[port].wait(10)
 
+    def wait_state(self, port: int, state: str) -> None:
+        """Until the node at ``port`` says the cluster is ``state`` (``ok``, ``fail``)."""
+        self._wait(lambda: f"cluster_state:{state}" in self._cli(port, "cluster", "info"))
+
     def restart(self, port: int) -> None:
         """Start a killed master again; returns once the cluster is ok."""
         self.start(port)
-        self._wait(lambda: "cluster_state:ok" in self._cli(port, "cluster", "info"))
+        self.wait_state(port, "ok")
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -27,6 +27,7 @@ lender that is down lends nothing; ``reconcile`` recounts each live master's tok
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
@@ -35,17 +36,33 @@ from collections.abc import Mapping, Sequence
 from hotset.errors import StoreUnavailable
 from hotset.store.redis_store import RedisStore
 
+log = logging.getLogger(__name__)
+
 SCHEME = "redis+cluster://"
+
+
+def _seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """``redis+cluster://a:1,b:2/...``: the first seed with the URL's rest, and the others
+    as (host, port): a client starts from whichever answers."""
+    rest = url[len(SCHEME) :]
+    cut = min((rest.index(c) for c in "/?" if c in rest), default=len(rest))
+    first, *more = rest[:cut].split(",")
+    others = []
+    for node in more:
+        host, _, port = node.rpartition(":")
+        others.append((host, int(port)))
+    return first + rest[cut:], others
 
 
 class RedisClusterStore(RedisStore):
     """Store on the Redis Cluster one of whose nodes is at ``url``
-    (``redis+cluster://host:port``)."""
+    (``redis+cluster://host:port``, or several seeds ``host:port,host:port``)."""
 
     def __init__(self, capacity_bytes: int, url: str, namespace: str | None = None, **options):
         super().__init__(capacity_bytes, url=url, namespace=namespace, **options)
         self._prefix = f"hotset:{self.namespace}:"  # no hash tag: keys spread over all slots
         self._node_down: dict[str, float] = {}  # master -> not asked again until
+        self._warned_coverage = False
         self._budgets: tuple[int, dict[str, tuple[str, int]]] = (0, {})
         self._seeds: list[tuple[str, int]] = []  # nodes seen: a new process (a worker)
         # starts from any of them, not only the URL's, which may be the master that died
@@ -60,9 +77,10 @@ class RedisClusterStore(RedisStore):
             from redis.cluster import ClusterNode, RedisCluster
             from redis.retry import Retry
 
+            first, more = _seeds(self.url)
             self._client = RedisCluster.from_url(
-                "redis://" + self.url[len(SCHEME) :],
-                startup_nodes=[ClusterNode(host, port) for host, port in self._seeds],
+                "redis://" + first,
+                startup_nodes=[ClusterNode(h, p) for h, p in [*more, *self._seeds]],
                 socket_timeout=self.socket_timeout_s,
                 socket_connect_timeout=self.socket_timeout_s,
                 retry=Retry(NoBackoff(), 1),  # a master down: absorbed, not waited for
@@ -70,6 +88,25 @@ class RedisClusterStore(RedisStore):
             self._pid = os.getpid()
             self._seeds = [(n.host, n.port) for n in self._client.get_nodes()]
         return self._client
+
+    def _node_failed(self, node: str, exc: Exception) -> None:
+        """A master that failed: counted, not asked again for ``retry_after_s``."""
+        self.failures += 1
+        self._node_down[node] = time.monotonic() + self.retry_after_s
+        self._absorbed(exc)
+
+    def _absorbed(self, exc: Exception) -> None:
+        """As a Redis outage; a cluster that refuses everything while one master is down
+        is named once, with the setting to change."""
+        super()._absorbed(exc)
+        if "cluster is down" in str(exc).lower() and not self._warned_coverage:
+            self._warned_coverage = True
+            log.warning(
+                "redis cluster %s refuses every command while a master is down "
+                "(cluster-require-full-coverage yes, Redis's default): run a cache cluster "
+                "with 'cluster-require-full-coverage no' so that a dead master costs only "
+                "its keys", self.url,
+            )  # fmt: skip
 
     def _per_master(self, r, keys: Sequence[str], fn) -> None:
         """``fn(master, positions)`` for the positions of ``keys`` on each master in turn;
@@ -86,9 +123,8 @@ class RedisClusterStore(RedisStore):
                 continue
             try:
                 fn(node, where)
-            except self._outages(redis):
-                self.failures += 1
-                self._node_down[node] = time.monotonic() + self.retry_after_s
+            except self._outages(redis) as exc:
+                self._node_failed(node, exc)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
@@ -217,9 +253,8 @@ class RedisClusterStore(RedisStore):
                 continue
             try:
                 fn(node, key, share)
-            except self._outages(redis):
-                self.failures += 1
-                self._node_down[node] = time.monotonic() + self.retry_after_s
+            except self._outages(redis) as exc:
+                self._node_failed(node, exc)
 
     def reconcile(self) -> int:
         """Recount each live master's tokens from the entries it holds: its share less
@@ -267,9 +302,8 @@ class RedisClusterStore(RedisStore):
                     match=self._prefix + prefix + "*", count=1000, target_nodes=node
                 )
                 answered += 1
-            except self._outages(redis):
-                self.failures += 1
-                self._node_down[node.name] = time.monotonic() + self.retry_after_s
+            except self._outages(redis) as exc:
+                self._node_failed(node.name, exc)
         if not answered:
             raise StoreUnavailable(f"no master of redis cluster {self.url} answers")
         return keys

@@ -178,12 +178,16 @@ class RedisStore(Store):
         except (*self._outages(redis), StoreUnavailable) as exc:
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_after_s
-            log.debug("redis store %s unavailable: %s", self.url, exc)
+            self._absorbed(exc)
             return fallback
         except redis.exceptions.OutOfMemoryError as exc:
             self.failures += 1  # maxmemory reached: nothing stored, the server stays up
             log.debug("redis store %s is out of memory: %s", self.url, exc)
             return fallback
+
+    def _absorbed(self, exc: Exception) -> None:
+        """An outage absorbed (counted by the caller)."""
+        log.debug("redis store %s unavailable: %s", self.url, exc)
 
     def _outages(self, redis) -> tuple[type[Exception], ...]:
         """The errors that mean the server is unreachable for now."""
