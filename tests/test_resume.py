@@ -11,7 +11,7 @@ import pytest
 
 from hotset import ConfigError, MemoryStore
 from hotset.storage import FileStorage
-from test_truth import _loader, synthetic_feedback
+from test_truth import _loader, killed_mid_epoch, synthetic_feedback
 
 EPOCHS = 3
 
@@ -117,32 +117,9 @@ def test_a_state_that_does_not_fit_the_loader_is_refused_naming_the_difference(f
 def test_a_job_killed_on_a_named_redis_namespace_resumes_warm(fmnist_dir, redis_server, tmp_path):
     """The README's promise: a store that survives the crash (here a named Redis
     namespace) gives the resumed job its cache back: it adopts what its plan holds."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import textwrap
-
     storage = FileStorage(str(fmnist_dir / "train"))
     spec = redis_server.url + "?namespace=resume-test"
-    script = textwrap.dedent(f"""
-        import os, pickle, signal, sys
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_truth import _epoch, _loader
-        from hotset import FileStorage
-        loader = _loader(FileStorage({str(fmnist_dir / "train")!r}), "minio", 2, store={spec!r})
-        _epoch(loader, 0)
-        loader.set_epoch(1)
-        for n, _ in enumerate(loader):
-            if n == 5:
-                with open({str(tmp_path / "state.pkl")!r}, "wb") as f:
-                    pickle.dump(loader.state_dict(), f)
-                os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert out.returncode == -signal.SIGKILL, out.stderr
-    with open(tmp_path / "state.pkl", "rb") as f:
-        state = pickle.load(f)
+    state = killed_mid_epoch(fmnist_dir / "train", "minio", spec, tmp_path, 5, 5)
     resumed = _loader(storage, "minio", 0, store=spec)
     resumed.load_state_dict(state)
     rest, _ = run(resumed, [1])

@@ -506,31 +506,38 @@ def test_the_same_seed_gives_the_same_order_for_every_system(fmnist_dir):
         assert runs[0] == runs[1], name
 
 
-def test_a_job_killed_mid_epoch_resumes_with_the_exact_remaining_ids(fmnist_dir, tmp_path):
-    storage = FileStorage(str(fmnist_dir / "train"))
-    spec = f"shared://{tmp_path}/store"
+def killed_mid_epoch(data, name: str, spec: str, tmp_path, save_at: int, kill_at: int):
+    """A job on ``spec`` in a process of its own: epoch 0, then in epoch 1 its state is
+    saved after batch ``save_at`` and the process killed (-9) after batch ``kill_at``;
+    returns the saved state."""
     script = textwrap.dedent(f"""
         import os, pickle, signal, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_truth import _epoch, _loader
         from hotset import FileStorage
-        loader = _loader(FileStorage({str(fmnist_dir / "train")!r}), "lru", 2, store={spec!r})
+        loader = _loader(FileStorage({str(data)!r}), {name!r}, 2, store={spec!r})
         _epoch(loader, 0)
         loader.set_epoch(1)
         for n, _ in enumerate(loader):
-            if n == 5:
+            if n == {save_at}:
                 with open({str(tmp_path / "state.pkl")!r}, "wb") as f:
                     pickle.dump(loader.state_dict(), f)
-            if n == 8:  # three more batches, then the machine goes away
+            if n == {kill_at}:  # the machine goes away
                 os.kill(os.getpid(), signal.SIGKILL)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == -signal.SIGKILL, out.stderr
+    with open(tmp_path / "state.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def test_a_job_killed_mid_epoch_resumes_with_the_exact_remaining_ids(fmnist_dir, tmp_path):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    spec = f"shared://{tmp_path}/store"
+    state = killed_mid_epoch(fmnist_dir / "train", "lru", spec, tmp_path, 5, 8)
     ref = _loader(storage, "lru", 0, store="memory")
     _epoch(ref, 0)
     rest = _epoch(ref, 1)[0][6:]
-    with open(tmp_path / "state.pkl", "rb") as f:
-        state = pickle.load(f)
     resumed = _loader(storage, "lru", 2, store=spec)  # the store the killed job left
     resumed.load_state_dict(state)
     assert _epoch(resumed, 1)[0] == rest
