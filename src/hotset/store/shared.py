@@ -148,7 +148,10 @@ class SharedStore(Store):
 
     def _check_capacity(self, directory: str) -> None:
         """Refuse, before anything is made, a capacity the filesystem cannot hold."""
-        st = os.statvfs(directory)
+        try:
+            st = os.statvfs(directory)
+        except OSError:
+            return  # no such directory: opening the store says so, naming it
         if self.capacity_bytes > st.f_blocks * st.f_frsize:
             raise ConfigError(
                 f"capacity_bytes={self.capacity_bytes} is more than the filesystem of "
