@@ -305,13 +305,9 @@ def _pass_through(batch: dict) -> dict:
 
 
 def _release(store: Store, owns_store: bool, release: Callable[[], None] | None) -> None:
-    """A clean close: the job's entries leave a store it opened (others may go on using a
-    named one; a crash leaves them for a resumed job), then the store is closed."""
+    """A clean close: the store it opened is closed, the job's entries with it (others may
+    go on using a named store; a crash leaves them for a resumed job)."""
     if owns_store:
-        try:
-            store.clear()
-        except HotsetError as exc:  # the store is down or gone: nothing more to do there
-            log.info("the job's entries stay in the store: %s", exc)
         store.close(destroy=True)
     if release is not None:
         release()

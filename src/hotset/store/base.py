@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, HotsetError
+
+log = logging.getLogger(__name__)
 
 
 class Store(ABC):
@@ -184,3 +187,13 @@ class NamespacedStore(StoreWrapper):
 
     def clear(self) -> None:
         self.inner.delete_many([self.prefix + k for k in self.list_keys()])
+
+    def close(self, destroy: bool = False) -> None:
+        """``destroy``: this namespace's entries go first (other namespaces of a shared
+        store stay; a store down keeps them, logged), then the store's own rule applies."""
+        if destroy:
+            try:
+                self.clear()
+            except HotsetError as exc:
+                log.info("the entries under %s stay in the store: %s", self.prefix, exc)
+        self.inner.close(destroy=destroy)

@@ -14,7 +14,7 @@ cannot hold is refused before anything is made.
 Where the files live and who removes them is ``lease.py``'s: a default store is made in
 the user's private ``/dev/shm/hotset-UID``; a named one (``path=``) is checked and shared
 by every process that opens it; ``close(destroy=True)`` removes hotset's files only when
-the last user leaves, and ``remove_unused_stores`` removes default stores whose users were
+the last user leaves, and ``lease.remove_unused`` removes default stores whose users were
 killed.
 
 Chosen over Redis-on-loopback for one node by ``benchmarks/store_latency.py`` (batched
