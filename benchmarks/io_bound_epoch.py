@@ -13,7 +13,14 @@ on a GPU (``--oracle``, default ``data/oracles/resnet18_gpu.npz``); a system wri
 oracle file is missing it is recorded here on the CPU with the tiny model (that run's
 figures are then TinyCNN's, and the table says so).
 
+``--storage http`` (or ``s3``) reads the same samples over a real network instead of
+through ``ThrottledStorage``'s sleeps: nginx (or moto's S3 server) on 127.0.0.1 behind a
+TCP proxy whose wire has ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
+(``hotset.testing.DelayProxy``: this kernel has no ``tc netem``), each worker reading with
+``concurrency / num_workers`` requests in flight, so that the node has ``--concurrency``.
+
     python benchmarks/io_bound_epoch.py [--cache-fractions 0.2,0.1] [--epochs 5]
+    python benchmarks/io_bound_epoch.py --storage emulated,http --systems lru,minio,shade
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from hotset.loader import make_loader  # noqa: E402
 from hotset.policy import POLICIES  # noqa: E402
 from hotset.sampling import SAMPLERS  # noqa: E402
 from hotset.sim.oracle import LossOracle  # noqa: E402
-from hotset.storage import ThrottledStorage  # noqa: E402
+from hotset.storage import FileStorage, SubsetStorage, ThrottledStorage  # noqa: E402
 from hotset.systems import resolve_system  # noqa: E402
 
 #: (epoch s, hit ratio) on an H100, ResNet-18, Fashion-MNIST, 2 ms x 8 in flight, 8 workers:
@@ -65,7 +72,8 @@ def speedups(rows: list[dict], reference: str) -> None:
     """Each row's speed-up over uniform+LRU here and in the ``reference`` GPU run."""
     gpu = GPU_REFERENCE[reference]
     for r in rows:
-        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]), None)
+        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]
+                     and b.get("storage") == r.get("storage")), None)  # fmt: skip
         ref, ref_base = gpu.get((r["system"], r["cache"])), gpu.get(("lru", r["cache"]))
         r["speedup"] = base["epoch_s"] / r["epoch_s"] if base else float("nan")
         r["gpu_speedup"] = ref_base[0] / ref[0] if ref and ref_base else float("nan")
@@ -82,13 +90,57 @@ def load_oracle(path: str, data: str, epochs: int) -> LossOracle:
     return LossOracle.load(path)
 
 
+class RemoteSite:
+    """The prepared dataset served over a real network: nginx (``http``) or moto's S3
+    server (``s3``, the train split uploaded once) behind a ``DelayProxy``."""
+
+    def __init__(self, args) -> None:
+        import tempfile
+
+        from hotset.testing import DelayProxy, NginxServer, S3Server
+
+        self.tmp = tempfile.TemporaryDirectory()
+        self.concurrency = max(1, -(-args.concurrency // max(1, args.num_workers)))
+        self.options: dict = {}
+        if args.remote == "http":
+            self.server = NginxServer(Path(args.data).resolve(), Path(self.tmp.name))
+            port = int(self.server.url.rsplit(":", 1)[1])
+        else:
+            self.server = S3Server()
+            print("uploading the train split to the S3 server ...", flush=True)
+            self.server.upload(Path(args.data) / "train", "s3://bench/train")
+            port = int(self.server.endpoint.rsplit(":", 1)[1])
+        self.proxy = DelayProxy(port, args.latency_ms, args.bandwidth_mb_s)
+        wire = f"http://127.0.0.1:{self.proxy.port}"
+        if args.remote == "http":
+            self.url = wire + "/train"
+        else:
+            self.url = "s3://bench/train"
+            self.options = {**self.server.storage_options, "client_kwargs": {
+                "endpoint_url": wire, "region_name": "eu-west-1"}}  # fmt: skip
+
+    def storage(self, train):
+        """``train`` (the prepared split, or a subset of it) read over the wire."""
+        remote = FileStorage(self.url, concurrency=self.concurrency,
+                             storage_options=self.options)  # fmt: skip
+        return SubsetStorage(remote, train.indices) if isinstance(train, SubsetStorage) else remote
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.server.stop()
+        self.tmp.cleanup()
+
+
 def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
     """One system for ``args.epochs`` epochs; the oracle answers every batch's feedback."""
     system = resolve_system(name.split(":")[0])
     train, _ = split_train(args.data, oracle.meta.get("val_fraction", 0.0), args.seed)
     if len(train) != oracle.num_samples:
         raise SystemExit(f"oracle has {oracle.num_samples} samples, the split {len(train)}")
-    storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency)
+    if args.site is None:
+        storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency)
+    else:
+        storage = args.site.storage(train)
     options = {**system.sampler_options, **SAMPLERS.options_for(system.sampler, args.sampler_opts)}
     if system.sampler == "spider":
         options["total_epochs"] = args.epochs
@@ -115,7 +167,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
                     time.sleep(args.step_ms / 1000)  # a GPU step: the loader runs meanwhile
             times.append(time.perf_counter() - start)
             after = loader.counters()
-            reads.append(after["storage_reads"] - before["storage_reads"])
+            reads.append(after["storage_requests"] - before["storage_requests"]
+                         if args.site else after["storage_reads"] - before["storage_reads"])
             hits.append(after["hits"] - before["hits"])
             served.append(after["accesses"] - before["accesses"])
         loader.planner.drain()
@@ -157,6 +210,9 @@ def main() -> None:
     ap.add_argument("--reference", choices=list(GPU_REFERENCE), default="h100",
                     help="the GPU run to compare with")  # fmt: skip
     ap.add_argument("--rows", help="only recompute the table of this results JSON")
+    ap.add_argument("--storage", default="emulated",
+                    help="emulated (ThrottledStorage), http or s3 (nginx or an S3 server "
+                    "behind a wire), or several, comma-separated: run side by side")
     args = ap.parse_args()
     args.sampler_opts = parse_options(args.sampler_option, "--sampler-option")
     args.policy_opts = parse_options(args.policy_option, "--policy-option")
@@ -166,17 +222,31 @@ def main() -> None:
     }
     loaded: dict[str, LossOracle] = {}
     rows = json.loads(Path(args.rows).read_text())["rows"] if args.rows else []
+    for r in rows:
+        r.setdefault("storage", "emulated")
     fractions = [] if args.rows else [float(f) for f in args.cache_fractions.split(",")]
-    for fraction in fractions:
-        for name in args.systems.split(","):
-            which = "tiny" if name.endswith(":tiny") else "resnet18"
-            if which not in loaded:
-                loaded[which] = oracles[which]()
-            rows.append(run_system(args, name, fraction, loaded[which]))
-            print(f"{name} at {fraction:.0%}: {rows[-1]['epoch_s']:.2f} s/epoch", flush=True)
+    for mode in [] if args.rows else args.storage.split(","):
+        if mode not in ("emulated", "http", "s3"):
+            raise SystemExit(f"--storage {mode}: emulated, http or s3")
+        args.remote = None if mode == "emulated" else mode
+        args.site = RemoteSite(args) if args.remote else None
+        try:
+            for fraction in fractions:
+                for name in args.systems.split(","):
+                    which = "tiny" if name.endswith(":tiny") else "resnet18"
+                    if which not in loaded:
+                        loaded[which] = oracles[which]()
+                    rows.append({"storage": mode, **run_system(args, name, fraction,
+                                                               loaded[which])})  # fmt: skip
+                    print(f"{mode} {name} at {fraction:.0%}: {rows[-1]['epoch_s']:.2f} s/epoch",
+                          flush=True)  # fmt: skip
+        finally:
+            if args.site is not None:
+                args.site.stop()
+    args.site = None
     speedups(rows, args.reference)
     cols = [
-        ("system", "s"), ("cache", ".0%"), ("oracle", "s"), ("epoch_s", ".2f"),
+        ("storage", "s"), ("system", "s"), ("cache", ".0%"), ("oracle", "s"), ("epoch_s", ".2f"),
         ("speedup", ".2f"), ("gpu_speedup", ".2f"), ("vs_gpu_pct", "+.1f"),
         ("hit_ratio", ".3f"), ("gpu_hit", ".3f"), ("storage_reads", ".0f"), ("served", ".0f"),
         ("late_misses", "d"), ("refused_puts", "d"),

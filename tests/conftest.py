@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,12 @@ from PIL import Image
 
 from hotset.storage.prepare import FASHION_MNIST_DIR, prepare_fashion_mnist
 from hotset.testing import RedisClusterServers, RedisServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _index_cache(tmp_path_factory):
+    """Indexes of users' datasets go to a temporary directory, not ~/.cache/hotset."""
+    os.environ["HOTSET_CACHE_DIR"] = str(tmp_path_factory.mktemp("index-cache"))
 
 
 @pytest.fixture(scope="session")

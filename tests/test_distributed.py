@@ -85,6 +85,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "order": hashlib.blake2b(order.tobytes(), digest_size=8).hexdigest(),
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
+            "sync_calls": c["sync_calls"] - before["sync_calls"],
             "failures": c["store_failures"] - before["store_failures"],
             "cached": hashlib.blake2b(
                 loader.planner.policy.cached_ids().tobytes(), digest_size=8
@@ -120,6 +121,7 @@ def run_ranks(world: int, data: str, system: dict, tmp: Path) -> list[dict]:
 SYSTEMS = {
     "uniform": {"policy": "minio", "sampler": "uniform"},
     "shade": {"policy": "app", "sampler": "shade"},
+    "shade-k4": {"policy": "app", "sampler": "shade", "sync_every": 4},
     "icache": {"policy": "icache", "sampler": "iis"},
     "spider": {"policy": "spider", "sampler": "spider"},
 }
@@ -127,7 +129,8 @@ SYSTEMS = {
 
 @pytest.mark.parametrize(
     ("name", "world"),
-    [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4)],
+    [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
+     ("shade-k4", 2)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
@@ -146,6 +149,11 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         # the ranks decided alike: one cache, nothing to fix at the epoch's end
         assert len({ep["cached"] for ep in epochs}) == 1, (name, e)
         assert all(ep["fixes"] == 0 for ep in epochs), (name, e, [ep["fixes"] for ep in epochs])
+        # reports and feedback travel together: one collective per sync_every steps (and
+        # one at each epoch boundary)
+        k = SYSTEMS[name].get("sync_every", 1)
+        calls = epochs[0]["sync_calls"]
+        assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
     if name == "icache":  # one rank reads and loads the packages
         assert records[0]["epochs"][-1]["package_reads"] > 0
         assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])

@@ -58,17 +58,21 @@ def test_fsspec_url(fmnist_dir):
     assert s.read(1) == FileStorage(str(fmnist_dir / "train")).read(1)
 
 
-def test_memory_filesystem_with_built_manifest(tmp_path):
+def test_imagefolder_on_a_memory_filesystem_is_indexed_outside_the_tree(tmp_path, monkeypatch):
     import fsspec
 
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "cache"))
     src = make_imagefolder(tmp_path / "src")
     fs = fsspec.filesystem("memory")
     for p in src.rglob("*.png"):
         fs.pipe_file(f"/tree/{p.parent.name}/{p.name}", p.read_bytes())
-    s = FileStorage("memory://tree", build_manifest=True)
+    s = FileStorage("memory://tree")
     assert len(s) == 15 and s.classes == ["cat", "dog", "eel"]
-    assert fs.exists("/tree/manifest.json")
-    assert FileStorage("memory://tree").keys == s.keys  # built once, then read back
+    assert not fs.exists("/tree/manifest.json")  # nothing written into the source
+    assert FileStorage("memory://tree").keys == s.keys  # the cached index, read back
+    assert s.read(3) == fs.cat_file(f"/tree/{s.manifest.paths[3]}")
+    fs.pipe_file("/tree/cat/new.png", (src / "cat" / "img0.png").read_bytes())
+    assert len(FileStorage("memory://tree")) == 16  # the listing changed: indexed again
 
 
 def test_prepare_imagefolder_splits_and_copies(tmp_path):

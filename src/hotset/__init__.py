@@ -34,6 +34,9 @@ _EXPORTS = {
     "hotset.service.server": ["start_service"],
     "hotset.stats": ["LoaderStats"],
     "hotset.storage": ["FileStorage", "Manifest", "Storage", "ThrottledStorage"],
+    "hotset.storage.open": ["from_dataset", "open_storage"],
+    "hotset.storage.tar": ["TarStorage"],
+    "hotset.storage.parquet": ["ArrowStorage", "ParquetStorage"],
     "hotset.store": ["MemoryStore", "RedisStore", "SharedStore", "Store", "make_store"],
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -81,4 +84,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from hotset.service.server import start_service
     from hotset.stats import LoaderStats
     from hotset.storage import FileStorage, Manifest, Storage, ThrottledStorage
+    from hotset.storage.open import from_dataset, open_storage
+    from hotset.storage.parquet import ArrowStorage, ParquetStorage
+    from hotset.storage.tar import TarStorage
     from hotset.store import MemoryStore, RedisStore, SharedStore, Store, make_store

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import posixpath
 import sys
 
 import numpy as np
@@ -35,6 +36,7 @@ def _csv(cast):
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
+    from hotset.storage.open import open_storage
     from hotset.storage.prepare import prepare_fashion_mnist, prepare_imagefolder
 
     if args.kind == "fashion-mnist":
@@ -47,10 +49,11 @@ def cmd_prepare(args: argparse.Namespace) -> None:
             raise HotsetError("usage: hotset prepare imagefolder SRC DIR")
         result = prepare_imagefolder(args.dir, args.dir2, **_given(args, "test_fraction"))
         out = args.dir2
-    for split, m in result.items():
+    for split in result:
+        s = open_storage(posixpath.join(out, split))
         print(
-            f"{out}/{split}: {len(m)} samples, {m.total_bytes / 1e6:.1f} MB, "
-            f"{len(m.classes)} classes"
+            f"{out}/{split}: {len(s)} samples ({type(s).__name__}), "
+            f"{s.manifest.total_bytes / 1e6:.1f} MB, {len(s.classes)} classes"
         )
 
 
@@ -231,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--test-fraction", type=float, help=DEFAULT)
     pr.add_argument(
         "--format",
-        choices=["png", "npy"],
-        help="fashion-mnist: one PNG (default) or one .npy array per sample",
+        choices=["png", "npy", "files", "tar", "parquet"],
+        help="fashion-mnist: one PNG (default; 'files') or one .npy array per sample, "
+        "WebDataset tar shards, or Parquet",
     )
     pr.set_defaults(func=cmd_prepare)
 

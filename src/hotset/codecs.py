@@ -8,21 +8,32 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import math
 
 import numpy as np
 import torch
 
 NPY_MAGIC = b"\x93NUMPY"
+RECORD_MAGIC = b"HSR\x01"  # storage/records.py
 
 
-def decode_image(data: bytes, size: tuple[int, int] | None = None, mode: str = "L") -> np.ndarray:
-    """PNG/JPEG/... bytes -> uint8 array C x H x W (PIL), converted to ``mode`` and
-    resized to ``size`` (width, height) if given."""
+#: PIL modes an image keeps (one or more 8-bit channels); others are made RGB
+KEPT_MODES = ("L", "LA", "RGB", "RGBA")
+
+
+def decode_image(
+    data: bytes, size: tuple[int, int] | None = None, mode: str | None = None
+) -> np.ndarray:
+    """PNG/JPEG/... bytes -> uint8 array C x H x W (PIL), converted to ``mode`` (default:
+    the image's own, palette and other modes as RGB) and resized to ``size`` (width,
+    height) if given."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
-        img = img.convert(mode)
+        want = mode or (img.mode if img.mode in KEPT_MODES else "RGB")
+        if img.mode != want:
+            img = img.convert(want)
         if size is not None and img.size != tuple(size):
             img = img.resize(size)
         arr = np.asarray(img, dtype=np.uint8)
@@ -56,10 +67,52 @@ def decode_array(data: bytes) -> np.ndarray:
     return arr.reshape(shape, order="F" if fortran else "C")
 
 
-def decode_sample(data: bytes, size: tuple[int, int] | None = None, mode: str = "L") -> np.ndarray:
-    """``.npy`` or image bytes, told apart by their magic bytes (``size`` and ``mode``
-    apply to images, see :func:`decode_image`)."""
-    return decode_array(data) if data[:6] == NPY_MAGIC else decode_image(data, size, mode)
+#: WebDataset's field names (the member's extension) and how each is decoded
+IMAGE_FIELDS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "webp", "tif", "tiff", "gif")
+IMAGE_MAGICS = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"II*\x00", b"MM\x00*")
+INT_FIELDS = ("cls", "cls2", "class", "label", "index", "target")
+TEXT_FIELDS = ("txt", "text")
+
+
+def decode_field(name: str, value, size=None, mode=None):
+    """A record's field by its name, as WebDataset decodes a member by its extension
+    (an image also by its magic bytes, as a table's image column): images to arrays,
+    ``cls`` to an int, ``json`` parsed, ``txt`` to text, ``npy`` to an
+    array; other bytes (and values that are not bytes) as they are."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        return value
+    ext = name.rsplit(".", 1)[-1].lower()
+    if ext in IMAGE_FIELDS or bytes(value[:12]).startswith(IMAGE_MAGICS) or (
+        bytes(value[:4]) == b"RIFF" and bytes(value[8:12]) == b"WEBP"
+    ):
+        return decode_image(bytes(value), size, mode)
+    if ext in INT_FIELDS:
+        return int(bytes(value).decode().strip())
+    if ext in TEXT_FIELDS:
+        return bytes(value).decode()
+    if ext == "json":
+        return json.loads(value)
+    if ext == "npy" or bytes(value[:6]) == NPY_MAGIC:
+        return decode_array(bytes(value))
+    return bytes(value)
+
+
+def decode_sample(
+    data: bytes, size: tuple[int, int] | None = None, mode: str | None = None
+):
+    """``.npy``, image or record bytes (``storage/records.py``), told apart by their magic
+    bytes: an array, or for a record its value with each field decoded
+    (:func:`decode_field`). ``size`` and ``mode`` apply to images (:func:`decode_image`)."""
+    if data[:6] == NPY_MAGIC:
+        return decode_array(data)
+    if data[:4] == RECORD_MAGIC:
+        from hotset.storage.records import decode_record
+
+        value = decode_record(data)
+        if isinstance(value, dict):
+            return {k: decode_field(k, v, size, mode) for k, v in value.items()}
+        return value
+    return decode_image(data, size, mode)
 
 
 def to_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from hotset.codecs import decode_sample, to_tensor
+from hotset.codecs import decode_sample
+from hotset.collate import collate, split_sample
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
 from hotset.loader import make_loader
@@ -26,7 +27,9 @@ from hotset.models import MODELS, accuracy, make_model, resolve_device
 from hotset.policy import POLICIES
 from hotset.sampling import SAMPLERS, sampler_class
 from hotset.sim.oracle import LossOracle
-from hotset.storage import FileStorage, Storage, SubsetStorage, ThrottledStorage
+from hotset.storage import Storage, SubsetStorage, ThrottledStorage
+from hotset.storage.manifest import MANIFEST_NAME
+from hotset.storage.open import open_storage
 from hotset.store import make_store
 from hotset.systems import resolve_system
 from hotset.training import train_epoch
@@ -83,20 +86,40 @@ class CompareConfig:
                 )
 
 
-def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A whole split in memory (the test set), read straight from local storage."""
+def open_split(data: str, split: str) -> Storage:
+    """``data/split`` in whatever format it is (``open_storage``)."""
+    path = posixpath.join(data, split)
     try:
-        storage = FileStorage(posixpath.join(data, split))
+        return open_storage(path)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--data {data}: its {split}/ split cannot be read ({exc}); --data holds train/ "
+            f"and test/ splits, as `hotset prepare` writes them ({MANIFEST_NAME} trees, tar "
+            "shards or Parquet; --format)"
+        ) from exc
+
+
+def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A whole split in memory (the test set), or None where there is none."""
+    try:
+        storage = open_split(data, split)
     except ConfigError:
         return None
     return load_ids(storage, np.arange(len(storage)), decode)
 
 
 def _model_for(
-    train: Storage, seed: int, model: str = "tiny", device: str = "cpu"
+    train: Storage, seed: int, model: str = "tiny", device: str = "cpu", test=None
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh model for ``train``'s classes (where its storage knows no labels before
+    reading, as tar shards, the test split's targets say how many)."""
     torch.manual_seed(seed)
-    net = make_model(model, num_classes=max(len(train.classes), int(train.labels.max()) + 1))
+    n = max(len(train.classes), int(train.labels.max()) + 1)
+    if n <= 0 and test is not None:
+        n = int(test[1].max()) + 1
+    if n <= 0:
+        raise ConfigError("the training split names no classes and there is no test split")
+    net = make_model(model, num_classes=n)
     net = net.to(resolve_device(device))
     return net, torch.optim.Adam(net.parameters(), lr=1e-3)
 
@@ -104,7 +127,7 @@ def _model_for(
 def split_train(data: str, val_fraction: float, seed: int = 0) -> tuple[Storage, np.ndarray]:
     """The training split less a held-out validation part: (the storage to train on, the
     validation ids in the full split). The same ``seed`` holds out the same samples."""
-    full = FileStorage(posixpath.join(data, "train"))
+    full = open_split(data, "train")
     n_val = int(round(val_fraction * len(full)))
     if n_val == 0:
         return full, np.zeros(0, np.int64)
@@ -114,8 +137,13 @@ def split_train(data: str, val_fraction: float, seed: int = 0) -> tuple[Storage,
 
 def load_ids(storage: Storage, ids: np.ndarray, decode) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples ``ids`` of a (local) storage as in-memory tensors."""
-    inputs = to_tensor(np.stack([decode(b) for b in storage.read_many(ids.tolist())]))
-    return inputs, torch.as_tensor(storage.labels[ids], dtype=torch.int64)
+    ids = [int(i) for i in ids]
+    pairs = [
+        split_sample(storage, i, decode(b), storage.labels[i])
+        for i, b in zip(ids, storage.read_many(ids), strict=True)
+    ]
+    inputs, targets = collate(ids, pairs, storage.describe)
+    return inputs, torch.as_tensor(targets, dtype=torch.int64)
 
 
 def _train_and_validation(cfg: CompareConfig, decode):
@@ -123,7 +151,7 @@ def _train_and_validation(cfg: CompareConfig, decode):
     train, val_ids = split_train(cfg.data, cfg.val_fraction, cfg.seed)
     if not val_ids.size:
         return train, None
-    return train, load_ids(FileStorage(posixpath.join(cfg.data, "train")), val_ids, decode)
+    return train, load_ids(open_split(cfg.data, "train"), val_ids, decode)
 
 
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
@@ -151,7 +179,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             decode=decode, progress=cfg.progress, persistent_workers=cfg.num_workers > 0,
             pin_memory=device.type == "cuda",
         )  # fmt: skip
-        model, opt = _model_for(train, cfg.seed, cfg.model, device)
+        model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
         epoch_times, hit_ratios, accs, train_losses, reads = [], [], [], [], []
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
@@ -212,7 +240,7 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
         TensorDataset(x, y), batch_size=cfg.batch_size, shuffle=True,
         generator=torch.Generator().manual_seed(cfg.seed), pin_memory=device.type == "cuda",
     )  # fmt: skip
-    model, opt = _model_for(train, cfg.seed, cfg.model, device)
+    model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
     times, accs = [], []
     for _ in range(cfg.epochs):
         start = time.perf_counter()
@@ -357,7 +385,7 @@ def run_compare(
 ) -> list[dict]:
     cfg.validate()
     test = load_split(cfg.data, "test", partial(decode_sample, size=IMAGE_SIZE))
-    FileStorage(posixpath.join(cfg.data, "train"))  # fail early on a wrong --data
+    open_split(cfg.data, "train")  # fail early on a wrong --data
     rows = []
     for policy in cfg.policies:
         if policy == IN_MEMORY:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import posixpath
 import tempfile
 import time
 import zlib
@@ -122,9 +121,9 @@ def scenario_jobs(scenario: str, n: int, stagger_s: float) -> list[JobSpec]:
 
 def _samples(cfg: JobsConfig):
     """The training split's storage and how many of its samples the jobs use."""
-    from hotset.storage import FileStorage
+    from hotset.compare import open_split
 
-    full = FileStorage(posixpath.join(cfg.data, "train"))
+    full = open_split(cfg.data, "train")
     return full, min(len(full), cfg.samples) if cfg.samples else len(full)
 
 

@@ -8,15 +8,17 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
+import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from hotset.codecs import decode_sample, to_tensor
+from hotset.collate import collate, split_sample
 from hotset.distributed import RankGroup, detect_ranks, node_name
 from hotset.errors import (
     ConfigError,
@@ -38,7 +41,7 @@ from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
-from hotset.storage.manifest import content_key
+from hotset.storage.open import open_storage
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
 from hotset.store.shared import SharedStore
@@ -52,10 +55,12 @@ ON_ERROR = ("raise", "skip")
 
 class Batch(NamedTuple):
     """A served batch: ``inputs, targets, ids = batch``; ``ids`` are the samples actually
-    served (feed losses back against these, never against the positions drawn)."""
+    served (feed losses back against these, never against the positions drawn).
+    ``inputs`` is a tensor, or what dict samples or a ``collate_fn`` collate to;
+    ``targets`` is None where the samples have none."""
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
+    inputs: Any
+    targets: Any
     ids: torch.Tensor
 
 
@@ -65,9 +70,11 @@ class CachedDataset(Dataset):
     content digest), misses (and late misses) from storage, then the plan's evictions and
     admissions; it reports what really happened (``PlanReport``) with the batch.
 
-    ``decode`` turns a sample's bytes into an array (default: ``.npy`` or any PIL image);
-    a batch is stacked and made a float tensor once (uint8 pixels scaled to [0, 1]).
-    ``transform``, if given, runs per sample on that tensor. ``on_error="skip"`` drops a
+    ``decode`` turns a sample's bytes into an array or a dict of fields (default:
+    ``.npy``, any PIL image, or a record of fields); ``collate.py`` takes each sample's
+    input and target and makes the batch: one float tensor (uint8 pixels scaled to
+    [0, 1]), ``transform`` run per input first, or the user's ``collate_fn``.
+    ``on_error="skip"`` drops a
     sample that cannot be read or decoded (counted in ``skipped``); a batch that loses
     more than ``max_skipped`` of its samples raises ``SkipLimitError`` with the cause.
 
@@ -82,6 +89,7 @@ class CachedDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         on_error: str = "raise",
         max_skipped: float = 0.5,
+        collate_fn: Callable | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -91,6 +99,7 @@ class CachedDataset(Dataset):
         self.store = store
         self.decode = decode
         self.transform = transform
+        self.collate_fn = collate_fn
         self.on_error = on_error
         self.max_skipped = float(max_skipped)
         self.keys = storage.keys  # content keys: what a hit is checked against
@@ -99,18 +108,20 @@ class CachedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.storage)
 
-    def _decode(self, i: int, data: bytes) -> np.ndarray | torch.Tensor:
+    def _decode(self, i: int, data: bytes) -> tuple:
+        """Sample ``i``'s ``(input, target)`` from its bytes."""
         try:
-            return self.decode(data)
+            return split_sample(self.storage, i, self.decode(data), self.labels[i])
         except Exception as exc:  # noqa: BLE001 - any decoder failure names the sample
             raise CorruptSampleError(
                 i, self.storage.describe(i), f"cannot decode: {exc}", self.keys[i]
             ) from exc
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, i: int) -> tuple:
         i = int(i)
-        x = to_tensor(self._decode(i, self.storage.read(i)))
-        return (self.transform(x) if self.transform is not None else x), int(self.labels[i])
+        x, y = self._decode(i, self.storage.read(i))
+        x = to_tensor(x) if isinstance(x, np.ndarray) else x
+        return (self.transform(x) if self.transform is not None else x), y
 
     def _skip(self, exc: SampleError, stats: LoaderStats, causes: list[str]) -> None:
         if self.on_error == "raise":
@@ -123,7 +134,7 @@ class CachedDataset(Dataset):
         self, ids: list[int], stats: LoaderStats, causes: list[str]
     ) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
-        start, retries = time.perf_counter(), self.storage.retries
+        start, retries, requests = time.perf_counter(), self.storage.retries, self.storage.requests
         try:
             got = dict(zip(ids, self.storage.read_many(ids), strict=True))
         except SampleError:
@@ -137,6 +148,8 @@ class CachedDataset(Dataset):
                     self._skip(exc, stats, causes)
         stats.storage_wait_s += time.perf_counter() - start
         stats.storage_retries += self.storage.retries - retries
+        if requests is not None:
+            stats.storage_requests += self.storage.requests - requests
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
@@ -161,15 +174,16 @@ class CachedDataset(Dataset):
         Returns the ids whose entry was wrong."""
         t = time.perf_counter()
         deadline = t + wait_s
-        keys, wrong = self.keys, []
+        keys, wrong, unpack = self.keys, [], self.storage.from_entry
         pending = [i for i in ids if i not in got]
         while pending:
             values = self.store.get_many([keys[i] for i in pending])
             for i, v in zip(pending, values, strict=True):
                 if v is None:
                     continue
-                if content_key(v) == keys[i]:
-                    got[i] = v
+                data = unpack(keys[i], v)
+                if data is not None:
+                    got[i] = data
                 else:
                     wrong.append(i)
             if wrong:
@@ -199,7 +213,8 @@ class CachedDataset(Dataset):
             self.store.delete_store_keys(list(plan.evict_keys))
         wanted = list(dict.fromkeys(plan.admitted.tolist() + list(fetched)))
         have = {**fetched, **got}
-        items = {keys[i]: have[i] for i in wanted if i in have}
+        pack = self.storage.to_entry
+        items = {keys[i]: pack(keys[i], have[i]) for i in wanted if i in have}
         _, out = self.store.put(items) if items else (0, [])
         deadline = time.perf_counter() + plan.wait_s
         while out and time.perf_counter() < deadline:  # earlier plans' deletions to come
@@ -210,8 +225,9 @@ class CachedDataset(Dataset):
 
     def _decode_batch(
         self, ids: list[int], got: dict[int, bytes], stats: LoaderStats, causes: list[str]
-    ) -> tuple[list[int], torch.Tensor]:
-        """Step 5: decode the served samples (an undecodable one is skipped or raised)."""
+    ) -> tuple[list[int], object, object]:
+        """Step 5: decode the served samples (an undecodable one is skipped or raised) and
+        collate them: ``(served ids, inputs, targets)``."""
         served, samples = [], []
         for i in ids:
             if i not in got:
@@ -222,13 +238,10 @@ class CachedDataset(Dataset):
                 self._skip(exc, stats, causes)
                 continue
             served.append(i)
-        if not samples:
-            return served, torch.empty(0)
-        if self.transform is not None:
-            return served, torch.stack([self.transform(to_tensor(x)) for x in samples])
-        if isinstance(samples[0], torch.Tensor):
-            return served, to_tensor(torch.stack(samples))
-        return served, to_tensor(np.stack(samples))
+        inputs, targets = collate(
+            served, samples, self.storage.describe, self.transform, self.collate_fn
+        )
+        return served, inputs, targets
 
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
@@ -272,7 +285,7 @@ class CachedDataset(Dataset):
             got.update(self._read_storage(absent, stats, causes))
 
         t = time.perf_counter()
-        served, inputs = self._decode_batch(plan.ids.tolist(), got, stats, causes)
+        served, inputs, targets = self._decode_batch(plan.ids.tolist(), got, stats, causes)
         stats.decode_s = time.perf_counter() - t
         if len(plan) and len(plan) - len(served) > self.max_skipped * len(plan):
             raise SkipLimitError(
@@ -293,7 +306,7 @@ class CachedDataset(Dataset):
         # id and label arrays are pickled inline and become tensors in the loader.
         return {
             "inputs": inputs,
-            "targets": self.labels[served_ids],
+            "targets": targets,
             "ids": served_ids,
             "stats": asdict(stats),
             "report": report,
@@ -441,9 +454,13 @@ class HotsetLoader:
                 )
             if self.progress and n % 20 == 0:
                 bar.set_postfix(hit=f"{self.stats.hit_ratio:.3f}", late=self.stats.late_misses)
-            targets = torch.from_numpy(raw["targets"])
+            targets = raw["targets"]
+            if isinstance(targets, np.ndarray):
+                targets = torch.from_numpy(targets)
+            if pin and isinstance(targets, torch.Tensor):
+                targets = targets.pin_memory()
             self.last_ids = torch.from_numpy(raw["ids"])
-            batch = Batch(raw["inputs"], targets.pin_memory() if pin else targets, self.last_ids)
+            batch = Batch(raw["inputs"], targets, self.last_ids)
             yield batch if self.with_ids else batch[:2]
         self.sync_with_store()
         if not served and len(self):
@@ -457,6 +474,7 @@ class HotsetLoader:
         ranks: once every rank got here, rank 0 lists the store for all of them and
         alone deletes and recounts."""
         self._synced = True
+        self.planner.flush()  # the ranks' last reports: the policy's picture, then the store's
         if not self.planner.owns_cache:
             return
         ranks = getattr(self.planner, "ranks", None)
@@ -604,7 +622,7 @@ def cache_capacity(
 
 
 def make_loader(
-    storage: Storage,
+    storage: Storage | str | os.PathLike | Sequence[str] | Dataset,
     *,
     batch_size: int,
     policy: str = "lru",
@@ -616,8 +634,13 @@ def make_loader(
     num_replicas: int = 1,
     rank: int = 0,
     num_workers: int = 2,
-    decode: Callable[[bytes], np.ndarray | torch.Tensor] = decode_sample,
+    decode: Callable[[bytes], Any] | None = None,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    size: tuple[int, int] | None = None,
+    mode: str | None = None,
+    collate_fn: Callable | None = None,
+    format: str | None = None,
+    storage_options: dict | None = None,
     on_error: str = "raise",
     max_skipped: float = 0.5,
     drop_last: bool = False,
@@ -630,10 +653,15 @@ def make_loader(
     sync_every: int = 1,
     **dataloader_kwargs,
 ) -> HotsetLoader:
-    """One call from a Storage to a cached loader: store, policy, sampler, planner, loader.
+    """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
 
     Args:
-        storage: where the samples live (``FileStorage`` over a directory or fsspec URL).
+        storage: where the samples live: a path or fsspec URL (a ``hotset prepare``
+            tree, an ImageFolder, WebDataset ``.tar`` shards, Parquet files, a Hugging
+            Face ``save_to_disk`` directory: detected, or named by ``format``), a
+            map-style torch ``Dataset`` (``hotset.from_dataset``), or a ``Storage``.
+        format: ``files``, ``imagefolder``, ``tar``, ``parquet`` or ``hf``.
+        storage_options: fsspec options of the URL (credentials, endpoint, ...).
         batch_size: samples per batch.
         policy: the cache policy by name (``hotset.POLICIES``): ``lru``, ``minio``,
             ``belady``, ``app`` (SHADE), ``icache``, ``spider``, ...
@@ -655,8 +683,16 @@ def make_loader(
             ``torch.distributed`` is initialised with several ranks.
         sync_every: with ranks, exchange feedback every this many steps.
         num_workers: DataLoader worker processes executing the plans.
-        decode: bytes -> array or tensor (default: ``.npy`` or any PIL image).
-        transform: per-sample tensor -> tensor, after decoding.
+        decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
+            a record of fields: ``codecs.decode_sample``).
+        transform: per-sample input tensor -> tensor, after decoding.
+        size: (width, height) every image is resized to as it is decoded (images of
+            mixed sizes cannot be stacked otherwise).
+        mode: the PIL mode images are converted to (``"RGB"``, ``"L"``); default: their
+            own (palette images as RGB).
+        collate_fn: the served ``(input, target)`` pairs -> the batch's inputs, or a pair
+            of inputs and targets (default: one stacked tensor; dict samples collated as
+            torch's ``default_collate`` does).
         on_error: ``"raise"`` on a missing, corrupt or undecodable sample, or ``"skip"``
             it (counted in ``skipped``).
         max_skipped: with ``"skip"``, the share of a batch that may be lost before
@@ -674,6 +710,9 @@ def make_loader(
             ``persistent_workers``, ``prefetch_factor``, ...); hotset sets the batch
             sampler and collation itself.
     """
+    storage = open_storage(storage, format, storage_options)
+    if decode is None:
+        decode = functools.partial(decode_sample, size=size, mode=mode)
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
     if ranks is not None:
@@ -716,7 +755,7 @@ def make_loader(
         )  # fmt: skip
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error,
-            max_skipped=max_skipped,
+            max_skipped=max_skipped, collate_fn=collate_fn,
         )  # fmt: skip
         fits = {
             "hotset": _version(), "dataset": namespace, "samples": len(storage),

@@ -3,9 +3,10 @@ writes L-samples into package files of >= 1 MB; a loading thread reads whole pac
 into the L-cache when the policy asks for one.
 
 A package file is ``MAGIC``, an 8-byte little-endian header length, a JSON header
-``[{"id", "key", "offset", "size"}, ...]`` and the samples' bytes back to back. Loading
-checks every sample against its content key, so a package can never put wrong bytes
-into the cache. The loading thread pays one request of the package's size on the
+``[{"id", "key", "offset", "size"}, ...]`` and the samples' cache entries back to back
+(``Storage.to_entry``: the bytes, or for location keys the bytes with their digest).
+Loading checks every entry against its key, so a package can never put wrong bytes into
+the cache. The loading thread pays one request of the package's size on the
 storage (``Storage.charge``): one large read instead of many small ones.
 
 The simulator's feeder (``policy.icache.InstantPackages``) makes the same policy calls
@@ -57,8 +58,12 @@ def write_package(path: str | os.PathLike, entries: list[tuple[int, str, bytes]]
     return len(MAGIC) + 8 + len(head) + offset
 
 
-def read_package(path: str | os.PathLike) -> list[tuple[int, str, bytes]]:
-    """The ``(id, key, bytes)`` entries of a package file, each checked against its key."""
+def read_package(
+    path: str | os.PathLike, check: Callable[[str, bytes], bytes | None] | None = None
+) -> list[tuple[int, str, bytes]]:
+    """The ``(id, key, entry)`` entries of a package file, each checked against its key
+    by ``check`` (a storage's ``from_entry``; default: the key is the content digest)."""
+    check = check or (lambda key, data: data if content_key(data) == key else None)
     blob = Path(path).read_bytes()
     if not blob.startswith(MAGIC):
         raise ConfigError(f"{path} is not a hotset package")
@@ -69,7 +74,7 @@ def read_package(path: str | os.PathLike) -> list[tuple[int, str, bytes]]:
     out = []
     for e in header:
         data = blob[base + e["offset"] : base + e["offset"] + e["size"]]
-        if content_key(data) != e["key"]:
+        if check(e["key"], data) is None:
             raise CorruptSampleError(
                 e["id"], str(path), "package entry does not match its key", e["key"]
             )
@@ -214,12 +219,14 @@ class Packager:
                     data = f.read(size)
             except OSError:
                 continue
-            if content_key(data) == keys[i]:
+            if self.storage.from_entry(keys[i], data) is not None:
                 got[i] = data
         rest = [i for i in ids if i not in got]
-        got.update(zip(rest, self.storage.read_many(rest), strict=True))
+        read = self.storage.read_many(rest)
         self._counters["package_storage_reads"] += len(rest)
-        self._counters["package_storage_bytes"] += sum(len(got[i]) for i in rest)
+        self._counters["package_storage_bytes"] += sum(len(d) for d in read)
+        pack = self.storage.to_entry
+        got.update((i, pack(keys[i], d)) for i, d in zip(rest, read, strict=True))
         return [(i, keys[i], got[i]) for i in ids]
 
     def _write(self, ids: np.ndarray) -> tuple[Path, int]:
@@ -302,7 +309,7 @@ class Packager:
         entries = None
         if self.leads and path is not None:
             try:
-                entries = read_package(path)
+                entries = read_package(path, self.storage.from_entry)
                 self.storage.charge(size)
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1

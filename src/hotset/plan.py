@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from hotset.distributed import RankGroup, shard
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, RankError
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
 
@@ -121,6 +121,9 @@ class PlanSource(Protocol):
         """The ids the store holds at an epoch boundary: forget residents it lacks;
         returns the entries it should not hold (to delete)."""
 
+    def flush(self) -> None:
+        """Apply what is pending (ranks' reports and feedback) before an epoch boundary."""
+
     def drain(self, timeout: float = 60.0) -> None:
         """Wait for background work on fed-back batches to finish."""
 
@@ -137,7 +140,7 @@ class PlanSource(Protocol):
 
 
 #: the planner's counters, saved with its state
-COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s")
+COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls")
 
 
 class Planner:
@@ -181,8 +184,8 @@ class Planner:
     ) -> None:
         """``ranks``: a data-parallel job's ranks (``distributed.py``): the sampler draws
         the global list (made with ``num_replicas=1``), every rank plans the same global
-        batches and serves its shard of each; feedback is exchanged every ``sync_every``
-        steps."""
+        batches and serves its shard of each; the batches' reports and the feedback are
+        exchanged together, in one collective every ``sync_every`` steps."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if policy.num_samples < sampler.num_samples:
@@ -237,7 +240,9 @@ class Planner:
         self.world = 1 if ranks is None else ranks.world
         self.sync_every = int(sync_every)
         self._feedback: list[tuple] = []  # this rank's feedback not yet exchanged
+        self._reports: list[tuple[int, PlanReport]] = []  # and its batches' reports
         self.sync_s = 0.0  # exchanging feedback and reports between ranks
+        self.sync_calls = 0  # collectives that did
 
     @property
     def wants_embeddings(self) -> bool:
@@ -256,7 +261,7 @@ class Planner:
         if self.ranks is not None:  # every rank learns every rank's feedback, in rank order
             self._feedback.append((ids, losses, embeddings))
             if len(self._feedback) >= self.sync_every:
-                self._exchange_feedback()
+                self._exchange()
             return
         self._learn(ids, losses, embeddings)
 
@@ -268,14 +273,32 @@ class Planner:
                 self.policy.scores_updated(ids)
         self.feedback_s += time.perf_counter() - start
 
-    def _exchange_feedback(self) -> None:
-        """All ranks' feedback since the last exchange, learnt by every rank alike (a
-        collective: each rank calls ``feedback`` as often, and ``__iter__`` flushes)."""
+    def _exchange(self) -> None:
+        """All ranks' batch reports and feedback since the last exchange, in one
+        collective, applied by every rank alike: the reports of each batch (every rank's
+        shard) in batch order, then the feedback in rank order. Each rank calls it at the
+        same step (``sync_every`` feedbacks, or reports where the sampler takes none),
+        and at each epoch's boundaries."""
         start = time.perf_counter()
-        gathered = self.ranks.all_gather(self._feedback)
-        self._feedback = []
+        gathered = self.ranks.all_gather((self._reports, self._feedback))
+        self._reports, self._feedback = [], []
         self.sync_s += time.perf_counter() - start
-        for items in gathered:
+        self.sync_calls += 1
+        counts = {len(reports) for reports, _ in gathered}
+        if len(counts) != 1:
+            raise RankError(
+                f"ranks reported {sorted(counts)} batches between two exchanges: every rank "
+                "must iterate the loader alike"
+            )
+        for k in range(counts.pop()):
+            seq = gathered[0][0][k][0]
+            reports = [g[0][k][1] for g in gathered]
+            self._reconcile(seq, PlanReport(
+                stored=np.concatenate([r.stored for r in reports]),
+                lost=np.concatenate([r.lost for r in reports]),
+                absent=np.concatenate([r.absent for r in reports]),
+            ))  # fmt: skip
+        for _, items in gathered:
             for ids, losses, embeddings in items:
                 self._learn(ids, losses, embeddings)
 
@@ -291,19 +314,21 @@ class Planner:
             return
         self._consumed += 1
         seq, pins = self._inflight.popleft()
-        if self.ranks is not None and report is not None:  # every rank's shard, alike
-            start = time.perf_counter()
-            reports = self.ranks.all_gather(report)
-            self.sync_s += time.perf_counter() - start
-            report = PlanReport(
-                stored=np.concatenate([r.stored for r in reports]),
-                lost=np.concatenate([r.lost for r in reports]),
-                absent=np.concatenate([r.absent for r in reports]),
-            )
         with self.lock:
             self.policy.pin(pins, -1)
-            if report is None:
-                return
+        if report is None:
+            return
+        if self.ranks is None:
+            self._reconcile(seq, report)
+            return
+        self._reports.append((seq, report))  # every rank's shard, exchanged with feedback
+        due = self.sync_every * (2 if self.sampler.learns_from_feedback else 1)
+        if len(self._reports) >= due:  # (twice as many: feedback is not coming)
+            self._exchange()
+
+    def _reconcile(self, seq: int, report: PlanReport) -> None:
+        """The policy learns what plan ``seq`` really did."""
+        with self.lock:
             lost = np.concatenate([report.lost, report.absent])
             lost = lost[self._writer[lost] <= seq]  # one a later plan writes is its to report
             self.phantoms += len(self.policy.reconcile(report.stored, lost))
@@ -318,6 +343,11 @@ class Planner:
         with self.lock:
             while self._inflight:
                 self.policy.pin(self._inflight.popleft()[1], -1)
+
+    def flush(self) -> None:
+        """Exchange what is pending between ranks (a collective; at epoch boundaries)."""
+        if self.ranks is not None and (self._reports or self._feedback):
+            self._exchange()
 
     def sync_with_store(self, held: np.ndarray) -> np.ndarray:
         """Reconcile at an epoch boundary (no plan in flight): forget the residents the
@@ -492,8 +522,7 @@ class Planner:
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()
-        if self._feedback:  # the last epoch's tail: learnt before this epoch is drawn
-            self._exchange_feedback()
+        self.flush()  # the last epoch's tail: learnt before this epoch is drawn
         start = time.perf_counter()
         epoch = self.sampler.epoch
         first = 0

@@ -23,6 +23,8 @@ class LoaderStats:
       served, deleted, the sample read from storage (counted in ``late_misses`` too).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
     * ``storage_retries``: storage reads tried again after a transient failure.
+    * ``storage_requests``: requests made to the storage for the batches' samples, where
+      it counts them (a range request of a tar shard may serve several samples).
     * ``prefetched``: samples read and cached that no batch requested (a homophily node).
 
     The control plane adds its own in ``HotsetLoader.counters()``: ``planning_s`` and
@@ -43,6 +45,7 @@ class LoaderStats:
     corrupt_hits: int = 0
     skipped: int = 0
     storage_retries: int = 0
+    storage_requests: int = 0
     prefetched: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0

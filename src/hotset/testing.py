@@ -1,6 +1,7 @@
 """Real servers on this machine for tests and benchmarks: a redis-server on a unix
 socket, a Redis Cluster of several redis-server processes on 127.0.0.1 (``redis-cli
---cluster create``). Each can be killed and started again."""
+--cluster create``), an HTTP server that fails on purpose, nginx, an S3-compatible
+server (moto's), and a TCP proxy that puts latency and bandwidth on the wire."""
 
 from __future__ import annotations
 
@@ -209,6 +210,188 @@ class FaultyHTTPServer:
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, what: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
+class NginxServer:
+    """nginx (Debian's) on 127.0.0.1 serving ``root`` read-only, with directory listings
+    (``autoindex``) and range requests, as a dataset behind a web server is."""
+
+    def __init__(self, root: Path, workdir: Path) -> None:
+        port = _free_port()
+        conf = workdir / "nginx.conf"
+        user = "user root;" if os.geteuid() == 0 else ""
+        conf.write_text(f"""{user}
+daemon off; worker_processes 2; pid {workdir}/nginx.pid; error_log {workdir}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log off; client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
+  fastcgi_temp_path {workdir}/fcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
+  server {{ listen 127.0.0.1:{port}; root {root}; autoindex on; }}
+}}
+""")
+        self.proc = subprocess.Popen(
+            [_binary(shutil.which("nginx") or "/usr/sbin/nginx", "nginx"), "-c", str(conf),
+             "-p", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}"
+        _wait_http(self.url + "/", self.proc, "nginx")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class S3Server:
+    """An S3-compatible server on 127.0.0.1 (moto's standalone server, in a process of
+    its own, speaking the S3 HTTP API); ``storage_options`` are s3fs's to reach it."""
+
+    def __init__(self) -> None:
+        import sys
+
+        port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.endpoint = f"http://127.0.0.1:{port}"
+        _wait_http(self.endpoint + "/", self.proc, "moto_server")
+        self.storage_options = {
+            "key": "hotset", "secret": "hotset-secret",
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "eu-west-1"},
+        }  # fmt: skip
+
+    def upload(self, local: Path, url: str) -> None:
+        """Copy the tree ``local`` to ``url`` (``s3://bucket/prefix``), making the bucket."""
+        import fsspec
+
+        fs = fsspec.filesystem("s3", **self.storage_options)
+        bucket = url[len("s3://") :].split("/", 1)[0]
+        if not fs.exists(bucket):
+            fs.mkdir(bucket)
+        fs.put(str(local), url, recursive=True)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+DELAY_PROXY = r"""
+import asyncio, sys, time
+
+listen, target = int(sys.argv[1]), int(sys.argv[2])
+one_way_s, rate = float(sys.argv[3]), float(sys.argv[4])
+
+
+class Link:
+    '''One direction of the wire: bytes leave at ``rate`` (shared by every connection),
+    then travel ``one_way_s``.'''
+
+    def __init__(self):
+        self.free_at = 0.0
+
+    def arrival(self, n):
+        start = max(time.monotonic(), self.free_at)
+        self.free_at = start + (n / rate if rate else 0.0)
+        return self.free_at + one_way_s
+
+
+UP, DOWN = Link(), Link()
+
+
+async def carry(reader, writer, link):
+    queue = asyncio.Queue()
+
+    async def deliver():
+        while True:
+            at, data = await queue.get()
+            wait = at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if data is None:
+                break
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    task = asyncio.create_task(deliver())
+    try:
+        while data := await reader.read(1 << 16):
+            queue.put_nowait((link.arrival(len(data)), data))
+    except ConnectionError:
+        pass
+    queue.put_nowait((link.arrival(0), None))
+    try:
+        await task
+    except ConnectionError:
+        pass
+
+
+async def handle(client_r, client_w):
+    try:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", target)
+    except OSError:
+        client_w.close()
+        return
+    await asyncio.gather(carry(client_r, server_w, UP), carry(server_r, client_w, DOWN))
+
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", listen)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+asyncio.run(main())
+"""
+
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``port`` that puts a wire between them:
+    ``latency_ms`` of round trip (half each way) and ``bandwidth_mb_s`` shared by every
+    connection in each direction, as ``tc netem delay`` and ``rate`` would (netem is not
+    in every kernel; this needs none). Requests and bytes cross it as they would cross a
+    network: a request costs a round trip, bytes cost their transfer time."""
+
+    def __init__(self, port: int, latency_ms: float, bandwidth_mb_s: float) -> None:
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DELAY_PROXY, "0", str(port), str(latency_ms / 2000.0),
+             str(bandwidth_mb_s * 1e6)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.port = int(self.proc.stdout.readline())
 
     def stop(self) -> None:
         self.proc.kill()

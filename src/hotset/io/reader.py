@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -49,22 +49,42 @@ def transient(exc: BaseException) -> bool:
 
 
 class BatchReader:
-    """Whole-file reads of ``paths`` on ``fs``; ``retries`` counts the reads tried again
-    (in this process)."""
+    """Reads of whole files, or of ``[start, end)`` ranges of them, on ``fs``; ``requests``
+    counts the requests made and ``retries`` those tried again (in this process)."""
 
     def __init__(
-        self, fs: fsspec.AbstractFileSystem, concurrency: int = 8, retry: Retry | None = None
+        self,
+        fs: fsspec.AbstractFileSystem,
+        concurrency: int = 8,
+        retry: Retry | None = None,
+        wire: Callable[[Callable[[], bytes]], bytes] | None = None,
     ) -> None:
+        """``wire``: what a synchronous request passes through (``ThrottledStorage``'s
+        emulated latency, bandwidth and in-flight limit, paid per request)."""
         self.fs, self.concurrency, self.retry = fs, max(int(concurrency), 1), retry or Retry()
-        self.retries = 0
+        self.wire = wire
+        self.retries = self.requests = 0
         self._pool: ThreadPoolExecutor | None = None
 
-    def read(self, paths: Sequence[str]) -> list[bytes | BaseException]:
+    def read(
+        self,
+        paths: Sequence[str],
+        starts: Sequence[int | None] | None = None,
+        ends: Sequence[int | None] | None = None,
+    ) -> list[bytes | BaseException]:
+        """Each path's bytes (``starts``/``ends``: of that range), or the exception that
+        ended its last attempt."""
+        none = [None] * len(paths)
+        starts, ends = starts or none, ends or none
         out: list[bytes | BaseException] = [b""] * len(paths)
         todo = list(range(len(paths)))
         for attempt in range(self.retry.attempts):
             again = []
-            for i, got in zip(todo, self._once([paths[i] for i in todo]), strict=True):
+            self.requests += len(todo)
+            once = self._once(
+                [paths[i] for i in todo], [starts[i] for i in todo], [ends[i] for i in todo]
+            )
+            for i, got in zip(todo, once, strict=True):
                 out[i] = got
                 if isinstance(got, BaseException) and transient(got):
                     again.append(i)
@@ -75,20 +95,21 @@ class BatchReader:
             todo = again
         return out
 
-    def _once(self, paths: list[str]) -> list[bytes | BaseException]:
+    def _once(self, paths: list[str], starts: list, ends: list) -> list[bytes | BaseException]:
         if getattr(self.fs, "async_impl", False):  # one call, its reads in flight together
-            none = [None] * len(paths)
-            return self.fs.cat_ranges(paths, none, none, batch_size=self.concurrency,
+            return self.fs.cat_ranges(paths, starts, ends, batch_size=self.concurrency,
                                       on_error="return")  # fmt: skip
         if len(paths) == 1 or self.concurrency == 1:
-            return [self._one(p) for p in paths]
+            return list(map(self._one, paths, starts, ends))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hotset-read")
-        return list(self._pool.map(self._one, paths))
+        return list(self._pool.map(self._one, paths, starts, ends))
 
-    def _one(self, path: str) -> bytes | BaseException:
+    def _one(self, path: str, start: int | None, end: int | None) -> bytes | BaseException:
         try:
-            return self.fs.cat_file(path)
+            if self.wire is not None:
+                return self.wire(lambda: self.fs.cat_file(path, start=start, end=end))
+            return self.fs.cat_file(path, start=start, end=end)
         except Exception as exc:  # noqa: BLE001 - returned, for the caller to name
             return exc
 

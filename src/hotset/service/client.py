@@ -405,6 +405,9 @@ class RemotePlanner:
         """Nothing: the service reconciles the shared store."""
         return held[:0]
 
+    def flush(self) -> None:
+        """Nothing: each rank's plans come from the service."""
+
     def counters(self) -> dict:
         return {
             "planning_s": self.planning_s,

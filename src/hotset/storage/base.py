@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
 import numpy as np
 
-from hotset.storage.manifest import Manifest
+from hotset.io.reader import BatchReader, Retry, reader_of
+from hotset.storage.manifest import Manifest, content_key
+
+#: bytes of the digest a cache entry carries when keys name locations (``seal``)
+TAG = 16
+
+
+def _tag(key: str, data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=TAG, key=bytes.fromhex(key)).digest()
+
+
+def seal(key: str, data: bytes) -> bytes:
+    """A cache entry for a sample whose key names where it lives: a digest of its bytes,
+    keyed by the sample's key and taken at first read, then the bytes."""
+    return _tag(key, data) + data
+
+
+def unseal(key: str, entry: bytes) -> bytes | None:
+    """The bytes of ``entry`` if it is the one ``seal(key, ...)`` made, else None (a
+    corrupted entry, or one written under another sample's key)."""
+    data = entry[TAG:]
+    return data if len(entry) >= TAG and hmac.compare_digest(entry[:TAG], _tag(key, data)) else None
 
 
 class Storage(ABC):
@@ -21,6 +45,15 @@ class Storage(ABC):
 
     manifest: Manifest
     concurrency: int = 8
+    #: keys are digests of the bytes (``content_key``: a hit is checked by digesting it,
+    #: and jobs on overlapping datasets share entries); otherwise a key names where the
+    #: sample lives and each cache entry carries a digest taken at first read (``seal``),
+    #: its ``size`` counting those ``TAG`` bytes
+    content_keyed: bool = True
+    #: for samples that are records of fields (tar groups, table rows): the fields a
+    #: batch's inputs and targets come from (``collate.split_sample``)
+    input_field: str | None = None
+    target_field: str | None = None
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -54,6 +87,17 @@ class Storage(ABC):
         """Where sample ``i`` lives, for error messages."""
         return self.manifest.paths[i]
 
+    def to_entry(self, key: str, data: bytes) -> bytes:
+        """What the cache holds for the sample of ``key`` whose bytes are ``data``."""
+        return data if self.content_keyed else seal(key, data)
+
+    def from_entry(self, key: str, entry: bytes) -> bytes | None:
+        """The sample's bytes from its cache entry, or None when the entry is not the
+        sample's (it is then never served)."""
+        if self.content_keyed:
+            return entry if content_key(entry) == key else None
+        return unseal(key, entry)
+
     @abstractmethod
     def read(self, i: int) -> bytes:
         """The bytes of sample ``i``; raises a :class:`~hotset.errors.SampleError` naming it."""
@@ -62,6 +106,18 @@ class Storage(ABC):
     def retries(self) -> int:
         """Reads this process tried again after a transient failure (``io/reader.py``)."""
         return 0
+
+    @property
+    def requests(self) -> int | None:
+        """Requests this process made to the storage (a range request may serve several
+        samples), where the storage counts them."""
+        return None
+
+    def set_wire(self, wire) -> bool:
+        """Pass each request this storage makes through ``wire`` (a function of the
+        request, ``ThrottledStorage``'s emulated network); False where its reads are not
+        requests it makes itself."""
+        return False
 
     def charge(self, nbytes: int) -> None:  # noqa: B027 - only emulated storage pays
         """Account for one extra request of ``nbytes`` made beside this storage (an iCACHE
@@ -86,4 +142,49 @@ class Storage(ABC):
         state = self.__dict__.copy()
         state.pop("_reader_pool", None)
         state.pop("_reader_pid", None)
+        return state
+
+
+class FsspecStorage(Storage):
+    """A storage read through fsspec (``url``, ``storage_options``) by this process's
+    :class:`~hotset.io.reader.BatchReader`: one batched call per batch, ``concurrency``
+    requests in flight, retried as ``retry`` says; ``requests`` and ``retries`` count
+    this process's. Each process (each DataLoader worker) has its own filesystem
+    instance and connections."""
+
+    url: str
+    storage_options: dict
+    retry: Retry
+    _fs: fsspec.AbstractFileSystem
+
+    @property
+    def reader(self) -> BatchReader:
+        def make() -> BatchReader:
+            fs = self._fs
+            if fs.__dict__.get("_pid", os.getpid()) != os.getpid():  # an async one, forked
+                fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+            return BatchReader(fs, self.concurrency, self.retry, self.__dict__.get("_wire"))
+
+        return reader_of(self, make)
+
+    @property
+    def retries(self) -> int:
+        return self.reader.retries
+
+    @property
+    def requests(self) -> int:
+        return self.reader.requests
+
+    def set_wire(self, wire) -> bool:
+        self._wire = wire
+        self.__dict__.pop("_batch_reader_pid", None)  # the next read makes a wired reader
+        return not getattr(self.reader.fs, "async_impl", False)
+
+    def read(self, i: int) -> bytes:
+        return self.read_many([i])[0]
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_batch_reader", None)
+        state.pop("_batch_reader_pid", None)
         return state

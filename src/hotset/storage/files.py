@@ -1,25 +1,41 @@
-"""File-per-sample storage over a local directory or any fsspec URL, with a manifest."""
+"""File-per-sample storage over a local directory or any fsspec URL: a tree that
+``hotset prepare`` wrote (with its ``manifest.json``), or an ImageFolder as it is."""
 
 from __future__ import annotations
 
-import os
+import json
 import posixpath
 from collections.abc import Sequence
 
 import fsspec
 
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
-from hotset.io.reader import BatchReader, Retry, reader_of
-from hotset.storage.base import Storage
-from hotset.storage.manifest import IMAGE_SUFFIXES, MANIFEST_NAME, Manifest, content_key
+from hotset.io.reader import Retry
+from hotset.storage.base import TAG, FsspecStorage
+from hotset.storage.index_cache import cached_index
+from hotset.storage.manifest import (
+    IMAGE_SUFFIXES,
+    KEY_KIND,
+    LOCATION_KIND,
+    MANIFEST_NAME,
+    Manifest,
+    content_key,
+    location_key,
+)
 
 
-class FileStorage(Storage):
+class FileStorage(FsspecStorage):
     """One file per sample under ``url`` (``/data/x``, ``file://...``, ``http://...``,
-    ``s3://...``: anything fsspec opens), described by ``url/manifest.json``.
+    ``s3://...``: anything fsspec opens), described by ``url/manifest.json``, or else an
+    ImageFolder tree (``url/<class>/<image>``) indexed from its listing alone: paths,
+    sizes and labels, kept in the user's index cache (``index_cache.py``, never in the
+    source tree) and refreshed when the listing changes. An ImageFolder's keys name each
+    file (path, size, modification time or ETag), and a cache entry carries a digest
+    of the bytes taken at first read (``Storage.content_keyed``).
 
-    ``verify=True`` checks each read against the manifest's content digest, so a sample
-    that changed or got corrupted on the storage is reported, never served. A batch's
+    ``verify=True`` checks each read against the manifest's content digest (an
+    ImageFolder's against its listed size), so a sample that changed or got corrupted
+    on the storage is reported, never served. A batch's
     reads are one call with up to ``concurrency`` in flight, transient failures retried
     as ``retry`` says (``io/reader.py``); each process (each DataLoader worker) opens the
     filesystem and its connections itself. ``retries`` counts the reads tried again.
@@ -31,7 +47,6 @@ class FileStorage(Storage):
         *,
         verify: bool = True,
         concurrency: int = 8,
-        build_manifest: bool = False,
         storage_options: dict | None = None,
         retry: Retry | None = None,
     ) -> None:
@@ -44,39 +59,15 @@ class FileStorage(Storage):
         mpath = posixpath.join(self._root, MANIFEST_NAME)
         if self._fs.exists(mpath):
             self.manifest = Manifest.from_json(self._fs.cat_file(mpath).decode(), mpath)
-        elif build_manifest:
-            self.manifest = scan_imagefolder(self._fs, self._root)
-            self._fs.pipe_file(mpath, self.manifest.to_json().encode())
         else:
-            raise ConfigError(
-                f"no {MANIFEST_NAME} in {self.url}: prepare the data with `hotset prepare`, "
-                "or pass build_manifest=True for an ImageFolder-layout tree"
-            )
+            self.manifest = index_imagefolder(self._fs, self._root, self.url)
+        self.content_keyed = self.manifest.key_kind == KEY_KIND
 
     def path(self, i: int) -> str:
         return posixpath.join(self._root, self.manifest.paths[i])
 
     def describe(self, i: int) -> str:
         return self.path(i)
-
-    @property
-    def reader(self) -> BatchReader:
-        """This process's reader (its own filesystem instance and connections)."""
-
-        def make() -> BatchReader:
-            fs = self._fs
-            if fs.__dict__.get("_pid", os.getpid()) != os.getpid():  # an async one, forked
-                fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
-            return BatchReader(fs, self.concurrency, self.retry)
-
-        return reader_of(self, make)
-
-    @property
-    def retries(self) -> int:
-        return self.reader.retries
-
-    def read(self, i: int) -> bytes:
-        return self.read_many([i])[0]
 
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
         ids = [int(i) for i in ids]
@@ -93,42 +84,72 @@ class FileStorage(Storage):
                 raise StorageError(
                     i, path, f"read failed after {self.retry.attempts} attempts: {data!r}", key
                 ) from data
-            if self.verify and content_key(data) != key:
+            if not self.verify:
+                continue
+            if self.content_keyed and content_key(data) != key:
                 raise CorruptSampleError(
                     i, path, f"content digest {content_key(data)} does not match manifest", key
                 )
+            if not self.content_keyed and len(data) + TAG != self.manifest.sizes[i]:
+                raise CorruptSampleError(
+                    i, path, f"{len(data)} bytes, the index says "
+                    f"{self.manifest.sizes[i] - TAG}: changed since it was listed", key,
+                )  # fmt: skip
         return out
 
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_batch_reader", None)
-        state.pop("_batch_reader_pid", None)
-        return state
+
+def _version(info: dict) -> str:
+    """What changes when a listed file is rewritten: its ETag or modification time."""
+    for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "updated", "created"):
+        if info.get(k) is not None:
+            return str(info[k])
+    return ""
 
 
 def list_imagefolder(
     fs: fsspec.AbstractFileSystem, root: str
-) -> tuple[list[str], list[tuple[str, int]]]:
-    """Classes (sorted by name) and ``(relative path, label)`` of an ImageFolder tree
-    (``root/<class>/<image>``)."""
+) -> tuple[list[str], list[tuple[str, int, dict]]]:
+    """Classes (sorted by name) and ``(relative path, label, listing info)`` of an
+    ImageFolder tree (``root/<class>/<image>``), from the listing alone."""
     classes = sorted(
         posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)
     )
     if not classes:
-        raise ConfigError(f"{root}: no class sub-folders (expected root/<class>/<image>)")
-    files = [
-        (posixpath.relpath(f, root), label)
-        for label, cls in enumerate(classes)
-        for f in sorted(fs.find(posixpath.join(root, cls)))
-        if f.lower().endswith(IMAGE_SUFFIXES)
-    ]
+        raise ConfigError(
+            f"{root}: neither a {MANIFEST_NAME} nor class sub-folders (an ImageFolder is "
+            "root/<class>/<image>); name another format with format="
+        )
+    files = []
+    for label, cls in enumerate(classes):
+        found = fs.find(posixpath.join(root, cls), detail=True)
+        for f in sorted(found):
+            if f.lower().endswith(IMAGE_SUFFIXES):
+                files.append((posixpath.relpath(f, root), label, found[f]))
     if not files:
         raise ConfigError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) in class folders")
     return classes, files
 
 
-def scan_imagefolder(fs: fsspec.AbstractFileSystem, root: str, name: str = "") -> Manifest:
-    """Manifest of an ImageFolder tree, reading every file once to digest it."""
+def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Manifest:
+    """The manifest of an ImageFolder tree from its listing (no file is read), kept in the
+    user's index cache under the URL and a fingerprint of the listing."""
     classes, files = list_imagefolder(fs, root)
-    samples = ((rel, fs.cat_file(posixpath.join(root, rel)), label) for rel, label in files)
-    return Manifest.from_samples(samples, classes, name or posixpath.basename(root.rstrip("/")))
+    sizes = [info.get("size") for _, _, info in files]
+    if any(s is None for s in sizes):  # a listing without sizes (HTTP): ask per file
+        sizes = [s if s is not None else fs.size(posixpath.join(root, rel))
+                 for s, (rel, _, _) in zip(sizes, files, strict=True)]  # fmt: skip
+    listing = [(rel, int(size), _version(info)) for (rel, _, info), size in
+               zip(files, sizes, strict=True)]  # fmt: skip
+    fingerprint = json.dumps([classes, listing])
+
+    def build() -> bytes:
+        return Manifest(
+            [rel for rel, _, _ in listing],
+            [location_key(url, rel, size, version) for rel, size, version in listing],
+            [size + TAG for _, size, _ in listing],
+            [label for _, label, _ in files],
+            classes, posixpath.basename(root.rstrip("/")), LOCATION_KIND,
+        ).to_json().encode()  # fmt: skip
+
+    data = cached_index("imagefolder", url, fingerprint, build)
+    return Manifest.from_json(data.decode(), f"index of {url}")

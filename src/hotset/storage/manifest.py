@@ -21,7 +21,9 @@ from hotset.storage.columns import key_column, text_column
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hotset-manifest/1"
-KEY_KIND = "blake2b-128"
+KEY_KIND = "blake2b-128"  # keys are digests of the samples' bytes
+LOCATION_KIND = "location-blake2b-128"  # keys name where samples live (location_key)
+KEY_KINDS = (KEY_KIND, LOCATION_KIND)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
 
@@ -60,6 +62,13 @@ def content_key(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def location_key(*parts: object) -> str:
+    """Key of a sample known by where it lives (source, member, size, version...) before
+    its bytes are read: a BLAKE2b-128 digest of the parts, in hex."""
+    text = "\x00".join(str(p) for p in parts)
+    return hashlib.blake2b(text.encode(), digest_size=16, person=b"hotset-loc").hexdigest()
+
+
 @dataclass(eq=False)
 class Manifest:
     """Per-sample columns, held compactly (``columns.py``: ~16 B per key, the path's text
@@ -72,6 +81,7 @@ class Manifest:
     labels: np.ndarray  # int64 class index
     classes: list[str] = field(default_factory=list)
     name: str = ""
+    key_kind: str = KEY_KIND
 
     def __post_init__(self) -> None:
         self.paths = text_column(self.paths)
@@ -93,7 +103,7 @@ class Manifest:
         return json.dumps(
             {
                 "format": FORMAT,
-                "key_kind": KEY_KIND,
+                "key_kind": self.key_kind,
                 "name": self.name,
                 "classes": self.classes,
                 "paths": list(self.paths),
@@ -113,8 +123,8 @@ class Manifest:
             raise ConfigError(f"{where}: {exc}") from exc
         if doc.format != FORMAT:
             raise ConfigError(f"{where}: format {doc.format!r}, expected {FORMAT!r}")
-        if doc.key_kind != KEY_KIND:
-            raise ConfigError(f"{where}: key_kind {doc.key_kind!r}, expected {KEY_KIND!r}")
+        if doc.key_kind not in KEY_KINDS:
+            raise ConfigError(f"{where}: key_kind {doc.key_kind!r}, expected one of {KEY_KINDS}")
         _check_paths(doc.paths, where)
         labels = np.asarray(doc.labels, dtype=np.int64)
         if doc.classes and labels.size:
@@ -124,7 +134,7 @@ class Manifest:
                     f"{where}: labels[{bad[0]}] = {labels[bad[0]]} is not a class index "
                     f"(0..{len(doc.classes) - 1}, {len(doc.classes)} classes)"
                 )
-        return cls(doc.paths, doc.keys, doc.sizes, labels, doc.classes, doc.name)
+        return cls(doc.paths, doc.keys, doc.sizes, labels, doc.classes, doc.name, doc.key_kind)
 
     @classmethod
     def from_samples(
@@ -144,5 +154,5 @@ class Manifest:
         idx = np.asarray(idx, np.int64)
         return Manifest(
             self.paths.take(idx), self.keys.take(idx), self.sizes[idx], self.labels[idx],
-            self.classes, name or self.name,
+            self.classes, name or self.name, self.key_kind,
         )  # fmt: skip

@@ -1,4 +1,5 @@
-"""`hotset prepare`: write a dataset as one file per sample plus its manifest."""
+"""`hotset prepare`: write a dataset as one file per sample plus its manifest, as
+WebDataset tar shards, or as Parquet."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims)
 
 
-FORMATS = ("png", "npy")
+FORMATS = ("png", "npy", "files", "tar", "parquet")  # files: png
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -74,17 +75,73 @@ def _write_split(
     return manifest
 
 
+def _write_tar_split(
+    out: str, samples: Iterator[tuple[str, bytes, int]], name: str, total: int,
+    shard_size: int = 4096,
+) -> int:
+    """Write samples as WebDataset shards ``out/shard-NNNNNN.tar`` of ``shard_size``
+    samples: ``<index>.png`` (or ``.npy``) and ``<index>.cls`` per sample."""
+    import io
+    import itertools
+    import tarfile
+
+    fs, root = fsspec.core.url_to_fs(out)
+    fs.makedirs(root, exist_ok=True)
+    rows = iter(tqdm(samples, total=total, desc=f"prepare {name}", unit="img", disable=None))
+    n = 0
+    while chunk := list(itertools.islice(rows, shard_size)):
+        path = posixpath.join(root, f"shard-{n // shard_size:06d}.tar")
+        with fs.open(path, "wb") as f, tarfile.open(fileobj=f, mode="w") as tf:
+            for rel, data, label in chunk:
+                stem, ext = posixpath.splitext(posixpath.basename(rel))
+                for member, payload in ((stem + ext, data), (f"{stem}.cls", b"%d" % label)):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(payload)
+                    tf.addfile(info, io.BytesIO(payload))
+        n += len(chunk)
+    return n
+
+
+def _write_parquet_split(
+    out: str, samples: Iterator[tuple[str, bytes, int]], classes: list[str], name: str,
+    total: int, row_group_size: int = 256,
+) -> int:
+    """Write samples as one Parquet file ``out/data.parquet`` (columns ``image``, bytes,
+    and ``label``; the class names in the Hugging Face metadata), in row groups of
+    ``row_group_size`` rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = list(tqdm(samples, total=total, desc=f"prepare {name}", unit="img", disable=None))
+    meta = {"info": {"features": {"image": {"_type": "Image"},
+                                  "label": {"_type": "ClassLabel", "names": classes}}}}
+    table = pa.table(
+        {"image": [d for _, d, _ in rows], "label": [lbl for _, _, lbl in rows]},
+    ).replace_schema_metadata({"huggingface": json.dumps(meta)})
+    fs, root = fsspec.core.url_to_fs(out)
+    fs.makedirs(root, exist_ok=True)
+    with fs.open(posixpath.join(root, "data.parquet"), "wb") as f:
+        pq.write_table(table, f, row_group_size=row_group_size)
+    return len(rows)
+
+
 def prepare_fashion_mnist(
     out_dir: str, source: str = FASHION_MNIST_DIR, limit: int | None = None, fmt: str = "png"
-) -> dict[str, Manifest]:
-    """Write Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as one file per
-    sample under ``out_dir/train/<label>/<index>.<fmt>`` and ``out_dir/test/...``, each
-    with a manifest. ``fmt``: ``png`` (an image, as ImageFolder datasets are) or ``npy``
-    (the uint8 array 1 x 28 x 28, decoded by a ``frombuffer``). ``limit`` keeps the
-    first N samples of each split (for tests)."""
+) -> dict[str, int]:
+    """Write Fashion-MNIST (Debian package ``dataset-fashion-mnist``) under
+    ``out_dir/train`` and ``out_dir/test``; returns each split's sample count. ``fmt``:
+    ``png`` or ``files`` (one PNG per sample, ``<label>/<index>.png``, with a manifest, as
+    ImageFolder datasets are), ``npy`` (one uint8 array 1 x 28 x 28 per file, decoded by
+    a ``frombuffer``), ``tar`` (WebDataset shards of PNG + ``cls``) or ``parquet`` (one
+    file, ``image`` and ``label`` columns). ``limit`` keeps the first N samples of each
+    split (for tests)."""
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {FORMATS}, got {fmt!r}")
-    encode = png_bytes if fmt == "png" else (lambda img: npy_bytes(img[None]))
+    fmt = "png" if fmt == "files" else fmt
+    encode = (lambda img: npy_bytes(img[None])) if fmt == "npy" else png_bytes
+    ext = "npy" if fmt == "npy" else "png"
     src = Path(source)
     if not (src / _IDX_FILES["train"][0]).exists():
         raise ConfigError(
@@ -99,15 +156,19 @@ def prepare_fashion_mnist(
 
         def samples(images=images, labels=labels):
             for i, (img, lbl) in enumerate(zip(images, labels, strict=True)):
-                yield f"{int(lbl)}/{i:05d}.{fmt}", encode(img), int(lbl)
+                yield f"{int(lbl)}/{i:05d}.{ext}", encode(img), int(lbl)
 
-        result[split] = _write_split(
-            posixpath.join(str(out_dir), split),
-            samples(),
-            FASHION_MNIST_CLASSES,
-            f"fashion-mnist-{split}",
-            len(images),
-        )
+        out, name = posixpath.join(str(out_dir), split), f"fashion-mnist-{split}"
+        if fmt == "tar":
+            result[split] = _write_tar_split(out, samples(), name, len(images))
+        elif fmt == "parquet":
+            result[split] = _write_parquet_split(
+                out, samples(), FASHION_MNIST_CLASSES, name, len(images)
+            )
+        else:
+            result[split] = len(
+                _write_split(out, samples(), FASHION_MNIST_CLASSES, name, len(images))
+            )
     return result
 
 
@@ -122,7 +183,7 @@ def prepare_imagefolder(
     if not fs.isdir(root):
         raise ConfigError(f"{src}: not a directory")
     classes, files = list_imagefolder(fs, root)
-    labels = np.array([label for _, label in files], dtype=np.int64)
+    labels = np.array([label for _, label, _ in files], dtype=np.int64)
     rng = np.random.default_rng(seed)
     test_mask = np.zeros(len(files), dtype=bool)
     for label in range(len(classes)):
@@ -135,7 +196,7 @@ def prepare_imagefolder(
         if not mask.any():
             continue
         chosen = [files[i] for i in np.flatnonzero(mask)]
-        samples = ((rel, fs.cat_file(posixpath.join(root, rel)), label) for rel, label in chosen)
+        samples = ((rel, fs.cat_file(posixpath.join(root, rel)), label) for rel, label, _ in chosen)
         result[split] = _write_split(
             posixpath.join(str(out_dir), split), samples, classes, f"{name}-{split}", len(chosen)
         )

@@ -20,10 +20,15 @@ class SubsetStorage(Storage):
             raise ConfigError(f"subset indices must be a non-empty 1-D array in [0, {len(inner)})")
         self.inner, self.indices = inner, idx
         self.concurrency = inner.concurrency
+        self.content_keyed = inner.content_keyed
+        self.input_field, self.target_field = inner.input_field, inner.target_field
         self.manifest = inner.manifest.take(idx, f"{inner.manifest.name}[{idx.size}]")
 
     def read(self, i: int) -> bytes:
         return self.inner.read(int(self.indices[i]))
+
+    def read_many(self, ids: Sequence[int]) -> list[bytes]:
+        return self.inner.read_many(self.indices[np.asarray(ids, np.int64)].tolist())
 
     def describe(self, i: int) -> str:
         return self.inner.describe(int(self.indices[i]))
@@ -31,6 +36,13 @@ class SubsetStorage(Storage):
     def charge(self, nbytes: int) -> None:
         self.inner.charge(nbytes)
 
+    def set_wire(self, wire) -> bool:
+        return self.inner.set_wire(wire)
+
     @property
     def retries(self) -> int:
         return self.inner.retries
+
+    @property
+    def requests(self) -> int | None:
+        return self.inner.requests

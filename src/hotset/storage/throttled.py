@@ -34,14 +34,23 @@ class ThrottledStorage(Storage):
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         self.inner = inner
         self.manifest = inner.manifest
+        self.content_keyed = inner.content_keyed
+        self.input_field, self.target_field = inner.input_field, inner.target_field
         self.latency_s = latency_ms / 1000.0
         self.bytes_per_s = bandwidth_mb_s * 1e6
         self.concurrency = int(concurrency)
         self._slots = multiprocessing.get_context().BoundedSemaphore(self.concurrency)
+        # a storage that makes its own requests (one per file, or a range of a shard for
+        # several samples) pays per request, where they are made; others per read here
+        self._wired = inner.set_wire(self._through)
 
     @property
     def retries(self) -> int:
         return self.inner.retries
+
+    @property
+    def requests(self) -> int | None:
+        return self.inner.requests
 
     def describe(self, i: int) -> str:
         return self.inner.describe(i)
@@ -52,7 +61,20 @@ class ThrottledStorage(Storage):
         if remaining > 0:
             time.sleep(remaining)
 
+    def _through(self, request) -> bytes:
+        """One request on the emulated wire: a slot, then latency and transfer time."""
+        with self._slots:
+            start = time.perf_counter()
+            data = request()
+            self._pay(len(data), start)
+        return data
+
+    def read_many(self, ids) -> list[bytes]:
+        return self.inner.read_many(ids) if self._wired else super().read_many(ids)
+
     def read(self, i: int) -> bytes:
+        if self._wired:
+            return self.inner.read(i)
         with self._slots:
             start = time.perf_counter()
             data = self.inner.read(i)

@@ -1,0 +1,60 @@
+"""Indexes of users' datasets, kept in a directory of the user's, never in the source.
+
+An index (an ImageFolder's listing, a tar shard's members) is built once and kept under
+``$HOTSET_CACHE_DIR`` (default ``~/.cache/hotset``, or ``$XDG_CACHE_HOME/hotset``), in a
+file named by the source's URL and a fingerprint of what it indexes (the listing, or the
+shard's size and version): a changed source gets a new index, and the stale one of the
+same URL is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """The user's index directory (made 0700 if missing; refused if it is not theirs or
+    others can write to it)."""
+    base = os.environ.get("HOTSET_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "hotset")
+    from hotset.store.lease import check_own_dir  # (the store package imports lmdb)
+
+    path = Path(base) / "index"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_own_dir(str(path))
+    return path
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def cached_index(kind: str, url: str, fingerprint: str, build: Callable[[], bytes]) -> bytes:
+    """The index of ``url`` as it is now (``fingerprint``): read from the cache, or
+    ``build()`` and kept (written atomically, readable by this user only)."""
+    root = cache_dir()
+    prefix = f"{kind}-{_digest(url)}-"
+    path = root / f"{prefix}{_digest(fingerprint)}"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    data = build()
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for stale in root.glob(f"{prefix}*"):  # the same source, indexed as it was before
+        if stale != path:
+            stale.unlink(missing_ok=True)
+    return data

@@ -1,0 +1,90 @@
+"""A path, URL or torch Dataset -> the Storage that reads it (``format=`` names one, else
+it is detected from what is there)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+
+from hotset.errors import ConfigError
+from hotset.storage.base import Storage
+from hotset.storage.manifest import MANIFEST_NAME
+
+FORMATS = ("files", "imagefolder", "tar", "parquet", "hf")
+
+
+def storage_class(fmt: str) -> type[Storage]:
+    if fmt in ("files", "imagefolder"):
+        from hotset.storage.files import FileStorage as cls
+    elif fmt == "tar":
+        from hotset.storage.tar import TarStorage as cls
+    elif fmt == "parquet":
+        from hotset.storage.parquet import ParquetStorage as cls
+    elif fmt == "hf":
+        from hotset.storage.parquet import ArrowStorage as cls
+    else:
+        raise ConfigError(f"format={fmt!r}: one of {FORMATS}")
+    return cls
+
+
+def detect_format(url: str | Sequence[str], storage_options: dict | None = None) -> str:
+    """What lies at ``url``: ``files`` (a ``manifest.json``), ``hf`` (``save_to_disk``),
+    ``tar`` / ``parquet`` (such files, or a directory or glob of them), else
+    ``imagefolder``."""
+    if not isinstance(url, str):
+        url = str(url[0])
+    name = url.rstrip("/").lower()
+    for ext, fmt in ((".tar", "tar"), (".parquet", "parquet")):
+        if name.endswith(ext) or name.endswith(ext + "}"):
+            return fmt
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    if not fs.exists(root):
+        raise ConfigError(f"{url}: no such file or directory")
+    if not fs.isdir(root):
+        raise ConfigError(f"{url}: a file hotset cannot read; name its format= ({FORMATS})")
+    names = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)}
+    if MANIFEST_NAME in names:
+        return "files"
+    if "state.json" in names and "dataset_info.json" in names:
+        return "hf"
+    for ext, fmt in ((".tar", "tar"), (".parquet", "parquet")):
+        if any(n.endswith(ext) for n in names):
+            return fmt
+    return "imagefolder"
+
+
+def open_storage(
+    source: Any, format: str | None = None, storage_options: dict | None = None, **options
+) -> Storage:
+    """The storage of ``source``: a ``Storage`` as it is, a map-style torch ``Dataset``
+    (``from_dataset``), or a path / URL / list of shard URLs in ``format`` (detected when
+    not given). ``options`` go to the storage's constructor."""
+    if isinstance(source, Storage):
+        return source
+    if isinstance(source, str | os.PathLike) or (
+        isinstance(source, list | tuple) and source and isinstance(source[0], str | os.PathLike)
+    ):
+        url = os.fspath(source) if isinstance(source, str | os.PathLike) else list(source)
+        fmt = format or detect_format(url, storage_options)
+        if storage_options:
+            options["storage_options"] = storage_options
+        return storage_class(fmt)(url, **options)
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        from hotset.storage.torch_dataset import DatasetStorage
+
+        return DatasetStorage(source, **options)
+    raise ConfigError(
+        f"cannot read a {type(source).__qualname__}: give a Storage, a path or URL, or a "
+        "map-style torch Dataset"
+    )
+
+
+def from_dataset(dataset, *, name: str | None = None, probe: int = 8) -> Storage:
+    """A map-style torch ``Dataset`` as a storage hotset caches (``torch_dataset.py``)."""
+    from hotset.storage.torch_dataset import DatasetStorage
+
+    return DatasetStorage(dataset, name=name, probe=probe)

@@ -1,0 +1,239 @@
+"""WebDataset tar shards, read per sample by byte range.
+
+Each shard is indexed from its tar headers alone (``tarfile`` seeks from header to
+header; no payload is read): member name, data offset and size. Members are grouped into
+samples as WebDataset groups them: consecutive members sharing a key, the basename up to
+its first dot (``n01440764_10026.jpg`` + ``n01440764_10026.cls`` is one sample with fields
+``jpg`` and ``cls``). The index is kept in the user's index cache (``index_cache.py``),
+one per shard, named by the shard's URL, size and version.
+
+A sample's members (with their headers and padding) are one byte range of its shard, and
+the next sample's range starts where it ends; a batch's misses in one shard are
+read as few range requests (neighbours merged when the gap between them costs less than a
+request, ``merge_gap``), in one call per batch (``io/reader.py``). A sample is served as a
+record of its fields (``records.py``) whose size the index knows exactly.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import io
+import posixpath
+import re
+import tarfile
+from collections.abc import Sequence
+
+import fsspec
+import numpy as np
+
+from hotset.codecs import IMAGE_FIELDS, INT_FIELDS
+from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
+from hotset.io.reader import Retry
+from hotset.io.requests import coalesce
+from hotset.storage.base import TAG, FsspecStorage
+from hotset.storage.files import _version
+from hotset.storage.index_cache import cached_index
+from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
+from hotset.storage.records import encode_record, record_size
+
+#: WebDataset's split of a member name into the sample's key and the field's name
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+
+def index_shard(fileobj) -> list[list]:
+    """``[[key, header offset, [[field, data offset, size], ...]], ...]`` of a tar read
+    from headers only (``tarfile`` seeks over payloads)."""
+    samples: list[list] = []
+    with tarfile.open(fileobj=fileobj, mode="r:") as tf:
+        for info in tf:
+            if not info.isfile():
+                continue
+            m = _KEY_EXT.match(info.name)
+            if m is None or posixpath.basename(info.name).startswith("__"):
+                continue
+            key, field = m.group(1), m.group(2).lower()
+            if not samples or samples[-1][0] != key:
+                samples.append([key, info.offset, []])
+            samples[-1][2].append([field, info.offset_data, info.size])
+    return samples
+
+
+def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
+    """A shard's index as arrays: per sample its name, key, byte range (from its first
+    header to its last payload's padding, so that the next sample's range starts where it
+    ends) and record size; per member its field, offset in the range and size."""
+    fields: dict[str, int] = {}
+    m_field, m_off, m_size, m_ptr, start, end, sizes, keys = [], [], [], [0], [], [], [], []
+    for key, lo, members in samples:
+        hi = -(-max(off + size for _, off, size in members) // 512) * 512
+        for field, off, size in members:
+            m_field.append(fields.setdefault(field, len(fields)))
+            m_off.append(off - lo)
+            m_size.append(size)
+        m_ptr.append(len(m_field))
+        start.append(lo)
+        end.append(hi)
+        sizes.append(record_size((f, n) for f, _, n in members) + TAG)
+        keys.append(location_key(url, key, lo, hi))
+    i64 = np.int64
+    return {
+        "names": np.asarray([key for key, _, _ in samples], dtype=str), "keys": np.asarray(keys),
+        "start": np.asarray(start, i64), "end": np.asarray(end, i64),
+        "sizes": np.asarray(sizes, i64), "m_ptr": np.asarray(m_ptr, i64),
+        "m_field": np.asarray(m_field, np.int16), "m_off": np.asarray(m_off, i64),
+        "m_size": np.asarray(m_size, i64), "fields": np.asarray(list(fields), dtype=str),
+    }  # fmt: skip
+
+
+def shard_urls(url: str | Sequence[str], fs: fsspec.AbstractFileSystem) -> list[str]:
+    """The shards a URL names: a list, a ``{000..009}`` range or glob, a ``.tar`` file, or
+    a directory of them (sorted)."""
+    if not isinstance(url, str):
+        return [str(u) for u in url]
+    protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+    braces = re.fullmatch(r"(.*)\{(\d+)\.\.(\d+)\}(.*)", url)
+    if braces:  # WebDataset's brace notation, zero-padded as written
+        head, lo, hi, tail = braces.groups()
+        return [f"{head}{i:0{len(lo)}d}{tail}" for i in range(int(lo), int(hi) + 1)]
+    path = fs._strip_protocol(url)
+    if globlib.has_magic(path):
+        found = sorted(fs.glob(path))
+    elif fs.isdir(path):
+        found = sorted(p for p in fs.find(path) if p.endswith(".tar"))
+    else:
+        return [url]
+    if not found:
+        raise ConfigError(f"{url}: no .tar shards found")
+    return [p if "://" in p else protocol + p if protocol else p for p in found]
+
+
+class TarStorage(FsspecStorage):
+    """Samples of WebDataset tar shards at ``url`` (any fsspec URL: local, ``s3://``,
+    ``http://``; a directory, a glob, ``shard-{000..099}.tar`` or a list), each sample read
+    by range. ``input_field`` / ``target_field``: the fields a batch's inputs and targets
+    come from (default: the first image field, and ``cls`` when the shards have one);
+    the other fields stay in the sample for a ``collate_fn``."""
+
+    content_keyed = False
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        concurrency: int = 8,
+        storage_options: dict | None = None,
+        retry: Retry | None = None,
+        merge_gap: int = 64 << 10,
+        input_field: str | None = None,
+        target_field: str | None = None,
+    ) -> None:
+        if not isinstance(url, str) and not url:
+            raise ConfigError("TarStorage: no shards given")
+        first = url if isinstance(url, str) else url[0]
+        self.storage_options = dict(storage_options or {})
+        fs = fsspec.core.url_to_fs(first, **self.storage_options)[0]
+        self.urls = shard_urls(url, fs)
+        self.url = first
+        self.concurrency, self.retry, self.merge_gap = int(concurrency), retry or Retry(), merge_gap
+        self._paths = [fsspec.core.url_to_fs(u, **self.storage_options)[1] for u in self.urls]
+        self._fs = fs
+        parts = [self._index(u, path) for u, path in zip(self.urls, self._paths, strict=True)]
+        if not sum(len(p["start"]) for p in parts):
+            raise ConfigError(f"{url}: the shards hold no samples")
+        self.fields = list(dict.fromkeys(f for p in parts for f in p["fields"].tolist()))
+        self._shard = np.concatenate(
+            [np.full(len(p["start"]), s, np.int64) for s, p in enumerate(parts)]
+        )
+        self._start, self._end, sizes = (
+            np.concatenate([p[k] for p in parts]) for k in ("start", "end", "sizes")
+        )
+        base = np.cumsum([0] + [len(p["m_off"]) for p in parts[:-1]])
+        self._m_ptr = np.concatenate(
+            [[0]] + [p["m_ptr"][1:] + b for p, b in zip(parts, base, strict=True)]
+        ).astype(np.int64)
+        self._m_off, self._m_size = (
+            np.concatenate([p[k] for p in parts]) for k in ("m_off", "m_size")
+        )
+        self._m_field = np.concatenate([
+            np.asarray([self.fields.index(f) for f in p["fields"].tolist()], np.int16)[
+                p["m_field"]
+            ] for p in parts
+        ])  # fmt: skip
+        paths = np.concatenate([
+            np.char.add(posixpath.basename(path) + "#", p["names"])
+            for p, path in zip(parts, self._paths, strict=True)
+        ]).tolist()  # fmt: skip
+        keys = np.concatenate([p["keys"] for p in parts]).tolist()
+        self.input_field = input_field or next((f for f in self.fields if f in IMAGE_FIELDS), None)
+        self.target_field = target_field or next((f for f in self.fields if f in INT_FIELDS), None)
+        for name, f in (("input_field", input_field), ("target_field", target_field)):
+            if f is not None and f not in self.fields:
+                raise ConfigError(f"{name}={f!r}: the shards' fields are {self.fields}")
+        self.manifest = Manifest(
+            paths, keys, sizes, np.full(len(keys), -1), [],
+            posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
+        )  # fmt: skip
+
+    def _index(self, url: str, path: str) -> dict[str, np.ndarray]:
+        """One shard's index (``shard_arrays``), from the cache or its headers."""
+        try:
+            info = self._fs.info(path)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{url}: shard not found") from exc
+        fingerprint = f"{info.get('size')}:{_version(info)}"
+
+        def build() -> bytes:
+            if "file" in self._fs.protocol:
+                with open(path, "rb") as f:
+                    samples = index_shard(f)
+            else:  # a request per header: small blocks, read ahead where they are close
+                with self._fs.open(path, "rb", block_size=1 << 12, cache_type="readahead") as f:
+                    samples = index_shard(f)
+            buf = io.BytesIO()
+            np.savez(buf, **shard_arrays(url, samples))
+            return buf.getvalue()
+
+        with np.load(io.BytesIO(cached_index("tar", url, fingerprint, build))) as z:
+            return {k: z[k] for k in z.files}
+
+    def describe(self, i: int) -> str:
+        return f"{self.urls[self._shard[i]]}#{self.manifest.paths[i].split('#', 1)[1]}"
+
+    def read_many(self, ids: Sequence[int]) -> list[bytes]:
+        """Each sample's record; the samples of one shard in as few range requests as
+        ``merge_gap`` allows, all of them in one call."""
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+            raise IndexError(f"sample ids out of range for {len(self)} samples")
+        groups = coalesce(self._shard[ids], self._start[ids], self._end[ids], self.merge_gap)
+        got = self.reader.read(
+            [self._paths[g.object] for g in groups], [g.start for g in groups],
+            [g.end for g in groups],
+        )  # fmt: skip
+        out: list[bytes] = [b""] * ids.size
+        for g, data in zip(groups, got, strict=True):
+            for pos in g.members:
+                i = int(ids[pos])
+                if isinstance(data, BaseException):
+                    self._fail(i, data)
+                lo = int(self._start[i]) - g.start
+                if len(data) < lo + int(self._end[i] - self._start[i]):
+                    raise CorruptSampleError(
+                        i, self.describe(i), "the shard is shorter than its index says "
+                        "(changed since it was indexed)", self.keys[i],
+                    )  # fmt: skip
+                a, b = self._m_ptr[i], self._m_ptr[i + 1]
+                out[pos] = encode_record({
+                    self.fields[f]: data[lo + o : lo + o + n]
+                    for f, o, n in zip(self._m_field[a:b], self._m_off[a:b], self._m_size[a:b],
+                                       strict=True)
+                })  # fmt: skip
+        return out
+
+    def _fail(self, i: int, exc: BaseException) -> None:
+        if isinstance(exc, FileNotFoundError):
+            raise MissingSampleError(i, self.describe(i), "shard not found", self.keys[i]) from exc
+        raise StorageError(
+            i, self.describe(i), f"read failed after {self.retry.attempts} attempts: {exc!r}",
+            self.keys[i],
+        ) from exc  # fmt: skip

@@ -1,0 +1,121 @@
+"""Misses -> range requests (``io/requests.py``) and their use by tar shards: every
+sample's bytes come out right whatever is merged, adjacent samples are one request, far
+ones are not, and the cost model's gap is what a request costs in transferred bytes."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset.io.requests import CostModel, coalesce
+from hotset.storage.records import decode_record
+from hotset.storage.tar import TarStorage
+
+ranges = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 10_000), st.integers(1, 500)),
+    min_size=1, max_size=60,
+)  # fmt: skip
+
+
+@given(ranges, st.integers(0, 2_000))
+def test_coalesced_requests_cover_each_range_once_and_merge_only_small_gaps(rs, gap):
+    objects = np.array([o for o, _, _ in rs])
+    starts = np.array([s for _, s, _ in rs])
+    ends = starts + np.array([n for _, _, n in rs])
+    groups = coalesce(objects, starts, ends, gap)
+    served = sorted(k for g in groups for k in g.members)
+    assert served == list(range(len(rs)))  # every range in exactly one request
+    for g in groups:
+        for k in g.members:
+            assert objects[k] == g.object and g.start <= starts[k] and ends[k] <= g.end
+    by_object: dict[int, list] = {}
+    for g in groups:
+        by_object.setdefault(g.object, []).append(g)
+    for gs in by_object.values():  # requests of one object: apart by more than the gap
+        gs.sort(key=lambda g: g.start)
+        for a, b in zip(gs, gs[1:], strict=False):
+            assert b.start > a.end + gap
+    # no request reads more than its ranges and the gaps it was allowed to merge
+    for g in groups:
+        spans = sorted((int(starts[k]), int(ends[k])) for k in g.members)
+        covered, reach = 0, spans[0][0]
+        for s, e in spans:
+            covered += max(0, e - max(s, reach))
+            reach = max(reach, e)
+        assert g.end - g.start - covered <= gap * (len(spans) - 1)
+
+
+def test_the_cost_model_merges_a_gap_cheaper_than_a_request():
+    cost = CostModel(latency_ms=2.0, bandwidth_mb_s=100.0)
+    assert cost.merge_gap == 200_000
+    near, far = 150_000, 250_000
+    for gap, requests in ((near, 1), (far, 2)):
+        groups = coalesce(np.zeros(2), np.array([0, 1000 + gap]), np.array([1000, 2000 + gap]),
+                          cost.merge_gap)  # fmt: skip
+        assert len(groups) == requests
+        merged = cost.cost_s(1, 2000 + gap)
+        apart = cost.cost_s(2, 2000)
+        assert (merged < apart) == (requests == 1)
+
+
+def _shard(path, sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    payloads = []
+    with tarfile.open(path, "w") as tf:
+        for k, n in enumerate(sizes):
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            payloads.append(data)
+            for name, blob in ((f"s{k:04d}.bin", data), (f"s{k:04d}.cls", str(k).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(blob)
+                tf.addfile(info, io.BytesIO(blob))
+    return payloads
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(0, 3000), min_size=1, max_size=30),
+    st.integers(0, 20_000),
+    st.data(),
+)
+def test_tar_reads_are_right_whatever_is_merged(tmp_path_factory, sizes, gap, data):
+    root = tmp_path_factory.mktemp("shards")
+    payloads = _shard(root / "a.tar", sizes)
+    storage = TarStorage(str(root / "a.tar"), merge_gap=gap)
+    ids = data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=1, max_size=40))
+    out = storage.read_many(ids)
+    for i, rec in zip(ids, out, strict=True):
+        fields = decode_record(rec)
+        assert fields["bin"] == payloads[i] and fields["cls"] == str(i).encode()
+        assert len(rec) + 16 == storage.size(i)  # the index knew the record's size
+    assert storage.requests <= len(set(ids))
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=40), st.integers(0, 70_000), max_size=20))
+def test_a_record_is_the_size_its_index_says(fields):
+    from hotset.storage.records import encode_record, record_size
+
+    blobs = {k: b"x" * n for k, n in fields.items()}
+    assert len(encode_record(blobs)) == record_size((k, len(v)) for k, v in blobs.items())
+
+
+def test_emulated_storage_charges_each_range_request_once(tmp_path):
+    """ThrottledStorage pays latency per request a storage makes: a tar shard's adjacent
+    samples are one request on the emulated wire, as they would be on a network."""
+    from hotset.storage import ThrottledStorage
+
+    payloads = _shard(tmp_path / "a.tar", [300] * 12)
+    tar = TarStorage(str(tmp_path / "a.tar"), merge_gap=0)
+    paid = []
+    throttled = ThrottledStorage(tar, latency_ms=0.0, concurrency=2)
+    through = throttled._through
+    tar.set_wire(lambda request: paid.append(1) or through(request))
+    out = throttled.read_many(list(range(12)))
+    assert [decode_record(r)["bin"] for r in out] == payloads
+    assert len(paid) == 1 and tar.requests == 1
+    throttled.read_many([0, 11])
+    assert len(paid) == 3

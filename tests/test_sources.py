@@ -1,0 +1,306 @@
+"""Users' formats as they are (issue "your data, where it lives"): an ImageFolder of RGB
+JPEGs of mixed sizes, WebDataset tar shards, Parquet, a Hugging Face dataset saved to
+disk, a map-style torch Dataset. Each through ``make_loader`` with workers, SHADE and
+MinIO, every served sample equal to a direct read of the source."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hotset
+from hotset.errors import ConfigError
+from hotset.storage.open import detect_format, open_storage
+
+N = 60
+SYSTEMS = [("shade", "app"), ("uniform", "minio")]
+
+
+@pytest.fixture(autouse=True)
+def _index_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _images(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (10, 12, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def _png(img: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _chw(img: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(img.transpose(2, 0, 1).copy()).float() / 255.0
+
+
+def _run(source, expect, *, sampler, policy, epochs=2, **kw) -> int:
+    """Serve ``epochs`` epochs; every served input and target must be ``expect(id)``'s."""
+    served = 0
+    with hotset.make_loader(
+        source, batch_size=8, sampler=sampler, policy=policy, cache_fraction=0.3,
+        num_workers=2, seed=1, **kw,
+    ) as loader:  # fmt: skip
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for inputs, targets, ids in loader:
+                for k, i in enumerate(ids.tolist()):
+                    x, y = expect(i)
+                    assert torch.equal(inputs[k], x), f"sample {i}"
+                    assert int(targets[k]) == y
+                served += len(ids)
+                loader.feedback(ids, torch.rand(len(ids)))
+        stats = loader.counters()
+    assert stats["corrupt_hits"] == 0 and stats["hits"] > 0
+    return served
+
+
+def _write_tar(path: Path, images, start: int) -> None:
+    with tarfile.open(path, "w") as tf:
+        for k, img in enumerate(images):
+            i = start + k
+            for name, data in ((f"s{i:05d}.png", _png(img)), (f"s{i:05d}.cls", str(i % 3).encode()),
+                               (f"s{i:05d}.json", b'{"i": %d}' % i)):  # fmt: skip
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("sampler,policy", SYSTEMS)
+def test_webdataset_tar_shards(tmp_path, sampler, policy):
+    images = _images()
+    for s in range(3):
+        _write_tar(tmp_path / f"shard-{s:03d}.tar", images[s * 20 : (s + 1) * 20], s * 20)
+    url = str(tmp_path / "shard-{000..002}.tar")
+    storage = open_storage(url)
+    assert type(storage).__name__ == "TarStorage" and len(storage) == N
+    assert storage.fields == ["png", "cls", "json"]
+    assert _run(url, lambda i: (_chw(images[i]), i % 3), sampler=sampler, policy=policy) > 0
+
+
+def test_tar_index_reads_headers_only_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "cache"))
+    """The index comes from the headers (payload bytes are never read) and is kept in
+    the user's cache, not beside the shards; a rewritten shard is indexed again."""
+    images = [np.random.default_rng(k).integers(0, 256, (64, 64, 3), np.uint8) for k in range(12)]
+    shard = tmp_path / "data" / "a.tar"
+    shard.parent.mkdir()
+    _write_tar(shard, images, 0)
+    real_open = hotset.storage.tar.tarfile.open
+    read = []
+
+    class Counting(io.RawIOBase):
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *a):
+            return self.f.seek(*a)
+
+        def tell(self):
+            return self.f.tell()
+
+        def seekable(self):
+            return True
+
+        def readable(self):
+            return True
+
+    monkeypatch.setattr(hotset.storage.tar.tarfile, "open",
+                        lambda fileobj, mode: real_open(fileobj=Counting(fileobj), mode=mode))
+    storage = hotset.TarStorage(str(shard))
+    payload = sum(int(s) for s in storage.sizes)
+    # the 36 members' headers (and tarfile's one-byte end-of-data probe), no payload
+    assert sum(read) <= 36 * (512 + 1) + 3 * 512 < payload / 5
+    assert os.listdir(shard.parent) == ["a.tar"]
+    assert len(os.listdir(tmp_path / "cache" / "index")) == 1
+    read.clear()
+    assert hotset.TarStorage(str(shard)).keys == storage.keys and not read  # from the cache
+    monkeypatch.undo()
+    _write_tar(shard, images[:6], 0)
+    os.utime(shard, (1, 1))
+    assert len(hotset.TarStorage(str(shard))) == 6
+    assert hotset.TarStorage(str(shard)).read(5)
+    assert len(os.listdir(tmp_path / "cache" / "index")) == 1  # the stale index removed
+
+
+def test_tar_reads_neighbours_in_one_request(tmp_path):
+    images = _images(20)
+    _write_tar(tmp_path / "a.tar", images, 0)
+    storage = hotset.TarStorage(str(tmp_path / "a.tar"), merge_gap=0)
+    assert storage.read_many(list(range(20))) and storage.requests == 1
+    far = hotset.TarStorage(str(tmp_path / "a.tar"), merge_gap=0)
+    far.read_many([0, 19])
+    assert far.requests == 2
+
+
+@pytest.mark.parametrize("sampler,policy", SYSTEMS)
+def test_parquet(tmp_path, sampler, policy):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = _images()
+    table = pa.table({
+        "image": [_png(x) for x in images], "label": [i % 3 for i in range(N)],
+        "caption": [f"sample {i}" for i in range(N)],
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=16)
+    storage = open_storage(str(tmp_path))
+    assert type(storage).__name__ == "ParquetStorage"
+    assert storage.input_field == "image" and storage.target_field == "label"
+    assert storage.labels.tolist() == [i % 3 for i in range(N)]
+    assert _run(str(tmp_path), lambda i: (_chw(images[i]), i % 3), sampler=sampler, policy=policy)
+
+
+@pytest.mark.parametrize("sampler,policy", SYSTEMS)
+def test_hugging_face_dataset_saved_to_disk(tmp_path, sampler, policy):
+    datasets = pytest.importorskip("datasets")
+    images = _images()
+    ds = datasets.Dataset.from_dict(
+        {"image": [Image.fromarray(x) for x in images], "label": [i % 3 for i in range(N)]},
+        features=datasets.Features(
+            {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])}
+        ),
+    )
+    ds.save_to_disk(str(tmp_path / "hf"))
+    assert detect_format(str(tmp_path / "hf")) == "hf"
+    storage = open_storage(str(tmp_path / "hf"))
+    assert storage.classes == ["a", "b", "c"]
+    assert _run(str(tmp_path / "hf"), lambda i: (_chw(images[i]), i % 3), sampler=sampler,
+                policy=policy)  # fmt: skip
+
+
+def _jpeg_folder(root: Path, n=N) -> dict[str, tuple[bytes, int]]:
+    rng = np.random.default_rng(3)
+    files = {}
+    for i in range(n):
+        cls = ("cat", "dog", "eel")[i % 3]
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        h, w = int(rng.integers(14, 30)), int(rng.integers(14, 30))
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG")
+        (root / cls / f"{i:04d}.jpg").write_bytes(buf.getvalue())
+        files[f"{cls}/{i:04d}.jpg"] = (buf.getvalue(), i % 3)
+    return files
+
+
+def _pil_direct(data: bytes, size) -> torch.Tensor:
+    img = Image.open(io.BytesIO(data)).convert("RGB").resize(size)
+    return _chw(np.asarray(img))
+
+
+@pytest.mark.parametrize("sampler,policy", SYSTEMS)
+def test_imagefolder_of_rgb_jpegs_of_mixed_sizes(tmp_path, sampler, policy):
+    root = tmp_path / "folder"
+    files = _jpeg_folder(root)
+    before = sorted(str(p) for p in root.rglob("*"))
+    storage = open_storage(str(root))
+    assert not storage.content_keyed and storage.classes == ["cat", "dog", "eel"]
+
+    def expect(i):
+        data, label = files[storage.manifest.paths[i]]
+        return _pil_direct(data, (16, 16)), label
+
+    assert _run(str(root), expect, sampler=sampler, policy=policy, size=(16, 16))
+    assert sorted(str(p) for p in root.rglob("*")) == before  # nothing written in the tree
+
+
+def test_mixed_sizes_without_size_name_the_samples(tmp_path):
+    root = tmp_path / "folder"
+    _jpeg_folder(root, 12)
+    loader = hotset.make_loader(
+        str(root), batch_size=12, cache_fraction=0.2, num_workers=0, store="memory"
+    )
+    with loader, pytest.raises(ConfigError, match=r"differ in shape.*size=\(width, height\)"):
+        next(iter(loader))
+
+
+class _Items(torch.utils.data.Dataset):
+    """A user's map-style Dataset: a tensor image and an int label per item."""
+
+    def __init__(self, images):
+        self.images = images
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return _chw(self.images[i]), i % 3
+
+
+@pytest.mark.parametrize("sampler,policy", SYSTEMS)
+def test_torch_dataset(sampler, policy):
+    images = _images()
+    assert _run(_Items(images), lambda i: (_chw(images[i]), i % 3), sampler=sampler,
+                policy=policy)  # fmt: skip
+
+
+def test_dict_samples_with_a_collate_fn(tmp_path):
+    """Tar samples keep all their fields; a user's collate_fn gets them all."""
+    images = _images(16)
+    _write_tar(tmp_path / "a.tar", images, 0)
+
+    def collate(pairs):
+        return {"n": len(pairs)}, [y for _, y in pairs]
+
+    seen = []
+    with hotset.make_loader(str(tmp_path / "a.tar"), batch_size=4, cache_fraction=0.5,
+                            num_workers=0, store="memory", collate_fn=collate) as loader:
+        for inputs, targets, ids in loader:
+            assert inputs == {"n": len(ids)} and targets == [i % 3 for i in ids.tolist()]
+            seen += ids.tolist()
+    assert sorted(seen) == list(range(16))
+
+
+def test_a_changed_file_is_never_served_from_the_cache(tmp_path):
+    """ImageFolder keys name files; an entry written for a key never serves other bytes,
+    and a file that changed size since it was listed is reported, naming it."""
+    root = tmp_path / "folder"
+    _jpeg_folder(root, 6)
+    storage = open_storage(str(root))
+    entry = storage.to_entry(storage.keys[0], b"bytes")
+    assert storage.from_entry(storage.keys[0], entry) == b"bytes"
+    assert storage.from_entry(storage.keys[1], entry) is None  # another sample's key
+    assert storage.from_entry(storage.keys[0], entry[:-1] + b"X") is None
+    Path(root, storage.manifest.paths[2]).write_bytes(b"short")
+    with pytest.raises(hotset.CorruptSampleError, match=storage.manifest.paths[2]):
+        storage.read(2)
+
+
+def test_targets_from_the_sample_a_segmentation_mask(tmp_path):
+    """Samples whose target is an array (a mask) and no class list: the target field is
+    named, and the batch's targets are the stacked masks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hotset.codecs import npy_bytes
+
+    images = _images(24)
+    masks = [(x[..., 0] > 127).astype(np.uint8) for x in images]
+    pq.write_table(
+        pa.table({"image": [_png(x) for x in images], "mask": [npy_bytes(m) for m in masks]}),
+        tmp_path / "seg.parquet", row_group_size=8,
+    )  # fmt: skip
+    storage = open_storage(str(tmp_path / "seg.parquet"), target_field="mask")
+    assert storage.labels.tolist() == [-1] * 24 and storage.classes == []
+    seen = 0
+    with hotset.make_loader(storage, batch_size=6, cache_fraction=0.5, num_workers=2) as loader:
+        for inputs, targets, ids in loader:
+            for k, i in enumerate(ids.tolist()):
+                assert torch.equal(inputs[k], _chw(images[i]))
+                assert torch.equal(targets[k], torch.from_numpy(masks[i]))
+            seen += len(ids)
+    assert seen == 24
