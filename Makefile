@@ -9,7 +9,7 @@ OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install system-deps data demo compare test bench chaos lint lock clean
+.PHONY: install system-deps data demo compare test bench chaos peers lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,18 @@ bench: install
 # faults on a schedule for 10 minutes: every served sample checked (README, "Faults")
 chaos: install system-deps
 	$(PY) benchmarks/chaos.py --minutes 10
+
+# the peer hotset is measured against (MosaicML Streaming), in a venv of its own, and the
+# side-by-side run (benchmarks/peer_compare.py)
+PEERS ?= .venv-peers
+$(PEERS)/.installed: benchmarks/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check $(FIND_LINKS) torch==2.13.0
+	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/peers/requirements.txt
+	touch $@
+
+peers: install system-deps $(PEERS)/.installed
+	$(PY) benchmarks/peer_compare.py --peer-python $(PEERS)/bin/python
 
 # the locked set from the current venv (torch and hotset itself excluded)
 lock: install

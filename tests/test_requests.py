@@ -113,9 +113,11 @@ def test_emulated_storage_charges_each_range_request_once(tmp_path):
     paid = []
     throttled = ThrottledStorage(tar, latency_ms=0.0, concurrency=2)
     through = throttled._through
-    tar.set_wire(lambda request: paid.append(1) or through(request))
+    throttled._wired = tar.with_wire(lambda request: paid.append(1) or through(request))
     out = throttled.read_many(list(range(12)))
     assert [decode_record(r)["bin"] for r in out] == payloads
-    assert len(paid) == 1 and tar.requests == 1
+    assert len(paid) == 1 and throttled.requests == 1
     throttled.read_many([0, 11])
     assert len(paid) == 3
+    tar.read_many([0, 11])  # the storage itself stays unthrottled (another job may read it)
+    assert len(paid) == 3 and tar.requests == 2

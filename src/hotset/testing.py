@@ -309,7 +309,9 @@ DELAY_PROXY = r"""
 import asyncio, sys, time
 
 listen, target = int(sys.argv[1]), int(sys.argv[2])
-one_way_s, rate = float(sys.argv[3]), float(sys.argv[4])
+one_way_s, rate, stats_path = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
+STATS = {"requests": 0, "bytes_up": 0, "bytes_down": 0, "connections": 0}
 
 
 class Link:
@@ -344,8 +346,12 @@ async def carry(reader, writer, link):
         writer.close()
 
     task = asyncio.create_task(deliver())
+    up = link is UP
     try:
         while data := await reader.read(1 << 16):
+            STATS["bytes_up" if up else "bytes_down"] += len(data)
+            if up and data.startswith(METHODS):  # a new HTTP request on this connection
+                STATS["requests"] += 1
             queue.put_nowait((link.arrival(len(data)), data))
     except ConnectionError:
         pass
@@ -357,6 +363,7 @@ async def carry(reader, writer, link):
 
 
 async def handle(client_r, client_w):
+    STATS["connections"] += 1
     try:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", target)
     except OSError:
@@ -365,7 +372,17 @@ async def handle(client_r, client_w):
     await asyncio.gather(carry(client_r, server_w, UP), carry(server_r, client_w, DOWN))
 
 
+async def report():
+    import json, os
+    while stats_path:
+        with open(stats_path + ".tmp", "w") as f:
+            json.dump(STATS, f)
+        os.replace(stats_path + ".tmp", stats_path)
+        await asyncio.sleep(0.1)
+
+
 async def main():
+    asyncio.create_task(report())
     server = await asyncio.start_server(handle, "127.0.0.1", listen)
     print(server.sockets[0].getsockname()[1], flush=True)
     async with server:
@@ -381,18 +398,30 @@ class DelayProxy:
     ``latency_ms`` of round trip (half each way) and ``bandwidth_mb_s`` shared by every
     connection in each direction, as ``tc netem delay`` and ``rate`` would (netem is not
     in every kernel; this needs none). Requests and bytes cross it as they would cross a
-    network: a request costs a round trip, bytes cost their transfer time."""
+    network: a request costs a round trip, bytes cost their transfer time. ``stats()``:
+    the HTTP requests, bytes each way and connections it has carried (within 0.1 s)."""
 
     def __init__(self, port: int, latency_ms: float, bandwidth_mb_s: float) -> None:
         import sys
+        import tempfile
 
+        self._dir = tempfile.TemporaryDirectory(prefix="hotset-wire-")
+        self._stats = Path(self._dir.name, "stats.json")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", DELAY_PROXY, "0", str(port), str(latency_ms / 2000.0),
-             str(bandwidth_mb_s * 1e6)],
+             str(bandwidth_mb_s * 1e6), str(self._stats)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> dict:
+        import json
+
+        time.sleep(0.15)  # the proxy writes its counters every 0.1 s
+        return json.loads(self._stats.read_text()) if self._stats.exists() else {}
 
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+        self._dir.cleanup()

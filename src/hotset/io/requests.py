@@ -3,7 +3,8 @@ as few requests as pay off.
 
 Two samples of one object are read by one request when the bytes between them cost less
 to transfer than a request costs to make: ``gap / bandwidth < latency``, so the gap worth
-merging is ``latency * bandwidth`` (``CostModel.merge_gap``). Adjacent samples (gap 0)
+merging is ``latency * bandwidth`` (``CostModel.merge_gap``), the bandwidth being each
+request's share where ``in_flight`` requests share the link. Adjacent samples (gap 0)
 are always one request; samples far apart are never merged.
 """
 
@@ -16,19 +17,22 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CostModel:
-    """What a request costs: ``latency_ms`` to make it, plus its bytes at ``bandwidth_mb_s``
-    (defaults: an object store in the same region)."""
+    """What a request costs: ``latency_ms`` to make it, plus its bytes at its share of
+    ``bandwidth_mb_s`` (the link's, shared by ``in_flight`` requests). Defaults: an
+    object store in the same region."""
 
     latency_ms: float = 10.0
     bandwidth_mb_s: float = 100.0
+    in_flight: int = 1
 
     @property
     def merge_gap(self) -> int:
         """The largest gap (bytes) that costs less to read through than a request."""
-        return int(self.latency_ms / 1000.0 * self.bandwidth_mb_s * 1e6)
+        return int(self.latency_ms / 1000.0 * self.bandwidth_mb_s * 1e6 / max(self.in_flight, 1))
 
     def cost_s(self, requests: int, nbytes: int) -> float:
-        return requests * self.latency_ms / 1000.0 + nbytes / (self.bandwidth_mb_s * 1e6)
+        share = self.bandwidth_mb_s * 1e6 / max(self.in_flight, 1)
+        return requests * self.latency_ms / 1000.0 + nbytes / share
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import os
@@ -113,11 +114,12 @@ class Storage(ABC):
         samples), where the storage counts them."""
         return None
 
-    def set_wire(self, wire) -> bool:
-        """Pass each request this storage makes through ``wire`` (a function of the
-        request, ``ThrottledStorage``'s emulated network); False where its reads are not
-        requests it makes itself."""
-        return False
+    def with_wire(self, wire) -> Storage | None:
+        """A copy of this storage whose every request passes through ``wire`` (a function
+        of the request: ``ThrottledStorage``'s emulated network); None where its reads
+        are not requests it makes itself. This storage is left as it is (another job may
+        read it unthrottled)."""
+        return None
 
     def charge(self, nbytes: int) -> None:  # noqa: B027 - only emulated storage pays
         """Account for one extra request of ``nbytes`` made beside this storage (an iCACHE
@@ -175,10 +177,14 @@ class FsspecStorage(Storage):
     def requests(self) -> int:
         return self.reader.requests
 
-    def set_wire(self, wire) -> bool:
-        self._wire = wire
-        self.__dict__.pop("_batch_reader_pid", None)  # the next read makes a wired reader
-        return not getattr(self.reader.fs, "async_impl", False)
+    def with_wire(self, wire) -> Storage | None:
+        if getattr(self._fs, "async_impl", False):
+            return None
+        clone = copy.copy(self)
+        for k in ("_batch_reader", "_batch_reader_pid", "_reader_pool", "_reader_pid"):
+            clone.__dict__.pop(k, None)  # its own reader, wired
+        clone._wire = wire
+        return clone
 
     def read(self, i: int) -> bytes:
         return self.read_many([i])[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,8 +37,13 @@ class SubsetStorage(Storage):
     def charge(self, nbytes: int) -> None:
         self.inner.charge(nbytes)
 
-    def set_wire(self, wire) -> bool:
-        return self.inner.set_wire(wire)
+    def with_wire(self, wire) -> Storage | None:
+        inner = self.inner.with_wire(wire)
+        if inner is None:
+            return None
+        clone = copy.copy(self)
+        clone.inner = inner
+        return clone
 
     @property
     def retries(self) -> int:

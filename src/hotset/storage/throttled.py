@@ -42,15 +42,15 @@ class ThrottledStorage(Storage):
         self._slots = multiprocessing.get_context().BoundedSemaphore(self.concurrency)
         # a storage that makes its own requests (one per file, or a range of a shard for
         # several samples) pays per request, where they are made; others per read here
-        self._wired = inner.set_wire(self._through)
+        self._wired = inner.with_wire(self._through)
 
     @property
     def retries(self) -> int:
-        return self.inner.retries
+        return (self.inner if self._wired is None else self._wired).retries
 
     @property
     def requests(self) -> int | None:
-        return self.inner.requests
+        return (self.inner if self._wired is None else self._wired).requests
 
     def describe(self, i: int) -> str:
         return self.inner.describe(i)
@@ -70,11 +70,13 @@ class ThrottledStorage(Storage):
         return data
 
     def read_many(self, ids) -> list[bytes]:
-        return self.inner.read_many(ids) if self._wired else super().read_many(ids)
+        if self._wired is not None:
+            return self._wired.read_many(ids)
+        return super().read_many(ids)
 
     def read(self, i: int) -> bytes:
-        if self._wired:
-            return self.inner.read(i)
+        if self._wired is not None:
+            return self._wired.read(i)
         with self._slots:
             start = time.perf_counter()
             data = self.inner.read(i)

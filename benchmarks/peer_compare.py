@@ -1,0 +1,190 @@
+"""hotset beside the loader users would pick instead (MosaicML Streaming), in one run, on
+the same data behind the same wire.
+
+Fashion-MNIST's first ``--samples`` training images (the same PNG bytes) are written as
+hotset's WebDataset tar shards and as Streaming's MDS shards (``--shard-bytes``), both
+uploaded to one S3-compatible server (moto's, on 127.0.0.1) that sits behind
+``hotset.testing.DelayProxy``: ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
+shared by every connection, for hotset's s3fs reads and Streaming's boto3 downloads
+alike. Each hotset system reads its tar shards by range with ``--concurrency`` requests
+in flight on the node; Streaming runs in its own venv (``make peers``) with
+``cache_limit`` = the same cache fraction of its shards, its shuffle block and
+predownload as given. The wire counts the HTTP requests and bytes of every epoch.
+
+    make peers && python benchmarks/peer_compare.py [--latency-ms 2,20] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import report  # noqa: E402
+from hotset.io.requests import CostModel  # noqa: E402
+from hotset.loader import make_loader  # noqa: E402
+from hotset.storage.prepare import (  # noqa: E402
+    _IDX_FILES,
+    FASHION_MNIST_DIR,
+    png_bytes,
+    prepare_fashion_mnist,
+    read_idx,
+)
+from hotset.storage.tar import TarStorage  # noqa: E402
+from hotset.testing import DelayProxy, S3Server  # noqa: E402
+
+PEER_RUN = Path(__file__).resolve().parent / "peers" / "streaming_run.py"
+
+
+def dump_samples(path: Path, n: int) -> int:
+    """The first ``n`` training images as PNG bytes and labels, for the MDS writer."""
+    images = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][0]))[:n]
+    labels = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][1]))[:n]
+    blobs = [png_bytes(img) for img in images]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    np.savez(path, blob=np.frombuffer(b"".join(blobs), np.uint8), offsets=offsets,
+             labels=labels.astype(np.int64))  # fmt: skip
+    return len(blobs)
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+def run_hotset(args, system: str, wire: DelayProxy, s3: S3Server, latency: float) -> dict:
+    options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
+                                                       "region_name": "eu-west-1"}}  # fmt: skip
+    storage = TarStorage(
+        "s3://bench/tar", storage_options=options,
+        concurrency=max(1, math.ceil(args.concurrency / args.workers)),
+        merge_gap=CostModel(latency, args.bandwidth_mb_s, args.concurrency).merge_gap,
+    )  # fmt: skip
+    times, requests, nbytes, distinct = [], [], [], []
+    with make_loader(
+        storage, batch_size=args.batch_size, policy=system, cache_fraction=args.cache_fraction,
+        num_workers=args.workers, seed=0, persistent_workers=True,
+    ) as loader:  # fmt: skip
+        capacity = loader.dataset.store.capacity_bytes
+        for epoch in range(args.epochs):
+            loader.set_epoch(epoch)
+            before, start, seen = wire.stats(), time.perf_counter(), set()
+            for _, _, ids in loader:
+                seen.update(ids.tolist())
+            times.append(time.perf_counter() - start)
+            d = _delta(wire.stats(), before)
+            requests.append(d["requests"])
+            nbytes.append(d["bytes_down"])
+            distinct.append(len(seen))
+        hit = loader.counters()["hit_ratio"]
+    return _row(f"hotset {system}", latency, times, requests, nbytes, distinct, capacity, hit)
+
+
+def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_bytes: int) -> dict:
+    local = tempfile.mkdtemp(prefix="streaming-local-")
+    capacity = int(args.cache_fraction * mds_bytes)
+    env = {
+        **os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_ACCESS_KEY_ID": "hotset",
+        "AWS_SECRET_ACCESS_KEY": "hotset-secret", "AWS_DEFAULT_REGION": "eu-west-1",
+    }  # fmt: skip
+    cmd = [
+        args.peer_python, str(PEER_RUN), "epochs", "s3://bench/mds", "--local", local,
+        "--cache-limit", str(capacity), "--epochs", str(args.epochs),
+        "--workers", str(args.workers), "--batch-size", str(args.batch_size),
+        "--shuffle-block", str(args.shuffle_block), "--predownload", str(args.predownload),
+    ]  # fmt: skip
+    times, requests, nbytes, distinct = [], [], [], []
+    before = wire.stats()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            epoch = json.loads(line)
+            after = wire.stats()
+            d = _delta(after, before)
+            before = after
+            times.append(epoch["seconds"])
+            requests.append(d["requests"])
+            nbytes.append(d["bytes_down"])
+            distinct.append(epoch["distinct"])
+    if proc.returncode:
+        raise SystemExit(f"streaming run failed ({proc.returncode}): {' '.join(cmd)}")
+    return _row("streaming", latency, times, requests, nbytes, distinct, capacity, float("nan"))
+
+
+def _row(name, latency, times, requests, nbytes, distinct, capacity, hit) -> dict:
+    steady = slice(1, None) if len(times) > 1 else slice(None)
+    return {
+        "loader": name, "latency_ms": latency,
+        "epoch_s": float(np.mean(times[steady])), "first_epoch_s": times[0],
+        "requests": float(np.mean(requests[steady])), "mb": float(np.mean(nbytes[steady])) / 1e6,
+        "distinct": float(np.mean(distinct[steady])), "cache_mb": capacity / 1e6,
+        "hit_ratio": hit, "epoch_times_s": times,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--systems", default="lru,minio")
+    ap.add_argument("--latency-ms", default="2,20")
+    ap.add_argument("--bandwidth-mb-s", type=float, default=100.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--cache-fraction", type=float, default=0.2)
+    ap.add_argument("--shard-bytes", type=int, default=256 << 10)
+    ap.add_argument("--shuffle-block", type=int, default=2048)
+    ap.add_argument("--predownload", type=int, default=128)
+    ap.add_argument("--peer-python", default=".venv-peers/bin/python")
+    ap.add_argument("--name", default="peer_compare")
+    args = ap.parse_args()
+    if not Path(args.peer_python).exists():
+        raise SystemExit(f"{args.peer_python} missing: run `make peers` first")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        os.environ.setdefault("HOTSET_CACHE_DIR", str(root / "index"))
+        prepare_fashion_mnist(str(root / "tar"), limit=args.samples, fmt="tar")
+        n = dump_samples(root / "samples.npz", args.samples)
+        subprocess.run([args.peer_python, str(PEER_RUN), "write", str(root / "samples.npz"),
+                        str(root / "mds"), "--shard-bytes", str(args.shard_bytes)],
+                       check=True)  # fmt: skip
+        mds_bytes = sum(p.stat().st_size for p in (root / "mds").glob("shard.*.mds"))
+        s3 = S3Server()
+        try:
+            s3.upload(root / "tar" / "train", "s3://bench/tar")
+            s3.upload(root / "mds", "s3://bench/mds")
+            for latency in [float(x) for x in args.latency_ms.split(",")]:
+                wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency,
+                                  args.bandwidth_mb_s)  # fmt: skip
+                try:
+                    for system in args.systems.split(","):
+                        rows.append(run_hotset(args, system, wire, s3, latency))
+                        print(json.dumps(rows[-1]), flush=True)
+                    rows.append(run_streaming(args, wire, s3, latency, mds_bytes))
+                    print(json.dumps(rows[-1]), flush=True)
+                finally:
+                    wire.stop()
+        finally:
+            s3.stop()
+    cols = [
+        ("loader", "s"), ("latency_ms", ".0f"), ("epoch_s", ".2f"), ("first_epoch_s", ".2f"),
+        ("requests", ".0f"), ("mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".1f"),
+        ("hit_ratio", ".3f"),
+    ]  # fmt: skip
+    report(args.name, rows, cols, {"args": vars(args), "samples": n})
+
+
+if __name__ == "__main__":
+    main()
