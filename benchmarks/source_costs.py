@@ -35,19 +35,18 @@ def _timed_open(make):
     t = time.perf_counter()
     storage = make()
     seconds = time.perf_counter() - t
-    _, peak = tracemalloc.get_traced_memory()
     current = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    return storage, seconds, current, peak
+    return storage, seconds, current
 
 
 def measure(name: str, make, index_dir: Path | None) -> dict:
     before = {p: p.stat().st_size for p in index_dir.glob("*")} if index_dir else {}
-    storage, first_s, mem, _ = _timed_open(make)
+    storage, first_s, mem = _timed_open(make)
     index_bytes = (
         sum(p.stat().st_size for p in index_dir.glob("*") if p not in before) if index_dir else 0
     )
-    _, again_s, _, _ = _timed_open(make)
+    _, again_s, _ = _timed_open(make)
     n = len(storage)
     order = np.random.default_rng(0).permutation(n)
     requests0 = storage.requests or 0

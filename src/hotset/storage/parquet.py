@@ -20,6 +20,7 @@ import json
 import os
 import posixpath
 import time
+from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -159,8 +160,9 @@ class TableStorage(Storage):
         state.update(_buffer=OrderedDict(), _buffered=0, _files={})
         return state
 
-    def _read_piece(self, p: int):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def _read_piece(self, p: int):
+        """Piece ``p`` as a pyarrow table (a row group, a record batch)."""
 
 
 def _labels(column, n: int) -> np.ndarray:

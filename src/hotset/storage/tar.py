@@ -104,7 +104,7 @@ def shard_urls(url: str | Sequence[str], fs: fsspec.AbstractFileSystem) -> list[
         return [url]
     if not found:
         raise ConfigError(f"{url}: no .tar shards found")
-    return [p if "://" in p else protocol + p if protocol else p for p in found]
+    return [p if "://" in p else protocol + p for p in found]
 
 
 class TarStorage(FsspecStorage):
