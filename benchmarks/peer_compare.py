@@ -7,11 +7,24 @@ uploaded to one S3-compatible server (moto's, on 127.0.0.1) that sits behind
 ``hotset.testing.DelayProxy``: ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
 shared by every connection, for hotset's s3fs reads and Streaming's boto3 downloads
 alike. Each hotset system reads its tar shards by range with ``--concurrency`` requests
-in flight on the node; Streaming runs in its own venv (``make peers``) with
+in flight on the node (the gap a range request reads through follows the latency hotset
+measures, the wire's as its prior); Streaming runs in its own venv (``make peers``) with
 ``cache_limit`` = the same cache fraction of its shards, its shuffle block and
-predownload as given. The wire counts the HTTP requests and bytes of every epoch.
+predownload as given. Both sides' shards hold about ``--shard-bytes`` (moto copies the
+whole object for each range request, so the object size sets its cost per request). The
+wire counts the HTTP requests and bytes of every epoch.
+
+No model trains: SHADE (``--systems shade``) learns from a fixed log-normal loss per
+sample, so its rows show the I/O of its importance sampling, not its accuracy.
+
+Memory is counted on both sides: hotset's cache plus its read-ahead hold ``--cache-
+fraction`` of the dataset's bytes, as Streaming's ``cache_limit`` holds that fraction of
+its shards, for every ``--readahead`` (a fraction of the dataset, one row each) up to
+the cache fraction; a larger read-ahead leaves no cache and more memory than the peer's
+(its row says so), to trace requests per epoch against read-ahead memory.
 
     make peers && python benchmarks/peer_compare.py [--latency-ms 2,20] [--epochs 3]
+
 """
 
 from __future__ import annotations
@@ -61,32 +74,54 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-def run_hotset(args, system: str, wire: DelayProxy, s3: S3Server, latency: float) -> dict:
+#: the systems by name, as ``hotset compare`` builds them (SHADE as its prototype repeats)
+SYSTEMS = {
+    "lru": {"policy": "lru"},
+    "minio": {"policy": "minio"},
+    "shade": {"policy": "app", "sampler": "shade",
+              "sampler_options": {"repetition_mode": "repeat"}},
+}  # fmt: skip
+
+
+def run_hotset(
+    args, system: str, wire: DelayProxy, s3: S3Server, latency: float, ahead: float
+) -> dict:
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
     storage = TarStorage(
         "s3://bench/tar", storage_options=options,
         concurrency=max(1, math.ceil(args.concurrency / args.workers)),
-        merge_gap=CostModel(latency, args.bandwidth_mb_s, args.concurrency).merge_gap,
+        cost=CostModel(latency, args.bandwidth_mb_s, args.concurrency),  # measured online
     )  # fmt: skip
     times, requests, nbytes, distinct = [], [], [], []
+    memory = int(args.cache_fraction * storage.manifest.total_bytes)
+    readahead = int(ahead * storage.manifest.total_bytes)
+    # no model trains here: SHADE learns from a fixed loss per sample (log-normal, so a
+    # few samples matter most, as a trained model's losses spread)
+    losses = np.random.default_rng(0).lognormal(0.0, 1.0, len(storage))
     with make_loader(
-        storage, batch_size=args.batch_size, policy=system, cache_fraction=args.cache_fraction,
-        num_workers=args.workers, seed=0, persistent_workers=True,
+        storage, batch_size=args.batch_size, **SYSTEMS[system],
+        capacity_bytes=max(memory - readahead, 0),
+        readahead_bytes=readahead, num_workers=args.workers, seed=0, persistent_workers=True,
     ) as loader:  # fmt: skip
-        capacity = loader.dataset.store.capacity_bytes
+        capacity = loader.planner.policy.capacity_bytes
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             before, start, seen = wire.stats(), time.perf_counter(), set()
             for _, _, ids in loader:
                 seen.update(ids.tolist())
+                loader.feedback(ids, losses[ids.numpy()])
             times.append(time.perf_counter() - start)
             d = _delta(wire.stats(), before)
             requests.append(d["requests"])
             nbytes.append(d["bytes_down"])
             distinct.append(len(seen))
-        hit = loader.counters()["hit_ratio"]
-    return _row(f"hotset {system}", latency, times, requests, nbytes, distinct, capacity, hit)
+        c = loader.counters()
+    row = _row(f"hotset {system}", latency, times, requests, nbytes, distinct, capacity,
+               c["hit_ratio"])  # fmt: skip
+    return {**row, "readahead_mb": readahead / 1e6,
+            **{k: c[k] for k in ("readahead_served", "readahead_lost", "offered",
+                                 "request_latency_ms", "merge_gap")}}  # fmt: skip
 
 
 def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_bytes: int) -> dict:
@@ -128,7 +163,7 @@ def _row(name, latency, times, requests, nbytes, distinct, capacity, hit) -> dic
         "epoch_s": float(np.mean(times[steady])), "first_epoch_s": times[0],
         "requests": float(np.mean(requests[steady])), "mb": float(np.mean(nbytes[steady])) / 1e6,
         "distinct": float(np.mean(distinct[steady])), "cache_mb": capacity / 1e6,
-        "hit_ratio": hit, "epoch_times_s": times,
+        "hit_ratio": hit, "readahead_mb": 0.0, "epoch_times_s": times,
     }  # fmt: skip
 
 
@@ -143,6 +178,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--cache-fraction", type=float, default=0.2)
+    ap.add_argument("--readahead", default="0,0.1,0.2",
+                    help="read-ahead memory as fractions of the dataset, one row each")
     ap.add_argument("--shard-bytes", type=int, default=256 << 10)
     ap.add_argument("--shuffle-block", type=int, default=2048)
     ap.add_argument("--predownload", type=int, default=128)
@@ -155,8 +192,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ.setdefault("HOTSET_CACHE_DIR", str(root / "index"))
-        prepare_fashion_mnist(str(root / "tar"), limit=args.samples, fmt="tar")
         n = dump_samples(root / "samples.npz", args.samples)
+        # tar shards of the MDS shards' bytes (moto copies a whole object per request)
+        png = np.diff(np.load(root / "samples.npz")["offsets"]).mean()
+        per = 3 * 512 + 512 * math.ceil(png / 512)  # headers, the PNG and the cls, padded
+        prepare_fashion_mnist(str(root / "tar"), limit=args.samples, fmt="tar",
+                              shard_size=max(1, args.shard_bytes // per))  # fmt: skip
         subprocess.run([args.peer_python, str(PEER_RUN), "write", str(root / "samples.npz"),
                         str(root / "mds"), "--shard-bytes", str(args.shard_bytes)],
                        check=True)  # fmt: skip
@@ -170,8 +211,9 @@ def main() -> None:
                                   args.bandwidth_mb_s)  # fmt: skip
                 try:
                     for system in args.systems.split(","):
-                        rows.append(run_hotset(args, system, wire, s3, latency))
-                        print(json.dumps(rows[-1]), flush=True)
+                        for ahead in [float(x) for x in args.readahead.split(",")]:
+                            rows.append(run_hotset(args, system, wire, s3, latency, ahead))
+                            print(json.dumps(rows[-1]), flush=True)
                     rows.append(run_streaming(args, wire, s3, latency, mds_bytes))
                     print(json.dumps(rows[-1]), flush=True)
                 finally:
@@ -180,8 +222,8 @@ def main() -> None:
             s3.stop()
     cols = [
         ("loader", "s"), ("latency_ms", ".0f"), ("epoch_s", ".2f"), ("first_epoch_s", ".2f"),
-        ("requests", ".0f"), ("mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".1f"),
-        ("hit_ratio", ".3f"),
+        ("requests", ".0f"), ("mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".2f"),
+        ("readahead_mb", ".2f"), ("hit_ratio", ".3f"),
     ]  # fmt: skip
     report(args.name, rows, cols, {"args": vars(args), "samples": n})
 

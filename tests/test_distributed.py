@@ -52,6 +52,15 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     capacity = loader.dataset.store.capacity_bytes
     record = {"epochs": [], "len": len(loader)}
+    plans = hashlib.blake2b(digest_size=8)  # the global plans this rank made, served ids
+    plan = loader.planner._plan  # and hits of each, before it takes its shard
+
+    def recorded(*args):
+        p = plan(*args)
+        plans.update(p.ids.tobytes() + p.hits.tobytes() + p.admitted.tobytes())
+        return p
+
+    loader.planner._plan = recorded
     for epoch in range(3):
         loader.set_epoch(epoch)
         announced = len(loader)
@@ -83,6 +92,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "ids": ids_seen, "batches": batches, "len": announced, "wrong": wrong,
             "over_budget": over,
             "order": hashlib.blake2b(order.tobytes(), digest_size=8).hexdigest(),
+            "plans": plans.hexdigest(),
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
             "sync_calls": c["sync_calls"] - before["sync_calls"],
@@ -140,6 +150,8 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     for e in range(3):
         epochs = [r["epochs"][e] for r in records]
         assert len({ep["order"] for ep in epochs}) == 1, (name, e)  # one global list
+        # and one served global list: every batch's served ids, hits and admissions
+        assert len({ep["plans"] for ep in epochs}) == 1, (name, e)
         assert len({ep["batches"] for ep in epochs}) == 1  # and equal counts served
         assert epochs[0]["batches"] == epochs[0]["len"]  # as many as len(loader) said
         for ep in epochs:

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import hotset
+from hotset.errors import StorageError
+from hotset.io.reader import Retry
 from hotset.storage import SubsetStorage
-from hotset.testing import NginxServer, S3Server
+from hotset.testing import DelayProxy, NginxServer, S3Server
 from test_sources import SYSTEMS, _chw, _images, _jpeg_folder, _pil_direct, _run, _write_tar
 
 pytest.importorskip("s3fs")
@@ -112,3 +114,43 @@ def test_imagefolder_over_http(nginx):
         return _pil_direct(data, (16, 16)), label
 
     _run(server.url + "/folder/", expect, sampler="shade", policy="app", size=(16, 16))
+
+
+def _through(s3, wire) -> dict:
+    """s3fs's options to reach ``s3`` through ``wire`` (botocore's retries off: s3fs
+    retries a SlowDown or a dropped connection 5 times itself, then hotset's reader)."""
+    return {
+        **s3.storage_options,
+        "client_kwargs": {"endpoint_url": wire.url, "region_name": "eu-west-1"},
+        "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
+    }  # fmt: skip
+
+
+def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path, s3):
+    """A wire that answers 30% of the sample reads with a 503 SlowDown or drops the
+    connection: every sample still arrives right, retried by s3fs or hotset's reader. A
+    shard whose every read fails stops the epoch with an error naming a sample of it,
+    after the retries."""
+    images = _images()
+    _shards(tmp_path / "shards", images)
+    s3.upload(tmp_path / "shards", "s3://faulty/shards")
+    port = int(s3.endpoint.rsplit(":", 1)[1])
+    hotset.open_storage("s3://faulty/shards", storage_options=s3.storage_options)  # indexed
+    wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, faults=0.3)
+    try:
+        options = _through(s3, wire)
+        storage = hotset.open_storage("s3://faulty/shards", storage_options=options)
+        served = _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
+                      policy="lru", readahead_bytes=0)  # fmt: skip
+        assert served == 120 and wire.stats()["faults"] >= 3
+    finally:
+        wire.stop()
+    wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, failing="shard-001")
+    try:
+        storage = hotset.open_storage("s3://faulty/shards", storage_options=_through(s3, wire))
+        storage.retry = Retry(attempts=2, base_s=0.01)
+        with pytest.raises(StorageError, match=r"shard-001\.tar#s000\d\d.*after 2 attempts"):
+            _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
+                 policy="lru", epochs=1)  # fmt: skip
+    finally:
+        wire.stop()

@@ -36,6 +36,7 @@ from hotset.errors import (
     SkipLimitError,
 )
 from hotset.feedback import as_numpy
+from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
 from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
@@ -134,22 +135,26 @@ class CachedDataset(Dataset):
         self, ids: list[int], stats: LoaderStats, causes: list[str]
     ) -> dict[int, bytes]:
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
-        start, retries, requests = time.perf_counter(), self.storage.retries, self.storage.requests
+        storage = self.storage
+        start, retries, requests = time.perf_counter(), storage.retries, storage.requests
+        wire = storage.wire_bytes
         try:
-            got = dict(zip(ids, self.storage.read_many(ids), strict=True))
+            got = dict(zip(ids, storage.read_many(ids), strict=True))
         except SampleError:
             if self.on_error == "raise":
                 raise
             got = {}
             for i in ids:  # find the bad ones, keep the rest
                 try:
-                    got[i] = self.storage.read(i)
+                    got[i] = storage.read(i)
                 except SampleError as exc:
                     self._skip(exc, stats, causes)
         stats.storage_wait_s += time.perf_counter() - start
-        stats.storage_retries += self.storage.retries - retries
+        stats.storage_retries += storage.retries - retries
         if requests is not None:
-            stats.storage_requests += self.storage.requests - requests
+            stats.storage_requests += storage.requests - requests
+        if wire is not None:
+            stats.wire_bytes += storage.wire_bytes - wire
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
@@ -166,18 +171,24 @@ class CachedDataset(Dataset):
 
     # -- executing a plan, step by step ------------------------------------------------
     def _read_hits(
-        self, ids: list[int], got: dict[int, bytes], stats: LoaderStats, wait_s: float
+        self,
+        ids: list[int],
+        got: dict[int, bytes],
+        stats: LoaderStats,
+        wait_s: float,
+        prefix: str = "",
     ) -> list[int]:
         """Step 1 (and 4): the planned hits from the store, each checked against its
         content digest; a wrong entry is counted, deleted and never served. With
         ``wait_s``, poll that long for hits another worker or job is still writing.
+        ``prefix``: of the entries' keys (``STAGE``: samples staged by read-ahead).
         Returns the ids whose entry was wrong."""
         t = time.perf_counter()
         deadline = t + wait_s
         keys, wrong, unpack = self.keys, [], self.storage.from_entry
         pending = [i for i in ids if i not in got]
         while pending:
-            values = self.store.get_many([keys[i] for i in pending])
+            values = self.store.get_many([prefix + keys[i] for i in pending])
             for i, v in zip(pending, values, strict=True):
                 if v is None:
                     continue
@@ -188,7 +199,7 @@ class CachedDataset(Dataset):
                     wrong.append(i)
             if wrong:
                 stats.corrupt_hits += len(wrong)
-                self.store.delete_many([keys[i] for i in wrong])
+                self.store.delete_many([prefix + keys[i] for i in wrong])
                 log.warning(
                     "%d cache entries did not match their sample's digest (first: sample "
                     "%d, key %s): dropped, read from storage", len(wrong), wrong[0],
@@ -200,6 +211,27 @@ class CachedDataset(Dataset):
             time.sleep(0.002)
         stats.store_s += time.perf_counter() - t
         return wrong
+
+    def _take_staged(
+        self, plan: BatchPlan, misses: list[int], got: dict[int, bytes], stats: LoaderStats
+    ) -> None:
+        """The misses an earlier plan staged for this batch, from the staging area
+        (waiting up to ``plan.wait_s`` for a worker still staging them); then every
+        entry staged for it is deleted, used or not."""
+        staged = plan.staged.tolist()
+        wanted = set(staged).intersection(misses)
+        before = len(got)
+        self._read_hits([i for i in staged if i in wanted], got, stats, plan.wait_s, STAGE)
+        stats.readahead_served = len(got) - before
+        stats.readahead_lost = len(wanted) - stats.readahead_served
+        self.store.delete_many([STAGE + self.keys[i] for i in staged])
+
+    def _stage(self, ids: list[int], have: dict[int, bytes], stats: LoaderStats) -> None:
+        """Put the samples read ahead for later batches into the staging area."""
+        keys, pack = self.keys, self.storage.to_entry
+        items = {STAGE + keys[i]: pack(keys[i], have[i]) for i in ids if i in have}
+        _, refused = self.store.put(items) if items else (0, [])
+        stats.readahead_staged = len(items) - len(refused)
 
     def _store_changes(
         self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes]
@@ -246,6 +278,8 @@ class CachedDataset(Dataset):
     def __getitems__(self, plan: BatchPlan) -> dict:
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
             plan = BatchPlan.uncached(plan)
+        if plan.merge_gap >= 0:  # the gap the planner's measured latency says
+            self.storage.merge_gap = plan.merge_gap
         stats, causes = LoaderStats(), []
         failures0 = self.store.failures
         got: dict[int, bytes] = {}
@@ -259,10 +293,21 @@ class CachedDataset(Dataset):
         # may be waiting for them while this one waits for its own planned hits
         planned = set(from_store)
         misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned]
-        got.update(self._read_storage(misses, stats, causes))
-        fetched = self._read_storage(plan.fetch.tolist(), stats, causes) if plan.fetch.size else {}
+        if plan.staged.size:  # misses an earlier plan read ahead
+            self._take_staged(plan, misses, got, stats)
+        # one storage call: the misses, the plan's fetches and what it reads ahead
+        need = [i for i in misses if i not in got]
+        side = dict.fromkeys(plan.fetch.tolist() + plan.stage.tolist())
+        read = self._read_storage(
+            need + [i for i in side if i not in got and i not in need], stats, causes
+        )
+        got.update((i, read[i]) for i in need if i in read)
+        have = {**read, **got}
+        fetched = {i: have[i] for i in plan.fetch.tolist() if i in have}
         stats.prefetched = len(fetched)
         t = time.perf_counter()
+        if plan.stage.size:  # first: a later batch's worker may be waiting for them
+            self._stage(plan.stage.tolist(), have, stats)
         lost = self._store_changes(plan, got, fetched)
         stats.store_s += time.perf_counter() - t
         if plan.wait_s > 0 and any(i not in got for i in from_store):
@@ -300,7 +345,8 @@ class CachedDataset(Dataset):
                             np.int64),
             lost=np.array(lost, np.int64),
             absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
-            causes=causes[:3],
+            causes=causes[:3], requests=stats.storage_requests, wire_bytes=stats.wire_bytes,
+            storage_s=stats.storage_wait_s,
         )  # fmt: skip
         # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
         # id and label arrays are pickled inline and become tensors in the loader.
@@ -436,6 +482,8 @@ class HotsetLoader:
         self._iterated = True
         if not self._synced:  # a store an earlier job left: adopt what the plan holds
             self.sync_with_store()
+        if getattr(self.planner, "readahead", None) is not None:
+            self._drop_staged()
         served, causes = 0, []
         for n, raw in enumerate(bar):
             report: PlanReport = raw["report"]
@@ -498,6 +546,17 @@ class HotsetLoader:
             if ranks is None or ranks.rank == 0:
                 self._delete_extra(extra)
         self.dataset.store.trim_copies()  # each node drops copies the plan let go
+
+    def _drop_staged(self) -> None:
+        """Delete what read-ahead left staged (an abandoned epoch, a staging that came
+        after its batch had given up waiting): nothing is staged between epochs."""
+        try:
+            stale = self.dataset.store.list_keys(STAGE)
+        except HotsetError as exc:
+            log.debug("cannot list the staging area: %s", exc)
+            return
+        if stale:
+            self.dataset.store.delete_many(stale)
 
     def _delete_extra(self, extra: np.ndarray) -> None:
         """Delete the store's entries the plan does not hold; recount the budget when
@@ -651,6 +710,7 @@ def make_loader(
     with_ids: bool = True,
     distributed: bool | None = None,
     sync_every: int = 1,
+    readahead_bytes: int | None = None,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -682,6 +742,13 @@ def make_loader(
             LMDB the node's ranks share; a Redis URL across nodes). Default: when
             ``torch.distributed`` is initialised with several ranks.
         sync_every: with ranks, exchange feedback every this many steps.
+        readahead_bytes: where samples are ranges of larger objects (tar shards), later
+            batches' misses that a batch's range requests can read at no extra request
+            are read with it and held in the store until their batch, at most this many
+            bytes at once, beside the cache's capacity (``io/readahead.py``; hotset's,
+            not a paper's). Default: ``DEFAULT_READAHEAD`` of the dataset's bytes, at
+            most 64 MiB (and what a given ``store`` holds beyond the capacity); 0: off.
+            Not with ranks (``distributed``).
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
             a record of fields: ``codecs.decode_sample``).
@@ -715,6 +782,7 @@ def make_loader(
         decode = functools.partial(decode_sample, size=size, mode=mode)
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
+    readahead = _readahead_bytes(storage, readahead_bytes, ranks, store, capacity)
     if ranks is not None:
         num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
         sampler_options, policy_options = _deterministic(
@@ -727,10 +795,11 @@ def make_loader(
         )
     owns_store = isinstance(store, str)
     if owns_store:
-        store = _open_store(store, capacity, ranks)
-    elif store.capacity_bytes < capacity:
+        store = _open_store(store, capacity + readahead, ranks)
+    elif store.capacity_bytes < capacity + readahead:
         raise ConfigError(
             f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
+            + (f" and read-ahead for {readahead}" if readahead else "")
         )
     # one dataset's entries: another job's planner on the same store never touches them
     namespace = dataset_namespace(storage.keys)
@@ -752,6 +821,7 @@ def make_loader(
         planner = Planner(
             smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
             package_dir=package_dir, ranks=ranks, sync_every=sync_every,
+            readahead_bytes=readahead, readahead_lead=max(num_workers, 1),
         )  # fmt: skip
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error,
@@ -774,6 +844,27 @@ def make_loader(
     except BaseException:
         _release(store, owns_store, release)  # nothing else ever will
         raise
+
+
+#: the default read-ahead budget, as a share of the dataset's bytes (at most 64 MiB)
+DEFAULT_READAHEAD = 0.1
+
+
+def _readahead_bytes(
+    storage: Storage, given: int | None, ranks: RankGroup | None, store, capacity: int
+) -> int:
+    """The read-ahead budget: 0 where the storage's samples are not ranges of larger
+    objects or ranks plan together; the default fitted to a given store's spare bytes."""
+    if given is not None and (not isinstance(given, int | np.integer) or given < 0):
+        raise ConfigError(f"readahead_bytes must be an int >= 0, got {given!r}")
+    if storage.extents is None or ranks is not None:
+        return 0
+    if given is not None:
+        return int(given)
+    auto = min(64 << 20, int(DEFAULT_READAHEAD * storage.manifest.total_bytes))
+    if not isinstance(store, str):
+        auto = min(auto, max(store.capacity_bytes - capacity, 0))
+    return auto
 
 
 def _version() -> str:

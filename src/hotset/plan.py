@@ -19,6 +19,8 @@ import numpy as np
 
 from hotset.distributed import RankGroup, shard
 from hotset.errors import ConfigError, RankError
+from hotset.io.readahead import ReadAhead
+from hotset.io.requests import LatencyFit
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
 
@@ -50,6 +52,10 @@ class BatchPlan:
     sees), and ``wait_s`` how long a worker waits for a planned hit that another job is
     still fetching (co-operative misses) before reading storage. The single-job planner
     uses it too, for what earlier plans still in flight write or free.
+
+    Read-ahead (``io/readahead.py``): ``stage`` lists later batches' samples to read with
+    this batch's misses and put into the staging area, ``staged`` those an earlier plan
+    staged for this batch, to take from it (and delete) instead of reading storage.
     """
 
     epoch: int
@@ -63,6 +69,9 @@ class BatchPlan:
     fetch: np.ndarray = field(default_factory=_empty)
     evict_keys: tuple[str, ...] = ()
     wait_s: float = 0.0
+    stage: np.ndarray = field(default_factory=_empty)
+    staged: np.ndarray = field(default_factory=_empty)
+    merge_gap: int = -1  # the gap to read through (the measured cost model's), -1: keep
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -79,12 +88,17 @@ class PlanReport:
     """What the data plane did with one plan: ``stored`` — its admissions and fetches now
     in the store; ``lost`` — those that are not (refused by the budget, a store failure,
     unreadable); ``absent`` — planned hits the store did not hold (or held wrong bytes);
-    ``causes`` — why samples were skipped. Reports come back in the plans' order."""
+    ``causes`` — why samples were skipped; ``requests``, ``wire_bytes``, ``storage_s`` —
+    the storage requests it made, the bytes they moved and the seconds it waited for them.
+    Reports come back in the plans' order."""
 
     stored: np.ndarray = field(default_factory=_empty)
     lost: np.ndarray = field(default_factory=_empty)
     absent: np.ndarray = field(default_factory=_empty)
     causes: list[str] = field(default_factory=list)
+    requests: int = 0
+    wire_bytes: int = 0
+    storage_s: float = 0.0
 
 
 @runtime_checkable
@@ -140,7 +154,9 @@ class PlanSource(Protocol):
 
 
 #: the planner's counters, saved with its state
-COUNTERS = ("planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls")
+COUNTERS = (
+    "planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls", "offered",
+)  # fmt: skip
 
 
 class Planner:
@@ -164,6 +180,12 @@ class Planner:
     as executed when yielded. The policy's feeder (``Policy.make_feeder``, iCACHE's
     package threads) works under ``package_dir``. ``lock`` guards the policy: a feeder
     thread that changes the cache takes it too.
+
+    ``readahead_bytes``: where the storage has extents (tar shards), the misses of later
+    batches that fall in a batch's range requests are read with it and staged, up to
+    that many bytes at once (``io/readahead.py``); the samples those requests read
+    through are offered to the policy (``offered`` counts those it took), for batches
+    ``readahead_lead`` or more ahead (the DataLoader's workers). Not with ranks.
     """
 
     owns_cache = True
@@ -181,6 +203,8 @@ class Planner:
         wait_s: float = 0.2,
         ranks: RankGroup | None = None,
         sync_every: int = 1,
+        readahead_bytes: int = 0,
+        readahead_lead: int = 1,
     ) -> None:
         """``ranks``: a data-parallel job's ranks (``distributed.py``): the sampler draws
         the global list (made with ``num_replicas=1``), every rank plans the same global
@@ -243,6 +267,21 @@ class Planner:
         self._reports: list[tuple[int, PlanReport]] = []  # and its batches' reports
         self.sync_s = 0.0  # exchanging feedback and reports between ranks
         self.sync_calls = 0  # collectives that did
+        self.offered = 0  # samples read through by a range request that the policy took
+        extents = storage.extents if storage is not None and self.executes else None
+        cost = storage.cost if storage is not None and self.executes else None
+        # the latency a request costs, measured from this job's reports (not with ranks:
+        # each rank measures its own, and their plans must not differ)
+        self.latency = None
+        if cost is not None and ranks is None:
+            self.latency = LatencyFit(cost, storage.concurrency)
+        self.readahead = None
+        if readahead_bytes < 0:
+            raise ConfigError(f"readahead_bytes must be >= 0, got {readahead_bytes}")
+        if extents is not None and readahead_bytes and ranks is None:
+            self.readahead = ReadAhead(
+                extents, storage.sizes, storage.merge_gap, readahead_bytes, readahead_lead
+            )
 
     @property
     def wants_embeddings(self) -> bool:
@@ -316,8 +355,12 @@ class Planner:
         seq, pins = self._inflight.popleft()
         with self.lock:
             self.policy.pin(pins, -1)
+        if self.readahead is not None:
+            self.readahead.consumed(self._consumed - 1)
         if report is None:
             return
+        if self.latency is not None:
+            self.latency.observe(report.requests, report.wire_bytes, report.storage_s)
         if self.ranks is None:
             self._reconcile(seq, report)
             return
@@ -339,10 +382,13 @@ class Planner:
         return self._deleter[ids] >= oldest
 
     def _release_all(self) -> None:
-        """Plans handed out and never consumed (an abandoned epoch) hold nothing now."""
+        """Plans handed out and never consumed (an abandoned epoch) hold nothing now,
+        and nothing is staged (the loader deletes what is)."""
         with self.lock:
             while self._inflight:
                 self.policy.pin(self._inflight.popleft()[1], -1)
+        if self.readahead is not None:
+            self.readahead.reset()
 
     def flush(self) -> None:
         """Exchange what is pending between ranks (a collective; at epoch boundaries)."""
@@ -366,6 +412,9 @@ class Planner:
 
     def counters(self) -> dict:
         out = {k: getattr(self, k) for k in COUNTERS}
+        if self.latency is not None:  # the measured cost of a request, and the gap it makes
+            out["request_latency_ms"] = self.latency.model.latency_ms
+            out["merge_gap"] = self.latency.model.merge_gap
         out.update(self.sampler.counters())
         if self.feeder is not None:
             out.update(self.feeder.counters())
@@ -465,7 +514,21 @@ class Planner:
             r = self.policy.access(ids)
             served = ids if r.served is None else r.served
             fetch = _EMPTY if r.fetch is None else r.fetch
+            stage = staged = _EMPTY
+            staging = False  # whether an earlier plan in flight stages for this one
+            gap = -1 if self.latency is None else self.latency.model.merge_gap
+            if self.readahead is not None:
+                self.readahead.gap = gap if gap >= 0 else self.readahead.gap
+                staged, producer = self.readahead.take(index)
+                staging = producer >= (self._inflight[0][0] if self._inflight else self._seq)
+                reads = np.setdiff1d(np.concatenate([served[~r.hits], fetch]), staged)
+                stage, free = self.readahead.plan(index, reads, self._resident, self._seq)
+                offered = self.policy.offer(free) if free.size else _EMPTY
+                self.offered += offered.size
+                fetch = np.concatenate([fetch, offered])
             wait_s, admitted, fetch = self._track(served[r.hits], r.admitted, fetch, r.evicted)
+            if staging:
+                wait_s = self.wait_s
             hits = r.hits
             if admitted.size < r.admitted.size:  # a write dropped: a later position of this
                 dropped = np.setdiff1d(r.admitted, admitted)  # batch that planned it as a
@@ -484,7 +547,14 @@ class Planner:
             substituted=r.substituted,
             requested=ids if substituting else None,
             fetch=fetch,
+            stage=stage,
+            staged=staged,
+            merge_gap=gap,
         )
+
+    def _resident(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` the cache holds (lock held)."""
+        return np.fromiter((i in self.policy for i in ids.tolist()), bool, ids.size)
 
     def _track(
         self, reads: np.ndarray, admitted: np.ndarray, fetch: np.ndarray, deletes: np.ndarray
@@ -535,8 +605,10 @@ class Planner:
             order = self._start_epoch(epoch)
         self._resume = None
         self._order, self._consumed, self._order_epoch = order, first, epoch
-        self.planning_s += time.perf_counter() - start
         step = self.batch_size * self.world
+        if self.readahead is not None:
+            self.readahead.start_epoch(order, step)
+        self.planning_s += time.perf_counter() - start
         for index in range(first, self._batches(order)):
             lo = index * step
             start = time.perf_counter()

@@ -25,7 +25,13 @@ class LoaderStats:
     * ``storage_retries``: storage reads tried again after a transient failure.
     * ``storage_requests``: requests made to the storage for the batches' samples, where
       it counts them (a range request of a tar shard may serve several samples).
-    * ``prefetched``: samples read and cached that no batch requested (a homophily node).
+    * ``wire_bytes``: bytes those requests moved (the gaps a range request read through
+      included), where the storage counts them.
+    * ``prefetched``: samples read and cached that no batch requested (a homophily node,
+      or a sample a range request read through that the policy took).
+    * ``readahead_staged``: later batches' misses read with a batch's (``io/readahead.py``)
+      and staged; ``readahead_served``: misses served from there (no request of their
+      own); ``readahead_lost``: staged misses not found there (read from storage).
 
     The control plane adds its own in ``HotsetLoader.counters()``: ``planning_s`` and
     ``feedback_s`` (its seconds), ``service_failures`` (plans the multi-job service did
@@ -46,7 +52,11 @@ class LoaderStats:
     skipped: int = 0
     storage_retries: int = 0
     storage_requests: int = 0
+    wire_bytes: int = 0
     prefetched: int = 0
+    readahead_staged: int = 0
+    readahead_served: int = 0
+    readahead_lost: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0
     storage_wait_s: float = 0.0

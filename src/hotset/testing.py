@@ -306,12 +306,17 @@ class S3Server:
 
 
 DELAY_PROXY = r"""
-import asyncio, sys, time
+import asyncio, random, sys, time
 
 listen, target = int(sys.argv[1]), int(sys.argv[2])
 one_way_s, rate, stats_path = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+faults, failing = float(sys.argv[6]), sys.argv[7].encode()
 METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
-STATS = {"requests": 0, "bytes_up": 0, "bytes_down": 0, "connections": 0}
+STATS = {"requests": 0, "bytes_up": 0, "bytes_down": 0, "connections": 0, "faults": 0}
+BODY = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+SLOW_DOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+draw = random.Random(0)
 
 
 class Link:
@@ -330,7 +335,19 @@ class Link:
 UP, DOWN = Link(), Link()
 
 
-async def carry(reader, writer, link):
+def fault(data):
+    '''None, or how this ranged GET (a sample read, not a listing) fails: a 503 SlowDown
+    answer or a dropped connection (a share ``faults`` of them, and every one whose path
+    holds ``failing``).'''
+    if not data.startswith(b"GET ") or b"\r\nrange:" not in data.lower() or not (
+        draw.random() < faults or (failing and failing in data.split(b" ", 2)[1])
+    ):
+        return None
+    STATS["faults"] += 1
+    return "reset" if draw.random() < 0.5 else "503"
+
+
+async def carry(reader, writer, link, back=None):
     queue = asyncio.Queue()
 
     async def deliver():
@@ -352,6 +369,13 @@ async def carry(reader, writer, link):
             STATS["bytes_up" if up else "bytes_down"] += len(data)
             if up and data.startswith(METHODS):  # a new HTTP request on this connection
                 STATS["requests"] += 1
+                how = fault(data)
+                if how == "reset":
+                    back.transport.abort()
+                    break
+                if how == "503":  # answered here; the client waits for it before its next
+                    back.write(SLOW_DOWN)
+                    continue
             queue.put_nowait((link.arrival(len(data)), data))
     except ConnectionError:
         pass
@@ -369,7 +393,7 @@ async def handle(client_r, client_w):
     except OSError:
         client_w.close()
         return
-    await asyncio.gather(carry(client_r, server_w, UP), carry(server_r, client_w, DOWN))
+    await asyncio.gather(carry(client_r, server_w, UP, client_w), carry(server_r, client_w, DOWN))
 
 
 async def report():
@@ -399,9 +423,20 @@ class DelayProxy:
     connection in each direction, as ``tc netem delay`` and ``rate`` would (netem is not
     in every kernel; this needs none). Requests and bytes cross it as they would cross a
     network: a request costs a round trip, bytes cost their transfer time. ``stats()``:
-    the HTTP requests, bytes each way and connections it has carried (within 0.1 s)."""
+    the HTTP requests, bytes each way and connections it has carried (within 0.1 s).
 
-    def __init__(self, port: int, latency_ms: float, bandwidth_mb_s: float) -> None:
+    Faults, as an object store under load gives them: a share ``faults`` of the ranged
+    GETs (drawn with a fixed seed), and every one whose path contains ``failing``, are answered
+    by the wire itself with a 503 SlowDown or a dropped connection (``stats()["faults"]``)."""
+
+    def __init__(
+        self,
+        port: int,
+        latency_ms: float,
+        bandwidth_mb_s: float,
+        faults: float = 0.0,
+        failing: str = "",
+    ) -> None:
         import sys
         import tempfile
 
@@ -409,7 +444,7 @@ class DelayProxy:
         self._stats = Path(self._dir.name, "stats.json")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", DELAY_PROXY, "0", str(port), str(latency_ms / 2000.0),
-             str(bandwidth_mb_s * 1e6), str(self._stats)],
+             str(bandwidth_mb_s * 1e6), str(self._stats), str(faults), failing],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.port = int(self.proc.stdout.readline())

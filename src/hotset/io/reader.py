@@ -50,7 +50,8 @@ def transient(exc: BaseException) -> bool:
 
 class BatchReader:
     """Reads of whole files, or of ``[start, end)`` ranges of them, on ``fs``; ``requests``
-    counts the requests made and ``retries`` those tried again (in this process)."""
+    counts the requests made, ``bytes`` what they returned and ``retries`` those tried
+    again (in this process)."""
 
     def __init__(
         self,
@@ -63,7 +64,7 @@ class BatchReader:
         emulated latency, bandwidth and in-flight limit, paid per request)."""
         self.fs, self.concurrency, self.retry = fs, max(int(concurrency), 1), retry or Retry()
         self.wire = wire
-        self.retries = self.requests = 0
+        self.retries = self.requests = self.bytes = 0
         self._pool: ThreadPoolExecutor | None = None
 
     def read(
@@ -86,6 +87,8 @@ class BatchReader:
             )
             for i, got in zip(todo, once, strict=True):
                 out[i] = got
+                if isinstance(got, bytes):
+                    self.bytes += len(got)
                 if isinstance(got, BaseException) and transient(got):
                     again.append(i)
             if not again or attempt + 1 == self.retry.attempts:

@@ -6,6 +6,11 @@ to transfer than a request costs to make: ``gap / bandwidth < latency``, so the 
 merging is ``latency * bandwidth`` (``CostModel.merge_gap``), the bandwidth being each
 request's share where ``in_flight`` requests share the link. Adjacent samples (gap 0)
 are always one request; samples far apart are never merged.
+
+The latency is measured online (``LatencyFit``): from each batch's requests, the bytes
+they moved and the seconds they took, less the bytes' transfer time at the model's
+bandwidth, so that the gap follows what a request really costs this client (its own
+CPU included); the user's ``CostModel`` is the prior and the bound.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+_NONE = np.empty(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,35 @@ class CostModel:
         return requests * self.latency_ms / 1000.0 + nbytes / share
 
 
+class LatencyFit:
+    """The latency per request, measured: an exponentially weighted mean over batches of
+    ``seconds * min(requests, concurrency) / requests`` (a request's share of the batch's
+    read time, ``concurrency`` of them in flight) less its bytes' transfer time at
+    ``prior``'s bandwidth share. ``model`` is ``prior`` with that latency, held within
+    ``bound`` times the prior's (a bandwidth lower than the prior's reads as latency, and
+    a gap grown on it would move more bytes: the bound stops that from feeding itself)."""
+
+    def __init__(self, prior: CostModel, concurrency: int, weight: float = 0.1,
+                 bound: float = 8.0) -> None:  # fmt: skip
+        self.prior, self.concurrency = prior, max(int(concurrency), 1)
+        self.weight, self.bound = float(weight), float(bound)
+        self.latency_s = prior.latency_ms / 1000.0
+        self.batches = 0
+
+    def observe(self, requests: int, nbytes: int, seconds: float) -> None:
+        if requests <= 0 or seconds <= 0:
+            return
+        share = self.prior.bandwidth_mb_s * 1e6 / max(self.prior.in_flight, 1)
+        per = seconds * min(requests, self.concurrency) / requests - nbytes / requests / share
+        cap = self.bound * self.prior.latency_ms / 1000.0
+        self.latency_s += self.weight * (min(max(per, 0.0), cap) - self.latency_s)
+        self.batches += 1
+
+    @property
+    def model(self) -> CostModel:
+        return CostModel(self.latency_s * 1000.0, self.prior.bandwidth_mb_s, self.prior.in_flight)
+
+
 @dataclass
 class Group:
     """One range request: ``[start, end)`` of ``object``, serving the samples at
@@ -46,18 +82,37 @@ class Group:
     members: list[int] = field(default_factory=list)
 
 
+def coalesce_ranges(
+    objects: np.ndarray, starts: np.ndarray, ends: np.ndarray, gap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised coalescing: ``(group of each range, and per group its object, start,
+    end)``; two ranges of one object share a group when at most ``gap`` bytes lie between
+    them (overlapping and repeated ranges are read once). Groups are numbered by object,
+    then offset."""
+    objects, starts, ends = (np.asarray(a, np.int64) for a in (objects, starts, ends))
+    if not objects.size:
+        return _NONE, _NONE, _NONE, _NONE
+    order = np.lexsort((starts, objects))
+    o, s, e = objects[order], starts[order], ends[order]
+    # the furthest end so far within each object: objects ascend, so a running maximum of
+    # (object, end) packed in one int64 never crosses from one object into the next
+    reach = np.maximum.accumulate((o << 40) | e) & ((1 << 40) - 1)
+    new = np.ones(o.size, bool)
+    new[1:] = (o[1:] != o[:-1]) | (s[1:] > reach[:-1] + gap)
+    group_sorted = np.cumsum(new) - 1
+    group = np.empty_like(group_sorted)
+    group[order] = group_sorted
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], o.size) - 1
+    return group, o[first], s[first], reach[last]
+
+
 def coalesce(objects: np.ndarray, starts: np.ndarray, ends: np.ndarray, gap: int) -> list[Group]:
     """The fewest range requests that read every ``[starts[k], ends[k])`` of
     ``objects[k]``, merging two ranges of one object when at most ``gap`` bytes lie
-    between them (overlapping and repeated ranges are read once)."""
-    objects, starts, ends = (np.asarray(a, np.int64) for a in (objects, starts, ends))
-    groups: list[Group] = []
-    for k in np.lexsort((starts, objects)).tolist():
-        o, s, e = int(objects[k]), int(starts[k]), int(ends[k])
-        last = groups[-1] if groups else None
-        if last is not None and last.object == o and s <= last.end + gap:
-            last.end = max(last.end, e)
-            last.members.append(k)
-        else:
-            groups.append(Group(o, s, e, [k]))
+    between them (``coalesce_ranges``), as :class:`Group` s."""
+    group, g_obj, g_start, g_end = coalesce_ranges(objects, starts, ends, gap)
+    groups = [Group(int(o), int(s), int(e)) for o, s, e in zip(g_obj, g_start, g_end, strict=True)]
+    for k in np.argsort(group, kind="stable").tolist():
+        groups[group[k]].members.append(k)
     return groups

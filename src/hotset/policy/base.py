@@ -277,6 +277,27 @@ class Policy(ABC):
         self.pinned[:] = 0  # nothing is in flight after a restart
         self._holds[0] = 0
 
+    def offer(self, ids: np.ndarray) -> np.ndarray:
+        """Samples a range request read through that no batch asked for
+        (``io/readahead.py``): returns those the policy admits (then resident, written by
+        the plan as a fetch). A policy that never evicts (the base miss path without a
+        ``_victim``: MinIO) takes those that fit its free room, as it takes a miss; the
+        others take none, since an admission would displace what their own rule keeps."""
+        cls = type(self)
+        if not (cls._victim is Policy._victim and cls.access is Policy.access
+                and cls._prepare is Policy._prepare):  # fmt: skip
+            return np.empty(0, np.int64)
+        out = []
+        for i in np.asarray(ids, np.int64).tolist():
+            s = self._sizes[i]
+            if self.used + s > self.capacity_bytes:
+                continue
+            if i not in self._resident and self._wants(-1, i):
+                self._insert(-1, i)
+                self.used += s
+                out.append(i)
+        return np.array(out, np.int64)
+
     def writing_ids(self) -> np.ndarray:
         """Ids the policy's feeder is putting into the store right now (not yet resident:
         their entries may already be there)."""

@@ -14,6 +14,7 @@ import fsspec
 import numpy as np
 
 from hotset.io.reader import BatchReader, Retry, reader_of
+from hotset.io.requests import CostModel
 from hotset.storage.manifest import Manifest, content_key
 
 #: bytes of the digest a cache entry carries when keys name locations (``seal``)
@@ -55,6 +56,12 @@ class Storage(ABC):
     #: batch's inputs and targets come from (``collate.split_sample``)
     input_field: str | None = None
     target_field: str | None = None
+    #: the largest gap between two samples of one object that a range request reads
+    #: through rather than making two requests (``io/requests.CostModel.merge_gap``)
+    merge_gap: int = 0
+    #: where set, the cost model whose latency the planner measures online
+    #: (``io/requests.LatencyFit``) and whose gap it hands to the workers with each plan
+    cost: CostModel | None = None
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -74,6 +81,13 @@ class Storage(ABC):
     @property
     def classes(self) -> list[str]:
         return self.manifest.classes
+
+    @property
+    def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Where samples are byte ranges of larger objects (tar shards): per sample its
+        object, start and end byte (``io/readahead.py`` plans requests by them); None
+        where each sample is a request of its own."""
+        return None
 
     def key(self, i: int) -> str:
         return self.manifest.keys[i]
@@ -112,6 +126,11 @@ class Storage(ABC):
     def requests(self) -> int | None:
         """Requests this process made to the storage (a range request may serve several
         samples), where the storage counts them."""
+        return None
+
+    @property
+    def wire_bytes(self) -> int | None:
+        """Bytes those requests moved (the gaps a range read through included)."""
         return None
 
     def with_wire(self, wire) -> Storage | None:
@@ -176,6 +195,10 @@ class FsspecStorage(Storage):
     @property
     def requests(self) -> int:
         return self.reader.requests
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.reader.bytes
 
     def with_wire(self, wire) -> Storage | None:
         if getattr(self._fs, "async_impl", False):

@@ -128,7 +128,11 @@ def _write_parquet_split(
 
 
 def prepare_fashion_mnist(
-    out_dir: str, source: str = FASHION_MNIST_DIR, limit: int | None = None, fmt: str = "png"
+    out_dir: str,
+    source: str = FASHION_MNIST_DIR,
+    limit: int | None = None,
+    fmt: str = "png",
+    shard_size: int = 4096,
 ) -> dict[str, int]:
     """Write Fashion-MNIST (Debian package ``dataset-fashion-mnist``) under
     ``out_dir/train`` and ``out_dir/test``; returns each split's sample count. ``fmt``:
@@ -136,7 +140,7 @@ def prepare_fashion_mnist(
     ImageFolder datasets are), ``npy`` (one uint8 array 1 x 28 x 28 per file, decoded by
     a ``frombuffer``), ``tar`` (WebDataset shards of PNG + ``cls``) or ``parquet`` (one
     file, ``image`` and ``label`` columns). ``limit`` keeps the first N samples of each
-    split (for tests)."""
+    split (for tests); ``shard_size``: samples per tar shard."""
     if fmt not in FORMATS:
         raise ConfigError(f"format must be one of {FORMATS}, got {fmt!r}")
     fmt = "png" if fmt == "files" else fmt
@@ -160,7 +164,7 @@ def prepare_fashion_mnist(
 
         out, name = posixpath.join(str(out_dir), split), f"fashion-mnist-{split}"
         if fmt == "tar":
-            result[split] = _write_tar_split(out, samples(), name, len(images))
+            result[split] = _write_tar_split(out, samples(), name, len(images), shard_size)
         elif fmt == "parquet":
             result[split] = _write_parquet_split(
                 out, samples(), FASHION_MNIST_CLASSES, name, len(images)

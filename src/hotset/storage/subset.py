@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.io.requests import CostModel
 from hotset.storage.base import Storage
 
 
@@ -33,6 +34,27 @@ class SubsetStorage(Storage):
 
     def describe(self, i: int) -> str:
         return self.inner.describe(int(self.indices[i]))
+
+    @property
+    def cost(self) -> CostModel | None:
+        return self.inner.cost
+
+    @property
+    def merge_gap(self) -> int:
+        return self.inner.merge_gap
+
+    @merge_gap.setter
+    def merge_gap(self, gap: int) -> None:
+        self.inner.merge_gap = gap
+
+    @property
+    def wire_bytes(self) -> int | None:
+        return self.inner.wire_bytes
+
+    @property
+    def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        inner = self.inner.extents
+        return None if inner is None else tuple(a[self.indices] for a in inner)
 
     def charge(self, nbytes: int) -> None:
         self.inner.charge(nbytes)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+import numpy as np
+
 from hotset.errors import ConfigError
+from hotset.io.requests import CostModel
 from hotset.storage.base import Storage
 
 
@@ -54,6 +57,28 @@ class ThrottledStorage(Storage):
 
     def describe(self, i: int) -> str:
         return self.inner.describe(i)
+
+    @property
+    def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        # ranges only pay off where the inner storage makes the requests (wired)
+        return None if self._wired is None else self.inner.extents
+
+    @property
+    def cost(self) -> CostModel | None:
+        return None if self._wired is None else self._wired.cost
+
+    @property
+    def merge_gap(self) -> int:
+        return 0 if self._wired is None else self._wired.merge_gap
+
+    @merge_gap.setter
+    def merge_gap(self, gap: int) -> None:
+        if self._wired is not None:
+            self._wired.merge_gap = gap
+
+    @property
+    def wire_bytes(self) -> int | None:
+        return (self.inner if self._wired is None else self._wired).wire_bytes
 
     def _pay(self, nbytes: int, start: float) -> None:
         cost = self.latency_s + (nbytes / self.bytes_per_s if self.bytes_per_s else 0.0)
