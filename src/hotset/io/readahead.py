@@ -59,7 +59,6 @@ class ReadAhead:
         self._n_obj = n_obj
         self.staged = np.zeros(self.objects.size, bool)  # staged, its batch not planned yet
         self.outstanding = 0  # bytes staged whose batch has not been consumed
-        self.staged_total = 0  # samples staged, over the loader's life
         self._order, self._step = _NONE, 1
         self._pos, self._pos_ptr = _NONE, _NONE
         self._for: dict[int, list[np.ndarray]] = {}  # batch -> ids staged for it
@@ -109,8 +108,10 @@ class ReadAhead:
         ``resident``: which of some ids the cache holds (those are not staged)."""
         misses = np.unique(np.asarray(misses, np.int64))
         room = self.budget - self.outstanding
-        if not misses.size or room <= 0 or not self._order.size:
+        if not misses.size or not self._order.size:
             return _NONE, _NONE
+        if room <= 0:  # nothing more staged; what the requests read through is still free
+            return _NONE, self._read_through(misses)
         after = (index + self.lead) * self._step
         pos = []  # each missed object's later positions in the order (ascending)
         for a, b in self._slices(misses):
@@ -154,7 +155,6 @@ class ReadAhead:
         if not ids.size:
             return
         self.staged[ids] = True
-        self.staged_total += int(ids.size)
         nbytes = self.sizes[ids]
         self.outstanding += int(nbytes.sum())
         for b in np.unique(batches).tolist():
