@@ -59,15 +59,16 @@ from hotset.testing import DelayProxy, S3Server  # noqa: E402
 PEER_RUN = Path(__file__).resolve().parent / "peers" / "streaming_run.py"
 
 
-def dump_samples(path: Path, n: int) -> int:
-    """The first ``n`` training images as PNG bytes and labels, for the MDS writer."""
+def dump_samples(path: Path, n: int) -> tuple[int, float]:
+    """The first ``n`` training images as PNG bytes and labels, for the MDS writer; returns
+    how many, and their mean size."""
     images = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][0]))[:n]
     labels = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][1]))[:n]
     blobs = [png_bytes(img) for img in images]
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
     np.savez(path, blob=np.frombuffer(b"".join(blobs), np.uint8), offsets=offsets,
              labels=labels.astype(np.int64))  # fmt: skip
-    return len(blobs)
+    return len(blobs), float(offsets[-1]) / max(len(blobs), 1)
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -192,9 +193,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         os.environ.setdefault("HOTSET_CACHE_DIR", str(root / "index"))
-        n = dump_samples(root / "samples.npz", args.samples)
+        n, png = dump_samples(root / "samples.npz", args.samples)
         # tar shards of the MDS shards' bytes (moto copies a whole object per request)
-        png = np.diff(np.load(root / "samples.npz")["offsets"]).mean()
         per = 3 * 512 + 512 * math.ceil(png / 512)  # headers, the PNG and the cls, padded
         prepare_fashion_mnist(str(root / "tar"), limit=args.samples, fmt="tar",
                               shard_size=max(1, args.shard_bytes // per))  # fmt: skip

@@ -518,7 +518,8 @@ class Planner:
             staging = False  # whether an earlier plan in flight stages for this one
             gap = -1 if self.latency is None else self.latency.model.merge_gap
             if self.readahead is not None:
-                self.readahead.gap = gap if gap >= 0 else self.readahead.gap
+                if gap >= 0:
+                    self.readahead.gap = gap
                 staged, producer = self.readahead.take(index)
                 staging = producer >= (self._inflight[0][0] if self._inflight else self._seq)
                 reads = np.setdiff1d(np.concatenate([served[~r.hits], fetch]), staged)
