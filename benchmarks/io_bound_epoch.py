@@ -18,6 +18,8 @@ through ``ThrottledStorage``'s sleeps: nginx (or moto's S3 server) on 127.0.0.1 
 TCP proxy whose wire has ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
 (``hotset.testing.DelayProxy``: this kernel has no ``tc netem``), each worker reading with
 ``concurrency / num_workers`` requests in flight, so that the node has ``--concurrency``.
+``cpu_s``: CPU seconds per epoch of the loader's process tree (workers included);
+``server_cpu_s``: the server's and the wire's, on the same cores.
 
     python benchmarks/io_bound_epoch.py [--cache-fractions 0.2,0.1] [--epochs 5]
     python benchmarks/io_bound_epoch.py --storage emulated,http --systems lru,minio,shade
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from functools import partial
@@ -36,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from hotset.cli import parse_options  # noqa: E402
 from hotset.codecs import decode_sample  # noqa: E402
@@ -125,6 +129,11 @@ class RemoteSite:
                              storage_options=self.options)  # fmt: skip
         return SubsetStorage(remote, train.indices) if isinstance(train, SubsetStorage) else remote
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The server's and the wire's processes (their CPU is not the loader's)."""
+        return (self.server.proc.pid, self.proxy.proc.pid)
+
     def stop(self) -> None:
         self.proxy.stop()
         self.server.stop()
@@ -151,11 +160,14 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         num_workers=args.num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
         persistent_workers=True,
     )  # fmt: skip
-    times, reads, hits, served = [], [], [], []
+    times, reads, hits, served, cpu, server_cpu = [], [], [], [], [], []
+    servers = args.site.pids if args.site else ()
     try:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             before = loader.counters()
+            cpu0 = cpu_seconds(os.getpid(), servers)
+            server0 = sum(cpu_seconds(p) for p in servers)
             start = time.perf_counter()
             batches = max(1, len(loader))
             for b, (_, _, ids) in enumerate(loader):
@@ -166,6 +178,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
                 if args.step_ms:
                     time.sleep(args.step_ms / 1000)  # a GPU step: the loader runs meanwhile
             times.append(time.perf_counter() - start)
+            cpu.append(cpu_seconds(os.getpid(), servers) - cpu0)
+            server_cpu.append(sum(cpu_seconds(p) for p in servers) - server0)
             after = loader.counters()
             reads.append(after["storage_requests"] - before["storage_requests"]
                          if args.site else after["storage_reads"] - before["storage_reads"])
@@ -181,6 +195,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         "hit_ratio": float(np.sum(hits[steady]) / max(1, np.sum(served[steady]))),
         "storage_reads": float(np.mean(reads[steady])),
         "served": float(np.mean(served[steady])), "epoch_times_s": times,
+        "cpu_s": float(np.mean(cpu[steady])), "server_cpu_s": float(np.mean(server_cpu[steady])),
+        "cpu_ms_per_read": 1e3 * float(np.sum(cpu[steady]) / max(1, np.sum(reads[steady]))),
         "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
         "graph_failed": c.get("graph_failed", 0), "graph_dropped": c.get("graph_dropped", 0),
         "graph_mean_degree": c.get("graph_mean_degree", 0.0),
@@ -224,6 +240,8 @@ def main() -> None:
     rows = json.loads(Path(args.rows).read_text())["rows"] if args.rows else []
     for r in rows:
         r.setdefault("storage", "emulated")
+        for k in ("cpu_s", "server_cpu_s", "cpu_ms_per_read"):  # results measured before them
+            r.setdefault(k, float("nan"))
     fractions = [] if args.rows else [float(f) for f in args.cache_fractions.split(",")]
     for mode in [] if args.rows else args.storage.split(","):
         if mode not in ("emulated", "http", "s3"):
@@ -249,6 +267,7 @@ def main() -> None:
         ("storage", "s"), ("system", "s"), ("cache", ".0%"), ("oracle", "s"), ("epoch_s", ".2f"),
         ("speedup", ".2f"), ("gpu_speedup", ".2f"), ("vs_gpu_pct", "+.1f"),
         ("hit_ratio", ".3f"), ("gpu_hit", ".3f"), ("storage_reads", ".0f"), ("served", ".0f"),
+        ("cpu_s", ".1f"), ("server_cpu_s", ".1f"), ("cpu_ms_per_read", ".2f"),
         ("late_misses", "d"), ("refused_puts", "d"),
     ]  # fmt: skip
     report(args.name, rows, cols, {"args": vars(args), "reference": args.reference})

@@ -12,7 +12,8 @@ measures, the wire's as its prior); Streaming runs in its own venv (``make peers
 ``cache_limit`` = the same cache fraction of its shards, its shuffle block and
 predownload as given. Both sides' shards hold about ``--shard-bytes`` (moto copies the
 whole object for each range request, so the object size sets its cost per request). The
-wire counts the HTTP requests and bytes of every epoch.
+wire counts the HTTP requests and bytes of every epoch; ``cpu_s`` is the CPU seconds
+per epoch of the loader's process tree (its workers included, the servers not).
 
 No model trains: SHADE (``--systems shade``) learns from a fixed log-normal loss per
 sample, so its rows show the I/O of its importance sampling, not its accuracy.
@@ -43,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from hotset.io.requests import CostModel  # noqa: E402
 from hotset.loader import make_loader  # noqa: E402
@@ -79,6 +81,9 @@ def _delta(after: dict, before: dict) -> dict:
 SYSTEMS = {
     "lru": {"policy": "lru"},
     "minio": {"policy": "minio"},
+    # Streaming's shuffle (hotset's named option): shards in a random order, samples
+    # shuffled within windows of --shuffle-block
+    "lru-shards": {"policy": "lru", "sampler_options": {"shuffle": "shards"}},
     "shade": {"policy": "app", "sampler": "shade",
               "sampler_options": {"repetition_mode": "repeat"}},
 }  # fmt: skip
@@ -94,14 +99,18 @@ def run_hotset(
         concurrency=max(1, math.ceil(args.concurrency / args.workers)),
         cost=CostModel(latency, args.bandwidth_mb_s, args.concurrency),  # measured online
     )  # fmt: skip
-    times, requests, nbytes, distinct = [], [], [], []
+    times, requests, nbytes, distinct, cpu = [], [], [], [], []
+    servers = (wire.proc.pid, s3.proc.pid)  # not the loader's CPU
     memory = int(args.cache_fraction * storage.manifest.total_bytes)
     readahead = int(ahead * storage.manifest.total_bytes)
     # no model trains here: SHADE learns from a fixed loss per sample (log-normal, so a
     # few samples matter most, as a trained model's losses spread)
     losses = np.random.default_rng(0).lognormal(0.0, 1.0, len(storage))
+    spec = dict(SYSTEMS[system])
+    if spec.get("sampler_options", {}).get("shuffle") == "shards":
+        spec["sampler_options"] = {**spec["sampler_options"], "shuffle_block": args.shuffle_block}
     with make_loader(
-        storage, batch_size=args.batch_size, **SYSTEMS[system],
+        storage, batch_size=args.batch_size, **spec,
         capacity_bytes=max(memory - readahead, 0),
         readahead_bytes=readahead, num_workers=args.workers, seed=0, persistent_workers=True,
     ) as loader:  # fmt: skip
@@ -109,17 +118,19 @@ def run_hotset(
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             before, start, seen = wire.stats(), time.perf_counter(), set()
+            cpu0 = cpu_seconds(os.getpid(), servers)
             for _, _, ids in loader:
                 seen.update(ids.tolist())
                 loader.feedback(ids, losses[ids.numpy()])
             times.append(time.perf_counter() - start)
+            cpu.append(cpu_seconds(os.getpid(), servers) - cpu0)
             d = _delta(wire.stats(), before)
             requests.append(d["requests"])
             nbytes.append(d["bytes_down"])
             distinct.append(len(seen))
         c = loader.counters()
     row = _row(f"hotset {system}", latency, times, requests, nbytes, distinct, capacity,
-               c["hit_ratio"])  # fmt: skip
+               c["hit_ratio"], cpu)  # fmt: skip
     return {**row, "readahead_mb": readahead / 1e6,
             **{k: c[k] for k in ("readahead_served", "readahead_lost", "offered",
                                  "request_latency_ms", "merge_gap")}}  # fmt: skip
@@ -138,13 +149,17 @@ def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_byte
         "--workers", str(args.workers), "--batch-size", str(args.batch_size),
         "--shuffle-block", str(args.shuffle_block), "--predownload", str(args.predownload),
     ]  # fmt: skip
-    times, requests, nbytes, distinct = [], [], [], []
+    times, requests, nbytes, distinct, cpu = [], [], [], [], []
     before = wire.stats()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        cpu0 = cpu_seconds(proc.pid)
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
             epoch = json.loads(line)
+            cpu1 = cpu_seconds(proc.pid)
+            cpu.append(cpu1 - cpu0)
+            cpu0 = cpu1
             after = wire.stats()
             d = _delta(after, before)
             before = after
@@ -154,10 +169,11 @@ def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_byte
             distinct.append(epoch["distinct"])
     if proc.returncode:
         raise SystemExit(f"streaming run failed ({proc.returncode}): {' '.join(cmd)}")
-    return _row("streaming", latency, times, requests, nbytes, distinct, capacity, float("nan"))
+    return _row("streaming", latency, times, requests, nbytes, distinct, capacity, float("nan"),
+                cpu)  # fmt: skip
 
 
-def _row(name, latency, times, requests, nbytes, distinct, capacity, hit) -> dict:
+def _row(name, latency, times, requests, nbytes, distinct, capacity, hit, cpu) -> dict:
     steady = slice(1, None) if len(times) > 1 else slice(None)
     return {
         "loader": name, "latency_ms": latency,
@@ -165,6 +181,7 @@ def _row(name, latency, times, requests, nbytes, distinct, capacity, hit) -> dic
         "requests": float(np.mean(requests[steady])), "mb": float(np.mean(nbytes[steady])) / 1e6,
         "distinct": float(np.mean(distinct[steady])), "cache_mb": capacity / 1e6,
         "hit_ratio": hit, "readahead_mb": 0.0, "epoch_times_s": times,
+        "cpu_s": float(np.mean(cpu[steady])), "epoch_cpu_s": cpu,
     }  # fmt: skip
 
 
@@ -222,6 +239,7 @@ def main() -> None:
             s3.stop()
     cols = [
         ("loader", "s"), ("latency_ms", ".0f"), ("epoch_s", ".2f"), ("first_epoch_s", ".2f"),
+        ("cpu_s", ".1f"),
         ("requests", ".0f"), ("mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".2f"),
         ("readahead_mb", ".2f"), ("hit_ratio", ".3f"),
     ]  # fmt: skip

@@ -13,6 +13,7 @@ import hotset
 from hotset.errors import StorageError
 from hotset.io.reader import Retry
 from hotset.storage import SubsetStorage
+from hotset.storage.base import LOCAL_CONCURRENCY, REMOTE_CONCURRENCY
 from hotset.testing import DelayProxy, NginxServer, S3Server
 from test_sources import SYSTEMS, _chw, _images, _jpeg_folder, _pil_direct, _run, _write_tar
 
@@ -108,6 +109,9 @@ def test_imagefolder_over_http(nginx):
     files = _jpeg_folder(www / "folder")
     storage = hotset.open_storage(server.url + "/folder/")
     assert storage.classes == ["cat", "dog", "eel"] and len(storage) == 60
+    # an object store's requests wait on the network: dozens in flight by default
+    assert storage.concurrency == REMOTE_CONCURRENCY
+    assert hotset.open_storage(str(www / "folder")).concurrency == LOCAL_CONCURRENCY
 
     def expect(i):
         data, label = files[storage.manifest.paths[i]]

@@ -5,13 +5,18 @@ is the sample's error after a bounded number of attempts."""
 
 from __future__ import annotations
 
+import random
+
 import aiohttp
+import fsspec
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hotset import FileStorage, decode_image, make_loader, to_tensor
 from hotset.errors import StorageError
-from hotset.io.reader import Retry, transient
+from hotset.io.reader import BatchReader, Retry, transient
 from hotset.testing import FaultyHTTPServer
 
 OPTIONS = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=1.0)}}
@@ -65,3 +70,35 @@ def test_what_is_tried_again():
     assert transient(TimeoutError()) and transient(ConnectionResetError())
     assert transient(Answer(503)) and transient(Answer(429)) and not transient(Answer(403))
     assert not transient(FileNotFoundError()) and not transient(PermissionError())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ranges=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 4000), st.integers(0, 600)),
+        min_size=1, max_size=40,
+    ),
+    slow=st.booleans(),
+)
+def test_local_reads_in_the_calling_thread_or_on_threads_return_the_same_bytes(
+    tmp_path_factory, ranges, slow
+):
+    """Fast local reads are made in the calling thread, slow ones on threads, a share of
+    the batch each: either way each range's bytes come back in order, a missing file as
+    its FileNotFoundError."""
+    root = tmp_path_factory.mktemp("local")
+    blobs = [bytes(random.Random(k).randbytes(4096)) for k in range(3)]
+    for k, b in enumerate(blobs):
+        (root / f"{k}.bin").write_bytes(b)
+    reader = BatchReader(fsspec.filesystem("file"), concurrency=4)
+    reader._read_s = 1.0 if slow else 0.0  # what the reader measured of earlier reads
+    paths = [str(root / f"{k}.bin") for k, _, _ in ranges]
+    starts = [s for _, s, _ in ranges]
+    ends = [s + n for _, s, n in ranges]
+    got = reader.read(paths, starts, ends)
+    for (k, s, n), data in zip(ranges, got, strict=True):
+        if k == 3:
+            assert isinstance(data, FileNotFoundError)
+        else:
+            assert data == blobs[k][s : s + n]
+    assert reader.requests == len(ranges) and reader.retries == 0

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hotset
 from hotset import ConfigError, make_sampler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_sources import _images, _write_tar  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
@@ -77,3 +84,47 @@ def test_bad_config_named():
         make_sampler("shuffled", 10)
     with pytest.raises(ConfigError, match="num_samples"):
         make_sampler("uniform", 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shard_sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    block=st.integers(1, 64),
+    epoch=st.integers(0, 5),
+)
+def test_shard_local_shuffle_is_a_permutation_whose_windows_stay_within_few_shards(
+    shard_sizes, block, epoch
+):
+    """``shuffle="shards"``: each epoch a permutation of all ids; each window of
+    ``shuffle_block`` positions holds the samples of a run of consecutive shards in the
+    epoch's shard order (at most ceil(block / smallest) + 1 shards), and every shard's
+    samples sit in one run of positions of at most its size + 2 windows."""
+    objects = np.repeat(np.arange(len(shard_sizes)) * 7 + 3, shard_sizes)  # any ints
+    n = objects.size
+    s = make_sampler("uniform", n, seed=epoch, shuffle="shards", shuffle_block=block,
+                     objects=objects)  # fmt: skip
+    order = s.global_order(epoch)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    for k in range(0, n, block):
+        window = objects[order[k : k + block]]
+        assert np.unique(window).size <= -(-block // min(shard_sizes)) + 1
+    for o in np.unique(objects):
+        pos = np.flatnonzero(objects[order] == o)
+        assert pos.max() - pos.min() < np.sum(objects == o) + 2 * block
+    assert np.array_equal(order, s.global_order(epoch))  # a function of seed and epoch
+
+
+def test_shard_local_shuffle_is_named_and_reaches_make_loader(tmp_path):
+    with pytest.raises(ConfigError, match="shuffle must be one of"):
+        make_sampler("uniform", 10, shuffle="blocks")
+    images = _images(48)
+    (tmp_path / "s").mkdir()
+    for k in range(3):
+        _write_tar(tmp_path / "s" / f"shard-{k}.tar", images[16 * k : 16 * k + 16], 16 * k)
+    with hotset.make_loader(
+        str(tmp_path / "s"), batch_size=8, cache_fraction=0.0, num_workers=0,
+        store="memory", sampler_options={"shuffle": "shards", "shuffle_block": 8},
+    ) as loader:  # fmt: skip
+        batches = [ids.numpy() for _, _, ids in loader]
+    assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(48))
+    assert all(np.unique(b // 16).size == 1 for b in batches)  # each batch one shard

@@ -165,6 +165,8 @@ def test_throttle_costs_latency_and_bounds_concurrency(fmnist_dir):
     assert elapsed >= 0.075
     with pytest.raises(ConfigError, match="concurrency"):
         ThrottledStorage(inner, concurrency=0)
+    with pytest.raises(ConfigError, match="concurrency must be an int >= 1, got 0"):
+        FileStorage(str(fmnist_dir / "train"), concurrency=0)
 
 
 def test_throttle_bandwidth(fmnist_dir):

@@ -42,6 +42,7 @@ from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
+from hotset.storage.decoded import DecodedStorage
 from hotset.storage.open import open_storage
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
@@ -389,7 +390,8 @@ class HotsetLoader:
     store was opened for this loader, and ``close()`` (or the interpreter's exit) closes it
     and removes what of it is this loader's to remove. ``release``: called at close too
     (the loader's claim on its entries). ``fits``: what a saved state must match to be
-    loaded (``make_loader``'s arguments that shape the plan).
+    loaded (``make_loader``'s arguments that shape the plan). ``budget``: the cache's
+    bytes, read-ahead's, and bytes per sample as cached and as encoded.
     """
 
     def __init__(
@@ -404,6 +406,7 @@ class HotsetLoader:
         release: Callable[[], None] | None = None,
         fits: dict | None = None,
         with_ids: bool = True,
+        budget: dict | None = None,
         **dataloader_kwargs,
     ) -> None:
         if num_workers > 0 and not dataset.store.shared_across_processes:
@@ -421,6 +424,7 @@ class HotsetLoader:
         self.stats = LoaderStats()
         self.with_ids = with_ids
         self.fits = fits
+        self.budget = budget or {}
         self.last_ids: torch.Tensor | None = None  # the ids of the batch yielded last
         self.epoch = 0
         self._epochs_set = False  # whether set_epoch was ever called (or a state loaded)
@@ -711,6 +715,7 @@ def make_loader(
     distributed: bool | None = None,
     sync_every: int = 1,
     readahead_bytes: int | None = None,
+    cache_decoded: bool = False,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -732,7 +737,9 @@ def make_loader(
             ``redis://`` URL (each made for this loader and removed by ``close()``), or
             a ``Store`` holding at least the capacity (the caller's to close).
         sampler: what each epoch reads, by name (``hotset.SAMPLERS``): ``uniform``,
-            ``shade``, ``iis``, ``spider``.
+            ``shade``, ``iis``, ``spider``. ``uniform`` with ``sampler_options=
+            {"shuffle": "shards", "shuffle_block": 2048}``: a shard-local shuffle, as
+            Streaming's (fewer range requests, not a uniform draw; hotset's option).
         seed: seeds the sampler's orders and the policy's random choices.
         num_replicas, rank: data-parallel sharding, as ``DistributedSampler``'s; taken
             from ``torch.distributed`` when it is initialised (``distributed``).
@@ -749,6 +756,11 @@ def make_loader(
             not a paper's). Default: ``DEFAULT_READAHEAD`` of the dataset's bytes, at
             most 64 MiB (and what a given ``store`` holds beyond the capacity); 0: off.
             Not with ranks (``distributed``).
+        cache_decoded: the cache holds samples decoded (arrays), not their encoded
+            bytes: a hit costs no image decode, but each sample takes its decoded size
+            of the same budget (``cache_fraction`` is of the encoded dataset's bytes;
+            ``loader.budget`` shows bytes per sample both ways and how many samples
+            fit). Samples must decode to one size (give ``size=``). hotset's option.
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
             a record of fields: ``codecs.decode_sample``).
@@ -778,11 +790,23 @@ def make_loader(
             sampler and collation itself.
     """
     storage = open_storage(storage, format, storage_options)
+    identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
     if decode is None:
         decode = functools.partial(decode_sample, size=size, mode=mode)
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
     readahead = _readahead_bytes(storage, readahead_bytes, ranks, store, capacity)
+    encoded = float(storage.sizes.mean()) if len(storage) else 0.0
+    if cache_decoded:
+        storage, decode = DecodedStorage(storage, decode, identity), decode_sample
+    cached = float(storage.sizes.mean()) if len(storage) else 0.0
+    budget = {
+        "capacity_bytes": capacity, "readahead_bytes": readahead,
+        "cache_decoded": bool(cache_decoded), "encoded_bytes_per_sample": encoded,
+        "cached_bytes_per_sample": cached,
+        "samples_in_cache": int(capacity // cached) if cached else 0,
+        "samples_in_cache_encoded": int(capacity // encoded) if encoded else 0,
+    }  # fmt: skip
     if ranks is not None:
         num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
         sampler_options, policy_options = _deterministic(
@@ -814,6 +838,8 @@ def make_loader(
         sampler_options = dict(sampler_options or {})
         if sampler_class(sampler).needs_labels:
             sampler_options.setdefault("labels", storage.labels)
+        if sampler_options.get("shuffle") == "shards" and storage.extents is not None:
+            sampler_options.setdefault("objects", storage.extents[0])  # the shard of each
         smp = make_sampler(
             sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
             **sampler_options,
@@ -832,14 +858,14 @@ def make_loader(
             "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
             "sampler": sampler, "sampler_options": _digest(sampler_options),
             "policy": policy, "policy_options": _digest(policy_options),
-            "capacity_bytes": capacity,
+            "capacity_bytes": capacity, "cache_decoded": bool(cache_decoded),
             "world": ranks.world if ranks is not None else num_replicas,
             "rank": None if ranks is not None else rank,  # ranks: one global plan
         }  # fmt: skip
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress,
             owns_store=owns_store, release=release, fits=fits, with_ids=with_ids,
-            **dataloader_kwargs,
+            budget=budget, **dataloader_kwargs,
         )  # fmt: skip
     except BaseException:
         _release(store, owns_store, release)  # nothing else ever will
@@ -865,6 +891,14 @@ def _readahead_bytes(
     if not isinstance(store, str):
         auto = min(auto, max(store.capacity_bytes - capacity, 0))
     return auto
+
+
+def _name(fn: Callable | None) -> str:
+    """A decoder by its qualified name (the default: "default")."""
+    if fn is None:
+        return "default"
+    fn = getattr(fn, "func", fn)  # a functools.partial: its function
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
 def _version() -> str:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 import numpy as np
 
+from hotset.errors import ConfigError
 from hotset.io.reader import BatchReader, Retry, reader_of
 from hotset.io.requests import CostModel
 from hotset.storage.manifest import Manifest, content_key
@@ -36,6 +37,21 @@ def unseal(key: str, entry: bytes) -> bytes | None:
     corrupted entry, or one written under another sample's key)."""
     data = entry[TAG:]
     return data if len(entry) >= TAG and hmac.compare_digest(entry[:TAG], _tag(key, data)) else None
+
+
+#: reads in flight per process by default: an object store (an async filesystem: HTTP,
+#: S3, GCS) answers dozens of requests at once, each waiting on the network; a local
+#: disk or mount gains little beyond a few
+REMOTE_CONCURRENCY, LOCAL_CONCURRENCY = 32, 8
+
+
+def concurrency_for(fs: fsspec.AbstractFileSystem, given: int | None) -> int:
+    """``given`` reads in flight, or the default for ``fs``'s kind of storage."""
+    if given is None:
+        return REMOTE_CONCURRENCY if getattr(fs, "async_impl", False) else LOCAL_CONCURRENCY
+    if not isinstance(given, int | np.integer) or given < 1:
+        raise ConfigError(f"concurrency must be an int >= 1, got {given!r}")
+    return int(given)
 
 
 class Storage(ABC):

@@ -8,10 +8,11 @@ import posixpath
 from collections.abc import Sequence
 
 import fsspec
+import numpy as np
 
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
 from hotset.io.reader import Retry
-from hotset.storage.base import TAG, FsspecStorage
+from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.index_cache import cached_index
 from hotset.storage.manifest import (
     IMAGE_SUFFIXES,
@@ -36,7 +37,8 @@ class FileStorage(FsspecStorage):
     ``verify=True`` checks each read against the manifest's content digest (an
     ImageFolder's against its listed size), so a sample that changed or got corrupted
     on the storage is reported, never served. A batch's
-    reads are one call with up to ``concurrency`` in flight, transient failures retried
+    reads are one call with up to ``concurrency`` in flight (default: 32 on an object
+    store, 8 on local files: ``storage.base.concurrency_for``), transient failures retried
     as ``retry`` says (``io/reader.py``); each process (each DataLoader worker) opens the
     filesystem and its connections itself. ``retries`` counts the reads tried again.
     """
@@ -46,16 +48,16 @@ class FileStorage(FsspecStorage):
         url: str,
         *,
         verify: bool = True,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
     ) -> None:
         self.url = str(url)
         self.verify = verify
-        self.concurrency = int(concurrency)
         self.retry = retry or Retry()
         self.storage_options = dict(storage_options or {})
         self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.concurrency = concurrency_for(self._fs, concurrency)
         mpath = posixpath.join(self._root, MANIFEST_NAME)
         if self._fs.exists(mpath):
             self.manifest = Manifest.from_json(self._fs.cat_file(mpath).decode(), mpath)
@@ -70,14 +72,16 @@ class FileStorage(FsspecStorage):
         return self.path(i)
 
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
-        ids = [int(i) for i in ids]
-        for i in ids:
-            if not 0 <= i < len(self.manifest):
-                raise IndexError(f"sample id {i} out of range for {len(self.manifest)} samples")
-        paths = [self.path(i) for i in ids]
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.manifest)):
+            bad = ids[(ids < 0) | (ids >= len(self.manifest))][0]
+            raise IndexError(f"sample id {bad} out of range for {len(self.manifest)} samples")
+        prefix = posixpath.join(self._root, "")
+        paths = [prefix + p for p in self.manifest.paths.take(ids)]
         out = self.reader.read(paths)
-        for i, path, data in zip(ids, paths, out, strict=True):
-            key = self.manifest.keys[i]
+        keys = self.manifest.keys.take(ids)
+        sizes = self.manifest.sizes[ids].tolist()
+        for i, path, data, key, size in zip(ids.tolist(), paths, out, keys, sizes, strict=True):
             if isinstance(data, FileNotFoundError):
                 raise MissingSampleError(i, path, "file not found", key) from data
             if isinstance(data, BaseException):
@@ -90,10 +94,10 @@ class FileStorage(FsspecStorage):
                 raise CorruptSampleError(
                     i, path, f"content digest {content_key(data)} does not match manifest", key
                 )
-            if not self.content_keyed and len(data) + TAG != self.manifest.sizes[i]:
+            if not self.content_keyed and len(data) + TAG != size:
                 raise CorruptSampleError(
                     i, path, f"{len(data)} bytes, the index says "
-                    f"{self.manifest.sizes[i] - TAG}: changed since it was listed", key,
+                    f"{size - TAG}: changed since it was listed", key,
                 )  # fmt: skip
         return out
 

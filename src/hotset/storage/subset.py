@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.io.requests import CostModel
 from hotset.storage.base import Storage
+from hotset.storage.wrapper import StorageWrapper
 
 
-class SubsetStorage(Storage):
+class SubsetStorage(StorageWrapper):
     """Samples ``indices`` of ``inner``, renumbered ``0 .. len(indices) - 1``; keys stay the
     inner ones, so a cache keyed by content shares entries with the full dataset."""
 
@@ -20,10 +19,8 @@ class SubsetStorage(Storage):
         idx = np.asarray(indices, np.int64)
         if idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= len(inner):
             raise ConfigError(f"subset indices must be a non-empty 1-D array in [0, {len(inner)})")
-        self.inner, self.indices = inner, idx
-        self.concurrency = inner.concurrency
-        self.content_keyed = inner.content_keyed
-        self.input_field, self.target_field = inner.input_field, inner.target_field
+        super().__init__(inner)
+        self.indices = idx
         self.manifest = inner.manifest.take(idx, f"{inner.manifest.name}[{idx.size}]")
 
     def read(self, i: int) -> bytes:
@@ -36,41 +33,6 @@ class SubsetStorage(Storage):
         return self.inner.describe(int(self.indices[i]))
 
     @property
-    def cost(self) -> CostModel | None:
-        return self.inner.cost
-
-    @property
-    def merge_gap(self) -> int:
-        return self.inner.merge_gap
-
-    @merge_gap.setter
-    def merge_gap(self, gap: int) -> None:
-        self.inner.merge_gap = gap
-
-    @property
-    def wire_bytes(self) -> int | None:
-        return self.inner.wire_bytes
-
-    @property
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         inner = self.inner.extents
         return None if inner is None else tuple(a[self.indices] for a in inner)
-
-    def charge(self, nbytes: int) -> None:
-        self.inner.charge(nbytes)
-
-    def with_wire(self, wire) -> Storage | None:
-        inner = self.inner.with_wire(wire)
-        if inner is None:
-            return None
-        clone = copy.copy(self)
-        clone.inner = inner
-        return clone
-
-    @property
-    def retries(self) -> int:
-        return self.inner.retries
-
-    @property
-    def requests(self) -> int | None:
-        return self.inner.requests

@@ -30,7 +30,7 @@ from hotset.codecs import IMAGE_FIELDS, INT_FIELDS
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
 from hotset.io.reader import Retry
 from hotset.io.requests import CostModel, coalesce
-from hotset.storage.base import TAG, FsspecStorage
+from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.files import _version
 from hotset.storage.index_cache import cached_index
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
@@ -116,7 +116,8 @@ class TarStorage(FsspecStorage):
 
     ``merge_gap``: a fixed gap (bytes) to read through; by default the gap follows the
     latency the planner measures, ``cost`` (default: 10 ms per request remote, 0.2 ms
-    local, 100 MB/s shared by ``concurrency`` requests) its prior."""
+    local, 100 MB/s shared by ``concurrency`` requests) its prior. ``concurrency``: range
+    requests in flight per process (default: 32 on an object store, 8 on local files)."""
 
     content_keyed = False
 
@@ -124,7 +125,7 @@ class TarStorage(FsspecStorage):
         self,
         url: str | Sequence[str],
         *,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
         merge_gap: int | None = None,
@@ -139,7 +140,7 @@ class TarStorage(FsspecStorage):
         fs = fsspec.core.url_to_fs(first, **self.storage_options)[0]
         self.urls = shard_urls(url, fs)
         self.url = first
-        self.concurrency, self.retry = int(concurrency), retry or Retry()
+        self.concurrency, self.retry = concurrency_for(fs, concurrency), retry or Retry()
         if merge_gap is None:  # the planner measures the latency, this is its prior
             local = "file" in fs.protocol
             self.cost = cost or CostModel(0.2 if local else 10.0, in_flight=self.concurrency)
