@@ -32,12 +32,12 @@ data: $(DATA)/train/manifest.json
 # a few minutes on 2 cores: 10,000 training samples, three systems, one cache size
 demo: install system-deps data
 	$(VENV)/bin/hotset prepare fashion-mnist $(DATA)-10k --limit 12000 >/dev/null
-	$(VENV)/bin/hotset compare --data $(DATA)-10k --policies lru,minio,shade \
+	$(VENV)/bin/hotset compare --data $(DATA)-10k --systems lru,minio,shade \
 	  --cache-fractions 0.2 --epochs 3 --num-workers 2 --out $(OUT)
 
 # the full comparison (about an hour on 2 cores; minutes on a GPU with --device cuda)
 compare: install system-deps data
-	$(VENV)/bin/hotset compare --data $(DATA) --policies inmemory,lru,minio,belady,shade,icache,spider \
+	$(VENV)/bin/hotset compare --data $(DATA) --systems inmemory,lru,minio,belady,shade,icache,spider \
 	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
 test: install system-deps

@@ -23,15 +23,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--store", default="shared")
-    ap.add_argument("--sampler", default="shade")
-    ap.add_argument("--policy", default="app")
+    ap.add_argument("--system", default="shade", help="shade, icache, spider, lru, minio, ...")
     ap.add_argument("--epochs", type=int, default=2)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" on GPUs: hotset keeps a gloo group of its own
     storage = hotset.FileStorage(args.data)
     loader = hotset.make_loader(  # ranks, shards and the shared store come from the group
-        storage, batch_size=64, sampler=args.sampler, policy=args.policy,
+        storage, batch_size=64, system=args.system,
         cache_fraction=0.2, store=args.store, num_workers=2,
     )  # fmt: skip
     model = nn.parallel.DistributedDataParallel(TinyCNN())

@@ -36,8 +36,8 @@ class HotsetModule(L.LightningModule):
     def train_dataloader(self) -> hotset.HotsetLoader:
         a = self.args
         self.loader = hotset.make_loader(  # ranks come from Lightning's process group
-            hotset.FileStorage(a.data), batch_size=a.batch_size, sampler=a.sampler,
-            policy=a.policy, cache_fraction=0.2, store=a.store, num_workers=a.num_workers,
+            hotset.FileStorage(a.data), batch_size=a.batch_size, system=a.system,
+            cache_fraction=0.2, store=a.store, num_workers=a.num_workers,
         )  # fmt: skip
         return self.loader
 
@@ -72,8 +72,7 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--sampler", default="shade")
-    ap.add_argument("--policy", default="app")
+    ap.add_argument("--system", default="shade", help="shade, icache, spider, lru, minio, ...")
     ap.add_argument("--store", default="shared")
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--out", help="a directory for each rank's JSON lines")

@@ -108,7 +108,7 @@ def test_storage_reads_count_icache_packaging(fmnist_dir):
 def test_compare_reports_test_accuracy_and_decides_on_validation(fmnist_dir, tmp_path):
     js = tmp_path / "rows.json"
     out = hotset(
-        "compare", "--data", str(fmnist_dir), "--policies", "inmemory,shade",
+        "compare", "--data", str(fmnist_dir), "--systems", "inmemory,shade",
         "--cache-fractions", "0.2", "--epochs", "2", "--json", str(js), "--out",
         str(tmp_path), "--latency-ms", "0.2", "--no-progress", "--device", "cpu",
         "--sampler-option", "repetition=2",

@@ -52,7 +52,7 @@ def test_lightning_ddp_under_torchrun_splits_each_epoch(fmnist_dir, tmp_path):
     data = str(fmnist_dir / "train")
     n = len(FileStorage(data))
     args = ["--data", data, "--epochs", "2", "--batch-size", "25"]
-    lines, _ = run([*args, "--sampler", "uniform", "--policy", "minio"], tmp_path, ranks=2)
+    lines, _ = run([*args, "--system", "minio"], tmp_path, ranks=2)
     for e in range(2):
         r0, r1 = lines[0][e], lines[1][e]
         assert r0["batches"] == r1["batches"] == n // 50  # equal batch counts

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import hotset
 from hotset import (
     BatchPlan,
     CachedDataset,
@@ -216,6 +217,31 @@ def test_wrong_configuration_is_named(fmnist_dir):
         CachedDataset(storage, MemoryStore(1), on_error="ignore")
 
 
+@pytest.mark.parametrize("wrong,message", [
+    ({"cache_fraction": "20%"}, "cache_fraction='20%' is not float | None"),
+    ({"batch_size": "32"}, "batch_size='32' is not int"),
+    ({"seed": 1.5}, "seed=1.5 is not int"),
+    ({"num_workers": True}, "num_workers=True is not int"),
+    ({"size": (28, "28")}, r"size=\(28, '28'\) is not \(int, int\) \| None"),
+    ({"store": 5}, "store=5 is not str | Store"),
+    ({"drop_last": "yes"}, "drop_last='yes' is not bool"),
+])  # fmt: skip
+def test_arguments_of_the_wrong_type_are_named_before_anything_opens(tmp_path, wrong, message):
+    """Checked where they enter (strictly): nothing is opened (the path does not even
+    exist), and numpy numbers are numbers."""
+    args = {"batch_size": 32, "cache_fraction": 0.2, **wrong}
+    with pytest.raises(ConfigError, match=f"^make_loader: {message}$"):
+        make_loader(str(tmp_path / "nowhere"), **args)
+
+
+def test_numpy_numbers_and_lists_are_taken(fmnist_dir):
+    with make_loader(str(fmnist_dir / "train"), batch_size=np.int64(50),
+                     cache_fraction=np.float32(0.1), seed=np.int32(3), size=[28, 28],
+                     store="memory", num_workers=0) as loader:  # fmt: skip
+        x, _, _ = next(iter(loader))
+        assert x.shape == (50, 1, 28, 28)
+
+
 def test_plans_travel_through_a_plain_dataloader(fmnist_dir):
     """A user can build the pieces by hand and use torch's DataLoader directly."""
     from torch.utils.data import DataLoader
@@ -303,3 +329,56 @@ def test_pairs_with_the_ids_on_the_side(fmnist_dir):
             loader.feedback(losses=torch.full((y.shape[0],), 2.0))
         board = loader.planner.sampler.board
         assert (board.count > 0).sum() == len(storage)  # every served id got its loss
+
+
+def test_feedback_names_what_is_wrong_with_the_losses(fmnist_dir):
+    """A scalar loss, a (B, 1) tensor, too few losses or a NaN are named at the boundary
+    (pointing to per-sample losses); losses that still require grad are detached and
+    taken, as the README's loop passes them."""
+    with make_loader(str(fmnist_dir / "train"), batch_size=16, sampler="shade", policy="app",
+                     cache_fraction=0.1, store="memory", num_workers=0) as loader:  # fmt: skip
+        x, y, ids = next(iter(loader))
+        logits = torch.nn.Linear(784, 10)(x.view(len(x), -1))
+        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+        cases = [
+            (losses.mean(), r"a scalar \(shape \(\)\) for 16 ids.*reduction='none'"),
+            (losses[:, None], r"of shape \(16, 1\) for 16 ids.*per_sample_loss"),
+            (losses[:15], "15 losses for 16 ids"),
+            (torch.where(torch.arange(16) == 3, float("nan"), losses),
+             f"1 of 16 losses are NaN or inf \\(first: sample {int(ids[3])}\\)"),
+        ]  # fmt: skip
+        board = loader.planner.sampler.board
+        for bad, message in cases:
+            with pytest.raises(ConfigError, match=message):
+                loader.feedback(ids, bad)
+        loader.planner.drain()
+        assert (board.count > 0).sum() == 0  # nothing wrong was taken
+        assert losses.requires_grad
+        loader.feedback(ids, losses)
+        loader.planner.drain()
+        assert (board.count[ids.numpy()] > 0).all()
+        assert np.allclose(board.loss[ids.numpy()], losses.detach().numpy())
+
+
+def test_one_name_per_system_builds_what_compare_measures(fmnist_dir):
+    """``system="shade"`` is the sampler, policy and options ``hotset compare --systems
+    shade`` measures (the prototype's repetition), single options overridable; a system
+    given as a policy, or with parts beside it, is named."""
+    url = str(fmnist_dir / "train")
+    common = dict(batch_size=32, cache_fraction=0.2, store="memory", num_workers=0)
+    for name in ("shade", "icache", "minio"):
+        want = hotset.resolve_system(name)
+        with make_loader(url, system=name, **common) as loader:
+            smp, pol = loader.planner.sampler, loader.planner.policy
+            assert (smp.name, pol.name) == (want.sampler, want.policy)
+            for k, v in want.sampler_options.items():
+                assert getattr(smp, k) == v, (name, k)
+    with make_loader(url, system="shade", sampler_options={"repetition": 2.0}, **common) as ld:
+        assert ld.planner.sampler.repetition == 2.0
+        assert ld.planner.sampler.repetition_mode == "repeat"  # the system's, kept
+    with pytest.raises(ConfigError, match="did you mean system='shade'"):
+        make_loader(url, policy="shade", **common)
+    with pytest.raises(ConfigError, match="not both"):
+        make_loader(url, system="shade", policy="lru", **common)
+    with pytest.raises(ConfigError, match="unknown system or policy 'shady'"):
+        make_loader(url, system="shady", **common)

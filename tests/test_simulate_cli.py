@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import make_imagefolder
+from hotset import __version__
+from hotset.cli import main
 from hotset.sim import simulate, simulate_trace
 
 HOTSET = [sys.executable, "-m", "hotset.cli"]
@@ -154,3 +156,13 @@ def test_cli_compare_contract(fmnist_dir, tmp_path):
     assert by[("minio", 0.2)]["steady_hit_ratio"] == pytest.approx(0.2, abs=0.03)
     assert by[("belady", 0.2)]["steady_hit_ratio"] >= by[("lru", 0.2)]["steady_hit_ratio"]
     assert (tmp_path / "out/compare.png").stat().st_size > 1000
+
+
+def test_version_is_shown_and_kept_in_one_place(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hotset {__version__}"
+    assert version("hotset") == __version__  # pyproject reads it from the package

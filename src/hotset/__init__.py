@@ -33,6 +33,7 @@ _EXPORTS = {
     "hotset.service.client": ["connect"],
     "hotset.service.server": ["start_service"],
     "hotset.stats": ["LoaderStats"],
+    "hotset.systems": ["SYSTEMS", "resolve_system"],
     "hotset.storage": ["FileStorage", "Manifest", "Storage", "ThrottledStorage"],
     "hotset.storage.open": ["from_dataset", "open_storage"],
     "hotset.storage.tar": ["TarStorage"],
@@ -88,3 +89,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from hotset.storage.parquet import ArrowStorage, ParquetStorage
     from hotset.storage.tar import TarStorage
     from hotset.store import MemoryStore, RedisStore, SharedStore, Store, make_store
+    from hotset.systems import SYSTEMS, resolve_system

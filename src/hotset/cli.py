@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from hotset import __version__
 from hotset.errors import HotsetError
 from hotset.service.modes import ALLOCATION, SAMPLING
 
@@ -222,6 +223,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
+    p.add_argument("--version", action="version", version=f"hotset {__version__}")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -255,9 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--json", action="store_true", help="print one JSON object")
     si.set_defaults(func=cmd_simulate)
 
-    co = sub.add_parser("compare", help="train through hotset per policy and cache size")
+    co = sub.add_parser("compare", help="train through hotset per system and cache size")
     co.add_argument("--data", default=DEFAULT_DATA, help="a directory made by `hotset prepare`")
-    co.add_argument("--policies", type=_csv(str), default=["lru", "minio", "belady"])
+    co.add_argument(
+        "--systems", "--policies", dest="policies", type=_csv(str),
+        default=["lru", "minio", "belady"],
+        help="systems as make_loader(system=...) builds them: shade, icache, spider, or a "
+        "policy under uniform shuffling (lru, minio, belady, ...); --policies: the old name",
+    )  # fmt: skip
     co.add_argument("--cache-fractions", type=_csv(float), help="default: 0.1,0.2 (--jobs: 0.2)")
     co.add_argument("--epochs", type=int, help=DEFAULT)
     co.add_argument("--batch-size", type=int, help=DEFAULT)

@@ -62,7 +62,7 @@ class CompareConfig:
 
     def validate(self) -> None:
         if not self.policies:
-            raise ConfigError("--policies: give at least one policy")
+            raise ConfigError("--systems: give at least one system")
         systems = [resolve_system(name) for name in self.policies if name != IN_MEMORY]
         for f in self.cache_fractions:
             if not 0.0 <= f <= 1.0:
@@ -162,17 +162,14 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
-    sampler_options = {
-        **system.sampler_options,
-        **SAMPLERS.options_for(system.sampler, cfg.sampler_options),
-    }
+    sampler_options = SAMPLERS.options_for(system.sampler, cfg.sampler_options)
     if sampler_class(system.sampler).needs_embeddings:
         sampler_options.setdefault("total_epochs", cfg.epochs)  # the ratio controller's T
     device = resolve_device(cfg.device)
     loader = None
     try:
         loader = make_loader(
-            storage, batch_size=cfg.batch_size, policy=system.policy, sampler=system.sampler,
+            storage, batch_size=cfg.batch_size, system=system.name,
             sampler_options=sampler_options,
             policy_options=POLICIES.options_for(system.policy, cfg.policy_options),
             capacity_bytes=capacity, store=store, seed=cfg.seed, num_workers=cfg.num_workers,

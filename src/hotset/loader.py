@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from pydantic import SkipValidation
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from hotset.arguments import Int, IntPair, Real, checked
 from hotset.codecs import decode_sample, to_tensor
 from hotset.collate import collate, split_sample
 from hotset.distributed import RankGroup, detect_ranks, node_name
@@ -35,9 +37,10 @@ from hotset.errors import (
     SampleError,
     SkipLimitError,
 )
-from hotset.feedback import as_numpy
+from hotset.feedback import as_numpy, checked_losses
 from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
+from hotset.policy import POLICIES
 from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.stats import LoaderStats
@@ -49,6 +52,7 @@ from hotset.store.base import NamespacedStore
 from hotset.store.shared import SharedStore
 from hotset.store.tiered import PREFIX as TIERED
 from hotset.store.tiered import TieredStore
+from hotset.systems import SYSTEMS, resolve_system
 
 log = logging.getLogger(__name__)
 
@@ -590,15 +594,10 @@ class HotsetLoader:
             if self.last_ids is None:
                 raise ConfigError("feedback: no batch was served yet; give ids=")
             ids = self.last_ids
-        if len(ids) != len(losses):
-            raise ConfigError(
-                f"feedback: {len(losses)} losses for {len(ids)} ids; pass the trained batch's "
-                "ids (a framework that fetches ahead, as Lightning does, yields later batches)"
-            )
+        ids = as_numpy(ids).astype(np.int64)
+        losses = checked_losses(losses, len(ids), ids)
         emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
-        self.planner.feedback(
-            as_numpy(ids).astype(np.int64), as_numpy(losses).astype(np.float64), emb
-        )
+        self.planner.feedback(ids, losses, emb)
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
@@ -684,37 +683,39 @@ def cache_capacity(
     return int(cache_fraction * storage.manifest.total_bytes)
 
 
+@checked
 def make_loader(
-    storage: Storage | str | os.PathLike | Sequence[str] | Dataset,
+    storage: SkipValidation[Storage | str | os.PathLike | Sequence[str] | Dataset],
     *,
-    batch_size: int,
-    policy: str = "lru",
-    cache_fraction: float | None = None,
-    capacity_bytes: int | None = None,
+    batch_size: Int,
+    system: str | None = None,
+    policy: str | None = None,
+    cache_fraction: Real | None = None,
+    capacity_bytes: Int | None = None,
     store: str | Store = "shared",
-    sampler: str = "uniform",
-    seed: int = 0,
-    num_replicas: int = 1,
-    rank: int = 0,
-    num_workers: int = 2,
+    sampler: str | None = None,
+    seed: Int = 0,
+    num_replicas: Int = 1,
+    rank: Int = 0,
+    num_workers: Int = 2,
     decode: Callable[[bytes], Any] | None = None,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    size: tuple[int, int] | None = None,
+    size: IntPair | None = None,
     mode: str | None = None,
     collate_fn: Callable | None = None,
     format: str | None = None,
     storage_options: dict | None = None,
     on_error: str = "raise",
-    max_skipped: float = 0.5,
+    max_skipped: Real = 0.5,
     drop_last: bool = False,
     progress: bool = False,
     policy_options: dict | None = None,
     sampler_options: dict | None = None,
-    package_dir: str | None = None,
+    package_dir: str | os.PathLike | None = None,
     with_ids: bool = True,
     distributed: bool | None = None,
-    sync_every: int = 1,
-    readahead_bytes: int | None = None,
+    sync_every: Int = 1,
+    readahead_bytes: Int | None = None,
     cache_decoded: bool = False,
     **dataloader_kwargs,
 ) -> HotsetLoader:
@@ -728,18 +729,24 @@ def make_loader(
         format: ``files``, ``imagefolder``, ``tar``, ``parquet`` or ``hf``.
         storage_options: fsspec options of the URL (credentials, endpoint, ...).
         batch_size: samples per batch.
-        policy: the cache policy by name (``hotset.POLICIES``): ``lru``, ``minio``,
-            ``belady``, ``app`` (SHADE), ``icache``, ``spider``, ...
+        system: a published system by name, exactly as ``hotset compare --systems``
+            measures it (``hotset.SYSTEMS``: ``shade``, ``icache``, ``spider``, or a
+            baseline policy under uniform shuffling: ``lru``, ``minio``, ``belady``, ...):
+            its sampler, policy and options; ``sampler_options`` / ``policy_options``
+            override single options. Or build one from parts:
+        policy: the cache policy by name (``hotset.POLICIES``, default ``lru``):
+            ``lru``, ``minio``, ``belady``, ``app`` (SHADE's), ``icache``, ``spider``, ...
         cache_fraction: the cache's size as a fraction of the dataset's bytes, or
         capacity_bytes: its size in bytes (give exactly one of the two).
         store: where cached bytes live: ``"shared"`` (LMDB on /dev/shm, shared by the
             workers), ``"memory"`` (this process only: ``num_workers=0``), a
             ``redis://`` URL (each made for this loader and removed by ``close()``), or
             a ``Store`` holding at least the capacity (the caller's to close).
-        sampler: what each epoch reads, by name (``hotset.SAMPLERS``): ``uniform``,
-            ``shade``, ``iis``, ``spider``. ``uniform`` with ``sampler_options=
-            {"shuffle": "shards", "shuffle_block": 2048}``: a shard-local shuffle, as
-            Streaming's (fewer range requests, not a uniform draw; hotset's option).
+        sampler: what each epoch reads, by name (``hotset.SAMPLERS``, default
+            ``uniform``): ``uniform``, ``shade``, ``iis``, ``spider``. ``uniform`` with
+            ``sampler_options={"shuffle": "shards", "shuffle_block": 2048}``: a
+            shard-local shuffle, as Streaming's (fewer range requests, not a uniform
+            draw; hotset's option).
         seed: seeds the sampler's orders and the policy's random choices.
         num_replicas, rank: data-parallel sharding, as ``DistributedSampler``'s; taken
             from ``torch.distributed`` when it is initialised (``distributed``).
@@ -789,6 +796,8 @@ def make_loader(
             ``persistent_workers``, ``prefetch_factor``, ...); hotset sets the batch
             sampler and collation itself.
     """
+    sampler, policy, sampler_options = _parts(system, sampler, policy, sampler_options)
+    package_dir = os.fspath(package_dir) if package_dir is not None else None
     storage = open_storage(storage, format, storage_options)
     identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
     if decode is None:
@@ -870,6 +879,27 @@ def make_loader(
     except BaseException:
         _release(store, owns_store, release)  # nothing else ever will
         raise
+
+
+def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_options):
+    """The sampler, policy and sampler options ``system`` names (the user's options over
+    its own), or the parts given (default: uniform + LRU)."""
+    if system is None:
+        if policy in SYSTEMS and policy not in POLICIES:
+            raise ConfigError(
+                f"policy={policy!r} names a system (sampler, policy and options): did you "
+                f"mean system={policy!r}? (its policy alone is "
+                f"{SYSTEMS[policy].policy!r})"
+            )
+        return sampler or "uniform", policy or "lru", sampler_options
+    if sampler is not None or policy is not None:
+        raise ConfigError(
+            f"give system={system!r} or sampler=/policy=, not both (system={system!r} is "
+            "a sampler and a policy; override its options with sampler_options= / "
+            "policy_options=)"
+        )
+    named = resolve_system(system)
+    return named.sampler, named.policy, {**named.sampler_options, **(sampler_options or {})}
 
 
 #: the default read-ahead budget, as a share of the dataset's bytes (at most 64 MiB)
