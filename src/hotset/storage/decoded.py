@@ -1,7 +1,7 @@
 """Samples cached decoded (``make_loader(cache_decoded=True)``; hotset's option, not a
 paper's): the cache holds each sample as its decoded arrays, so a hit costs a
 ``frombuffer`` instead of a PNG or JPEG decode, at the price of more bytes per sample
-(Fashion-MNIST: ~360 B of PNG, 912 B decoded; ImageNet's JPEGs grow ~6x)."""
+(Fashion-MNIST: ~360 B of PNG, 912 B decoded)."""
 
 from __future__ import annotations
 
