@@ -302,10 +302,8 @@ class CachedDataset(Dataset):
             self._take_staged(plan, misses, got, stats)
         # one storage call: the misses, the plan's fetches and what it reads ahead
         need = [i for i in misses if i not in got]
-        side = dict.fromkeys(plan.fetch.tolist() + plan.stage.tolist())
-        read = self._read_storage(
-            need + [i for i in side if i not in got and i not in need], stats, causes
-        )
+        wanted = dict.fromkeys(need + plan.fetch.tolist() + plan.stage.tolist())
+        read = self._read_storage([i for i in wanted if i not in got], stats, causes)
         got.update((i, read[i]) for i in need if i in read)
         have = {**read, **got}
         fetched = {i: have[i] for i in plan.fetch.tolist() if i in have}

@@ -57,6 +57,7 @@ class FileStorage(FsspecStorage):
         self.retry = retry or Retry()
         self.storage_options = dict(storage_options or {})
         self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self._prefix = posixpath.join(self._root, "")  # a sample's path: this + its own
         self.concurrency = concurrency_for(self._fs, concurrency)
         mpath = posixpath.join(self._root, MANIFEST_NAME)
         if self._fs.exists(mpath):
@@ -66,7 +67,7 @@ class FileStorage(FsspecStorage):
         self.content_keyed = self.manifest.key_kind == KEY_KIND
 
     def path(self, i: int) -> str:
-        return posixpath.join(self._root, self.manifest.paths[i])
+        return self._prefix + self.manifest.paths[i]
 
     def describe(self, i: int) -> str:
         return self.path(i)
@@ -76,8 +77,7 @@ class FileStorage(FsspecStorage):
         if ids.size and (ids.min() < 0 or ids.max() >= len(self.manifest)):
             bad = ids[(ids < 0) | (ids >= len(self.manifest))][0]
             raise IndexError(f"sample id {bad} out of range for {len(self.manifest)} samples")
-        prefix = posixpath.join(self._root, "")
-        paths = [prefix + p for p in self.manifest.paths.take(ids)]
+        paths = [self._prefix + p for p in self.manifest.paths.take(ids)]
         out = self.reader.read(paths)
         keys = self.manifest.keys.take(ids)
         sizes = self.manifest.sizes[ids].tolist()
