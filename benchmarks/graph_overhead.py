@@ -8,10 +8,12 @@ scoring are timed), side by side in one run, interleaved in rounds:
   embeddings)`` with the graph worker scoring off the step (the default);
 * ``spider (inline)``: the scoring done inside the step (what pipelining avoids).
 
-``coverage`` is the fraction of served samples the worker scored (the rest were
-dropped because it fell behind and keep their last score).
+``coverage`` is the fraction of served samples the worker scored: 1 with the default
+``when_behind="wait"`` (a step waits for the worker instead, and the wait is in the step's
+time); with ``--when-behind drop`` the rest were dropped and keep their last score.
 
     python benchmarks/graph_overhead.py [--data data/fashion-mnist] [--steps 150]
+        [--k 500] [--when-behind wait|drop]
 """
 
 from __future__ import annotations
@@ -81,8 +83,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ef-construction", type=int, default=None)
     ap.add_argument("--k", type=int, default=None)
+    ap.add_argument("--when-behind", choices=("wait", "drop"), default=None)
+    ap.add_argument("--name", default="graph_overhead")
     args = ap.parse_args()
-    options = {k: v for k, v in (("ef_construction", args.ef_construction), ("k", args.k)) if v}
+    given = (("ef_construction", args.ef_construction), ("k", args.k),
+             ("when_behind", args.when_behind))  # fmt: skip
+    options = {k: v for k, v in given if v}
     split = load_split(args.data, "train", partial(decode_sample, size=IMAGE_SIZE))
     if split is None:
         sys.exit(f"no prepared data in {args.data}: run `hotset prepare fashion-mnist {args.data}`")
@@ -106,7 +112,7 @@ def main() -> None:
             }
         )
     report(
-        "graph_overhead",
+        args.name,
         rows,
         [("mode", "s"), ("step_ms", ".2f"), ("overhead", "+.1%"), ("coverage", ".2f"),
          ("graph_ms_per_batch", ".2f")],

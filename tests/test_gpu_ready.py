@@ -82,8 +82,9 @@ def test_compare_routes_options_to_the_systems_that_take_them(fmnist_dir):
 
 
 def test_storage_reads_count_icache_packaging(fmnist_dir):
-    """Every request the storage served: iCACHE's packaging thread reads samples and its
-    loading thread reads packages; both are counted beside the misses."""
+    """Every request the storage served: iCACHE's packaging thread reads samples, and a
+    package loads from the bytes it was written with (a sample is not read twice); both
+    are counted beside the misses."""
     storage = ThrottledStorage(FileStorage(str(fmnist_dir / "train")), latency_ms=0.0)
     assert storage.bytes_per_s == 100e6  # bandwidth is charged by default
     loader = make_loader(
@@ -99,8 +100,9 @@ def test_storage_reads_count_icache_packaging(fmnist_dir):
     assert c["packages_loaded"] > 0 and c["package_storage_reads"] > 0
     assert c["storage_reads"] == (
         c["misses"] + c["late_misses"] + c["prefetched"] + c["package_storage_reads"]
-        + c["packages_loaded"]
+        + c["package_file_reads"]
     )  # fmt: skip
+    assert c["package_file_reads"] == 0  # every package loaded as written
     assert c["storage_bytes"] > c["bytes_from_storage"]
 
 
@@ -111,14 +113,57 @@ def test_compare_reports_test_accuracy_and_decides_on_validation(fmnist_dir, tmp
         "compare", "--data", str(fmnist_dir), "--systems", "inmemory,shade",
         "--cache-fractions", "0.2", "--epochs", "2", "--json", str(js), "--out",
         str(tmp_path), "--latency-ms", "0.2", "--no-progress", "--device", "cpu",
-        "--sampler-option", "repetition=2",
+        "--sampler-option", "repetition=2", "--seeds", "0,1",
     )  # fmt: skip
-    rows = {r["policy"]: r for r in json.loads(js.read_text())}
+    runs = json.loads(js.read_text())
+    assert sorted((r["policy"], r["seed"]) for r in runs) == [
+        ("inmemory", 0), ("inmemory", 1), ("shade", 0), ("shade", 1)
+    ]  # fmt: skip
+    rows = {r["policy"]: r for r in runs if r["seed"] == 0}
     assert set(rows) == {"inmemory", "shade"} and "storage" in out.stdout
-    for r in rows.values():
+    target = np.mean([r["test_accuracy"] for r in runs if r["policy"] == "inmemory"]) - 0.005
+    for r in runs:
         assert 0.1 < r["test_accuracy"] <= 1 and len(r["val_accuracy_per_epoch"]) == 2
+        assert r["test_accuracy_per_epoch"][-1] == r["test_accuracy"]
         assert r["device"] == "cpu" and r["model"] == "tiny"
+        assert r["target_accuracy"] == pytest.approx(target)
+        reached = [a >= target for a in r["test_accuracy_per_epoch"]]
+        if any(reached):  # the training time up to the first epoch that reached it
+            first = reached.index(True)
+            assert r["time_to_target_s"] == pytest.approx(sum(r["epoch_times_s"][: first + 1]))
+        else:
+            assert r["time_to_target_s"] is None
+    assert "time to target" in out.stdout and "+-" in out.stdout
     shade = rows["shade"]
     assert shade["storage_reads_per_epoch"][0] > 0 and shade["counters"]["storage_reads"] == sum(
         shade["storage_reads_per_epoch"]
     )
+
+
+def test_time_to_target_is_the_training_time_to_the_first_epoch_that_reaches_it():
+    """Three epochs of 10 s: a run that reaches the target in its second epoch took 20 s,
+    one that never does is 'never' (not the fastest); seeds give mean +- spread."""
+    from hotset.compare import accuracy_target, add_time_to_target, format_summary, summarise
+
+    def run(policy, accs, seed=0):
+        return {"policy": policy, "cache_fraction": 0.2, "seed": seed, "epoch_times_s": [10.0] * 3,
+                "test_accuracy_per_epoch": accs, "test_accuracy": accs[-1],
+                "steady_epoch_time_s": 10.0, "steady_hit_ratio": 0.5}  # fmt: skip
+
+    rows = [
+        run("inmemory", [0.80, 0.88, 0.90]),
+        run("shade", [0.85, 0.896, 0.90]),
+        run("shade", [0.80, 0.85, 0.897], seed=1),
+        run("lru", [0.70, 0.80, 0.85]),
+    ]
+    target, source = accuracy_target(rows)
+    assert target == pytest.approx(0.895) and source.startswith("in-memory")
+    assert accuracy_target(rows[1:])[0] == pytest.approx(0.895)  # the best run's, less 0.5 pt
+    add_time_to_target(rows, target)
+    assert [r["time_to_target_s"] for r in rows] == [30.0, 20.0, 30.0, None]
+    summary = {r["policy"]: r for r in summarise(rows)}
+    assert summary["shade"]["time_to_target_s"] == 25.0
+    assert summary["shade"]["time_to_target_s_std"] == 5.0
+    assert summary["shade"]["reached_target"] == 2 and summary["lru"]["reached_target"] == 0
+    table = format_summary(list(summary.values()), target, source)
+    assert "never" in table.splitlines()[-1] and "25.0 +- 5.0" in table

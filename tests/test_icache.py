@@ -26,7 +26,9 @@ def hints(hot, importance):
 
 def test_iis_selects_by_importance_after_warmup_and_hands_over_the_h_list():
     n = 2000
-    s = make_sampler("iis", n, warmup_epochs=2, full_every=5, seed=1)
+    s = make_sampler(
+        "iis", n, warmup_epochs=2, full_every=5, seed=1, h_fraction=0.7, coverage_epochs=None
+    )
     assert np.array_equal(np.sort(s.global_order(0)), np.arange(n))  # nothing known
     assert s.cache_hints(0)["hot"].all()
     losses = np.linspace(0.0, 1.0, n)  # id i has the i-th smallest loss
@@ -43,9 +45,37 @@ def test_iis_selects_by_importance_after_warmup_and_hands_over_the_h_list():
     assert abs(kept.sum() - expect.sum()) < 0.03 * expect.sum()
     assert kept[: n // 10].mean() < 0.6 * kept[-n // 10 :].mean()  # unimportant: rarer
     h = s.cache_hints(2)
-    assert np.array_equal(h["hot"], pct >= 0.3)  # the top 70% are H-samples
+    assert np.array_equal(h["hot"], pct >= 0.3)  # the prototype's: the top 70%
     s.set_epoch(2)
     assert len(s) == s.global_order(2).size < n  # the loader's length follows the subset
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    fraction=st.floats(0.02, 0.9),
+    sizes=st.lists(st.integers(1, 50), min_size=20, max_size=200),
+)
+def test_the_default_h_list_is_what_fits_the_cache(fraction, sizes):
+    """h_fraction=None (the paper's reading): the cache takes as its H-list the most
+    important samples whose bytes fit it, so no H-sample is more important than a sample
+    left out that would have fitted in its place, and the list never outgrows the cache."""
+    n = len(sizes)
+    sizes = np.array(sizes)
+    capacity = max(1, int(fraction * sizes.sum()))
+    s = make_sampler("iis", n, seed=3)
+    s.feedback(np.arange(n), np.random.default_rng(n).random(n))
+    s.set_epoch(1)
+    hints = s.cache_hints(1)
+    assert hints["hot"] is None  # the cache decides
+    p = make_policy("icache", capacity, sizes=sizes)
+    p.apply_hints(hints)
+    hot, imp = p.is_h, hints["importance"]
+    assert sizes[hot].sum() <= capacity
+    if (~hot).any():  # the H-list is a prefix by importance, cut where the next misses
+        left = np.flatnonzero(~hot)
+        top_left = left[np.argmax(imp[left])]
+        assert not hot.any() or imp[hot].min() > imp[top_left]
+        assert sizes[hot].sum() + sizes[top_left] > capacity
 
 
 def test_h_cache_follows_algorithm_1():

@@ -90,7 +90,7 @@ def test_feedback_reaches_the_samples_served_by_workers(fmnist_dir):
 
 def test_pads_marginals_match_the_weights():
     n = 12
-    s = make_sampler("shade", n, repetition=3.0, steep_drop=10.0)
+    s = make_sampler("shade", n, repetition=3.0, steep_drop=10.0, coverage_epochs=None)
     s.feedback(np.arange(n), np.linspace(0.1, 2.0, n))  # ranks 0..11
     s.set_cached(np.array([0, 5]))  # cached samples are repeated
     p = s.probabilities()
@@ -249,19 +249,22 @@ def test_repeat_mode_fills_the_epoch_with_cached_repeats_as_the_prototype():
         make_sampler("shade", n, repetition_mode="twice")
 
 
-def test_app_ghost_cache_forgets_stale_scores_where_pq_trusts_them():
-    """After an epoch's worth of newer scores, a sample's old score no longer admits it
-    under APP (the ghost cache is bounded); PQ still admits it (2 ids, capacity 1)."""
+def test_app_ghost_cache_is_every_trained_sample_unless_windowed():
+    """Algorithm 1 (the default): the ghost cache holds every sample trained so far, so an
+    old high score still admits (as PQ does) while a never-trained id does not; the
+    window (``ghost_epochs=1``, ours) forgets a score after an epoch's worth of newer ones
+    (2 ids of 10 scored early, capacity 1)."""
     n = 10
     decisions = {}
-    for name in ("app", "pq"):
+    for name, options in (("app", {}), ("app-window", {"ghost_epochs": 1}), ("pq", {})):
         board = ScoreBoard(n)
-        p = make_policy(name, 1, num_samples=n)
+        p = make_policy(name.split("-")[0], 1, num_samples=n, **options)
         p.attach_scores(board)
         board.update(np.array([0, 1]), np.array([1.0, 9.0]), np.zeros(2))  # 1: high, early
         p.access([0])
-        board.update(np.arange(2, n), np.ones(n - 2), np.zeros(n - 2))  # an epoch's worth
+        board.update(np.arange(2, n - 1), np.ones(n - 3), np.zeros(n - 3))  # an epoch's worth
         board.update(np.array([0]), np.array([1.0]), np.zeros(1))
         p.scores_updated(np.array([0]))
-        decisions[name] = p.access([1]).admitted.tolist()
-    assert decisions == {"app": [], "pq": [1]}
+        decisions[name] = p.access([1]).admitted.tolist() + p.access([n - 1]).admitted.tolist()
+    # n - 1 was never trained: out of APP's ghost cache, but PQ admits it on its prior
+    assert decisions == {"app": [1], "app-window": [], "pq": [1]}

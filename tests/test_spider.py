@@ -30,7 +30,7 @@ def test_graph_scores_follow_eq_1_to_4():
     labels = np.array([0, 0, 0, 1, 1, 1, 0])
     labels_with_intruder = np.r_[labels[:5], 0, labels[6]]
     g = GraphImportance(
-        labels_with_intruder, lam=0.01, alpha=0.98, k=6, neighbor_max=6, calibrate=False
+        labels_with_intruder, lam=0.01, alpha=0.98, k=6, neighbor_max=6, normalize=False
     )
     ids, scores, best, nbrs = g.score_batch(np.arange(7), emb)
     # Edges: exp(-0.01 d) > 0.98  <=>  d < 2.02, so only within each cluster.
@@ -187,8 +187,10 @@ def test_spider_trains_with_two_workers_and_serves_neighbours(fmnist_dir):
     assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
 
 
-def _epochs_of_scores(emb: np.ndarray, labels: np.ndarray, epochs: int = 2) -> list[np.ndarray]:
-    g = GraphImportance(labels, k=16)
+def _epochs_of_scores(
+    emb: np.ndarray, labels: np.ndarray, epochs: int = 2, **options
+) -> list[np.ndarray]:
+    g = GraphImportance(labels, k=16, **options)
     out = []
     for e in range(epochs):
         order = np.random.default_rng(e).permutation(len(labels))
@@ -201,27 +203,51 @@ def _epochs_of_scores(emb: np.ndarray, labels: np.ndarray, epochs: int = 2) -> l
     return out, g
 
 
-def test_calibrated_scores_do_not_depend_on_the_embedding_scale():
-    """Eq. 2 on distances in measured units: the same graph whatever the features' scale
-    (ResNet-18's neighbours ~4 apart, TinyCNN's ~0.1), with edges that discriminate."""
+def test_scores_do_not_depend_on_the_embedding_scale():
+    """The default (L2-normalised embeddings, lambda and alpha fixed) and the calibrated
+    unit (ours) both give the same graph whatever the features' scale (ResNet-18's
+    neighbours ~4 apart, TinyCNN's ~0.1), with edges that discriminate; the raw Eq. 1
+    gives far-apart features no edge at all."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 600)
     emb = (rng.normal(size=(600, 8)) + 3 * labels[:, None]).astype(np.float32)
-    base, g = _epochs_of_scores(emb, labels)
-    for factor in (2.0**-6, 2.0**5):  # exact in floating point: the very same graph
-        scaled, gs = _epochs_of_scores(emb * factor, labels)
-        for a, b in zip(base, scaled, strict=True):
-            assert np.allclose(a, b, atol=1e-9)
-        assert gs.scale == pytest.approx(g.scale * factor, rel=1e-6)
-    for factor in (0.01, 40.0):  # rounding may move a distance across the threshold
-        scaled, _ = _epochs_of_scores(emb * factor, labels)
-        assert np.mean(np.isclose(base[1], scaled[1])) > 0.97
-    degree = g.edges / (2 * 600)
-    assert 1 < degree < 15  # neither no edge (every score ln 2) nor every neighbour one
-    assert base[1].std() > 0.05
-    absolute = GraphImportance(labels, k=16, calibrate=False)
-    _, s, _, _ = absolute.score_batch(np.arange(600), emb * 100)
+    for options in ({}, {"calibrate": True, "normalize": False}):
+        base, g = _epochs_of_scores(emb, labels, **options)
+        for factor in (2.0**-6, 2.0**5):  # exact in floating point: the very same graph
+            scaled, gs = _epochs_of_scores(emb * factor, labels, **options)
+            for a, b in zip(base, scaled, strict=True):
+                assert np.allclose(a, b, atol=1e-6)
+        for factor in (0.01, 40.0):  # rounding may move a distance across the threshold
+            scaled, _ = _epochs_of_scores(emb * factor, labels, **options)
+            assert np.mean(np.isclose(base[1], scaled[1])) > 0.97
+        degree = g.edges / (2 * 600)
+        assert 1 < degree < 15, options  # neither no edge nor every neighbour one
+        assert base[1].std() > 0.05
+    raw = GraphImportance(labels, k=16, lam=0.01, alpha=0.98, normalize=False)
+    _, s, _, _ = raw.score_batch(np.arange(600), emb * 100)
     assert np.allclose(s, np.log(2))  # the paper's absolute threshold: no edge at all
+
+
+def test_embeddings_without_structure_get_few_edges_by_default():
+    """An edge means 'similar enough to substitute': clustered embeddings (classes the
+    model separates) get many, the same embeddings with every coordinate shuffled across
+    samples (no structure left) get almost none by default, where the calibrated
+    quantile (ours) keeps half of the neighbours as edges whatever the embeddings."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 5, 1500)
+    centres = rng.normal(size=(5, 16))
+    emb = (centres[labels] * 4 + 0.2 * rng.normal(size=(1500, 16))).astype(np.float32)
+    flat = emb.copy()
+    for j in range(flat.shape[1]):
+        flat[:, j] = rng.permutation(flat[:, j])
+    degree = {}
+    for name, e in (("clustered", emb), ("shuffled", flat)):
+        for mode, options in (("default", {}), ("quantile", {"calibrate": True})):
+            _, g = _epochs_of_scores(e, labels, **options)
+            degree[name, mode] = g.edges / (2 * 1500)
+    assert degree["clustered", "default"] > 5
+    assert degree["shuffled", "default"] < 0.1 * degree["clustered", "default"]
+    assert degree["shuffled", "quantile"] > 5  # the fixed share, structure or none
 
 
 def test_spider_counts_what_the_graph_did_and_failed_batches():

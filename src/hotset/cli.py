@@ -130,7 +130,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         sampler_options=parse_options(args.sampler_option, "--sampler-option"),
         policy_options=parse_options(args.policy_option, "--policy-option"),
         **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
-                 "concurrency", "store", "seed", "device", "model", "val_fraction"),
+                 "concurrency", "store", "seed", "device", "model", "val_fraction", "seeds",
+                 "target_accuracy"),
     )  # fmt: skip
     run_compare(cfg, out_dir=args.out, json_path=args.json)
 
@@ -274,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--concurrency", type=int, help="reads in flight on the storage")
     co.add_argument("--store", help="memory | shared (default) | redis://host:port/db")
     co.add_argument("--seed", type=int, help=DEFAULT)
+    co.add_argument("--seeds", type=_csv(int),
+                    help="runs per system (mean +- spread); default: --seed alone")  # fmt: skip
+    co.add_argument("--target-accuracy", type=float,
+                    help="time to this test accuracy (default: in-memory's final - 0.5 pt, "
+                    "else the best run's)")  # fmt: skip
     _model_options(co)
     co.add_argument("--sampler-option", action="append", metavar="KEY=VALUE",
                     help="a sampler option (repeat), e.g. repetition=3")  # fmt: skip

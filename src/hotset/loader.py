@@ -606,14 +606,14 @@ class HotsetLoader:
         out = self.stats.as_dict()
         out.update(self.planner.counters())
         # every request the storage served: planned and late misses, prefetches, the
-        # packaging thread's sample reads and its package loads (one request each)
+        # packaging thread's sample reads and the packages loaded from their file
         out["storage_reads"] = (
             out["misses"] + out["late_misses"] + out["prefetched"]
-            + out.get("package_storage_reads", 0) + out.get("packages_loaded", 0)
+            + out.get("package_storage_reads", 0) + out.get("package_file_reads", 0)
         )  # fmt: skip
         out["storage_bytes"] = (
             out["bytes_from_storage"] + out.get("package_storage_bytes", 0)
-            + out.get("package_bytes_loaded", 0)
+            + out.get("package_file_bytes", 0)
         )  # fmt: skip
         return out
 

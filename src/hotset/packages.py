@@ -6,8 +6,10 @@ A package file is ``MAGIC``, an 8-byte little-endian header length, a JSON heade
 ``[{"id", "key", "offset", "size"}, ...]`` and the samples' cache entries back to back
 (``Storage.to_entry``: the bytes, or for location keys the bytes with their digest).
 Loading checks every entry against its key, so a package can never put wrong bytes into
-the cache. The loading thread pays one request of the package's size on the
-storage (``Storage.charge``): one large read instead of many small ones.
+the cache. A package loads from the entries the packaging thread just wrote where it
+still has them (its bytes are not read twice); otherwise the loading thread reads the
+file and pays one request of the package's size on the storage (``Storage.charge``): one
+large read instead of many small ones.
 
 The simulator's feeder (``policy.icache.InstantPackages``) makes the same policy calls
 with no bytes.
@@ -150,10 +152,12 @@ class Packager:
             "package_bytes_loaded": 0,
             "package_storage_reads": 0,  # samples the packaging thread read from storage
             "package_storage_bytes": 0,
+            "package_file_reads": 0,  # packages loaded from their file, not as written
+            "package_file_bytes": 0,
         }
         self.errors = 0
         self._cv = threading.Condition()
-        self._ready: deque[tuple[Path, np.ndarray, int]] = deque()
+        self._ready: deque[tuple[Path, np.ndarray, int, list]] = deque()
         self._files: deque[Path] = deque()
         self._index: dict[int, tuple[Path, int, int]] = {}  # id -> (file, offset, size)
         self._need = False
@@ -174,12 +178,12 @@ class Packager:
                     return
                 fresh = self.policy.l_fresh()
                 try:
-                    path, size = self._write(ids) if self.leads else self._record(ids)
+                    path, size, entries = self._write(ids) if self.leads else self._record(ids)
                 except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
                     self.errors += 1
                     log.warning("packaging failed, L-samples stay uncached: %s", exc)
-                    path, size = None, 0
-                self._load(path, size, ids)
+                    path, size, entries = None, 0, None
+                self._load(path, size, ids, entries)
                 if self.policy.l_fresh() <= fresh:
                     return  # nothing landed (a full store): try again at the next poll
             return
@@ -229,7 +233,7 @@ class Packager:
         got.update((i, pack(keys[i], d)) for i, d in zip(rest, read, strict=True))
         return [(i, keys[i], got[i]) for i in ids]
 
-    def _write(self, ids: np.ndarray) -> tuple[Path, int]:
+    def _write(self, ids: np.ndarray) -> tuple[Path, int, list[tuple[int, str, bytes]]]:
         entries = self._read_entries(ids.tolist())
         self._serial += 1
         path = self.dir / f"pkg-{os.getpid()}-{self._serial:06d}.bin"
@@ -241,9 +245,9 @@ class Packager:
             offset += len(data)
         self._keep(path)
         self._counters["packages_written"] += 1
-        return path, size
+        return path, size, entries
 
-    def _record(self, ids: np.ndarray) -> tuple[None, int]:
+    def _record(self, ids: np.ndarray) -> tuple[None, int, None]:
         """A rank that does not write packages: the index rank 0's ``_write`` keeps (its
         ids steer the next package's composition), without the bytes."""
         self._serial += 1
@@ -251,7 +255,7 @@ class Packager:
         for i in ids.tolist():
             self._index[i] = (path, 0, 0)
         self._keep(path)
-        return None, 0
+        return None, 0, None
 
     def _keep(self, path: Path) -> None:
         self._files.append(path)
@@ -268,7 +272,7 @@ class Packager:
                 if self._stop:
                     return
                 generation = self._generation
-                exclude = [i for _, ids, _ in self._ready for i in ids.tolist()]
+                exclude = [i for _, ids, _, _ in self._ready for i in ids.tolist()]
             with self.lock:
                 ids = self.policy.l_next_package(exclude, prefer=np.fromiter(self._index, np.int64))
             if not ids.size:
@@ -276,7 +280,7 @@ class Packager:
                     self._cv.wait(0.05)
                 continue
             try:
-                path, size = self._write(ids)
+                path, size, entries = self._write(ids)
             except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
                 self.errors += 1
                 log.warning("packaging failed, L-samples stay uncached: %s", exc)
@@ -285,7 +289,7 @@ class Packager:
                 continue
             with self._cv:
                 if generation == self._generation:
-                    self._ready.append((path, ids, size))
+                    self._ready.append((path, ids, size, entries))
                     self._cv.notify_all()
 
     # -- loading thread ----------------------------------------------------------------
@@ -296,21 +300,25 @@ class Packager:
                     self._cv.wait()
                 if self._stop:
                     return
-                path, ids, size = self._ready.popleft()
+                path, ids, size, entries = self._ready.popleft()
                 self._need = False
                 self._cv.notify_all()
-            self._load(path, size, ids)
+            self._load(path, size, ids, entries)
 
-    def _load(self, path: Path | None, size: int, ids: np.ndarray) -> None:
-        """Read a package and put its samples into the store and the L-cache together
-        (under the planner lock: a planner reconciling with the store never sees the one
-        changed without the other). With ranks, rank 0 reads and puts, every rank makes
-        the same room and commits what rank 0's put landed."""
-        entries = None
-        if self.leads and path is not None:
+    def _load(
+        self, path: Path | None, size: int, ids: np.ndarray, entries: list | None = None
+    ) -> None:
+        """Put a package's samples into the store and the L-cache together (under the
+        planner lock: a planner reconciling with the store never sees the one changed
+        without the other): its ``entries`` as written, or else read from ``path``. With
+        ranks, rank 0 reads and puts, every rank makes the same room and commits what
+        rank 0's put landed."""
+        if entries is None and self.leads and path is not None:
             try:
                 entries = read_package(path, self.storage.from_entry)
                 self.storage.charge(size)
+                self._counters["package_file_reads"] += 1
+                self._counters["package_file_bytes"] += size
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)

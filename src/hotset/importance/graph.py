@@ -10,18 +10,21 @@ With ``x_same`` / ``x_other`` the neighbours of the same / another class:
 
 An isolated sample (``x_same = 0``) takes ``1 / x_same = 1``, the largest value the
 term has otherwise. The batch's node with the most same-class neighbours is returned
-with its neighbour ids: the Homophily Cache's candidate (lines 17-22). Scores use the
-``k`` nearest neighbours (a small ``k`` keeps the per-batch query cheap); the chosen
-node's own list is queried once more with ``homophily_k`` (the paper's 500).
+with its neighbour ids: the Homophily Cache's candidate (lines 17-22). ``neighbor_max``
+is the paper's 500, and ``k`` (the neighbours queried) defaults to it; the node's list is
+queried with ``homophily_k`` where that is larger.
 
-Calibration (``calibrate=True``, the default): distances are divided by a unit chosen
-so that Eq. 3's threshold, ``-ln(alpha)/lambda`` units (2.02 with the defaults), is the
-``edge_quantile`` quantile of the neighbour distances measured in the previous epoch
-(each batch's own until the first epoch ends). Scores are then the same whatever the
-embedding's scale, and a dense region's node has more edges than a sparse one's. The
-paper's absolute threshold gives ResNet-18 features (neighbours ~4 apart) almost no edges
-and every score ln 2 (the cache then behaves like MinIO), and TinyCNN's (~0.1) an edge to
-every neighbour. ``calibrate=False`` keeps the absolute distance.
+The distance's scale: Eq. 2-3's threshold is an absolute distance, ``-ln(alpha)/lambda``,
+so the raw embeddings' scale would decide the edges (ResNet-18 features ~4 apart: almost
+none; TinyCNN's ~0.1: an edge to every neighbour). By default (``normalize=True``, ours:
+the paper does not say) embeddings are L2-normalised first, and ``lambda = 1``,
+``alpha = 0.9`` fix the threshold at distance 0.105 on the unit sphere (cosine similarity
+>= 0.9945): edges then follow what the model learns (classes that cluster get edges,
+embeddings without structure get few). ``normalize=False`` is the raw Eq. 1.
+
+``calibrate=True`` (ours) instead divides distances by a unit measured each epoch, so
+that the threshold is the ``edge_quantile`` quantile of the previous epoch's neighbour
+distances: the share of edges is then fixed whatever the model learned.
 """
 
 from __future__ import annotations
@@ -40,17 +43,18 @@ class GraphImportance:
     def __init__(
         self,
         labels: np.ndarray,
-        lam: float = 0.01,
-        alpha: float = 0.98,
-        k: int = 32,
-        neighbor_max: int | None = None,
+        lam: float = 1.0,
+        alpha: float = 0.9,
+        k: int | None = None,
+        neighbor_max: int = 500,
         homophily_k: int = 500,
         M: int = 8,
-        ef_construction: int = 40,
+        ef_construction: int = 100,
         threads: int = 1,
         seed: int = 0,
-        calibrate: bool = True,
+        calibrate: bool = False,
         edge_quantile: float = 0.5,
+        normalize: bool = True,
     ) -> None:
         try:
             import hnswlib  # noqa: F401
@@ -58,15 +62,17 @@ class GraphImportance:
             raise ConfigError(
                 "graph importance needs hnswlib: pip install 'hotset[graph]'"
             ) from exc
-        if lam <= 0 or not 0 < alpha < 1 or k < 1 or not 0 < edge_quantile < 1:
+        k = neighbor_max if k is None else k
+        if lam <= 0 or not 0 < alpha < 1 or k < 1 or neighbor_max < 1 or not 0 < edge_quantile < 1:
             raise ConfigError(
-                f"need lam > 0, 0 < alpha < 1, k >= 1, 0 < edge_quantile < 1; "
-                f"got {lam}, {alpha}, {k}, {edge_quantile}"
+                f"need lam > 0, 0 < alpha < 1, k >= 1, neighbor_max >= 1, "
+                f"0 < edge_quantile < 1; got {lam}, {alpha}, {k}, {neighbor_max}, {edge_quantile}"
             )
         self.labels = np.asarray(labels, np.int64)
         self.num_samples = int(self.labels.size)
         self.lam, self.alpha, self.k = float(lam), float(alpha), int(k)
-        self.neighbor_max = int(neighbor_max or k)
+        self.neighbor_max = int(neighbor_max)
+        self.normalize = bool(normalize)
         self.homophily_k = int(homophily_k)
         self.M, self.ef_construction, self.threads, self.seed = M, ef_construction, threads, seed
         self.index = None
@@ -144,6 +150,8 @@ class GraphImportance:
             raise ConfigError(f"embeddings must be ({ids.size}, dim), got {emb.shape}")
         ids, first = np.unique(ids, return_index=True)  # a repeated id: its first row
         emb = emb[first]
+        if self.normalize:
+            emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         self._ensure_index(emb.shape[1])
         self.index.add_items(emb, ids)  # line 15: insert or update
         self.indexed[ids] = True

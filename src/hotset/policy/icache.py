@@ -37,6 +37,19 @@ SCALE = float(1 << 24)
 log = logging.getLogger(__name__)
 
 
+def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -> np.ndarray:
+    """The H-list a cache of ``capacity`` bytes holds (III-A's overhead example: a 20%
+    cache, 20% of the samples): the most important samples whose bytes together fit,
+    equal importance in a random order."""
+    importance = np.asarray(importance, np.float64)
+    sizes = np.asarray(sizes, np.int64)
+    tie = np.random.default_rng(seed).random(importance.size)
+    order = np.lexsort((tie, -importance))
+    hot = np.zeros(importance.size, bool)
+    hot[order[np.cumsum(sizes[order]) <= capacity]] = True
+    return hot
+
+
 @register_policy
 class ICachePolicy(Policy):
     name = "icache"
@@ -89,6 +102,7 @@ class ICachePolicy(Policy):
         self.swaps = 0  # completed shadow-heap swaps
         self._rng = random.Random(seed)
         self._evict_next: list[int] = []
+        self._due: set[int] = set()  # ids the coverage floor needs trained as themselves
         self._warned = False
         self.set_split(h_share)
 
@@ -192,11 +206,17 @@ class ICachePolicy(Policy):
 
     # -- H-list ----------------------------------------------------------------------
     def apply_hints(self, hints: dict) -> None:
-        """A new H-list (``hot`` mask, ``importance`` in [0, 1]) at an epoch start."""
+        """A new H-list (``hot`` mask, ``importance`` in [0, 1]) at an epoch start; ``hot``
+        ``None``: the most important samples that fit this cache."""
+        if "due" in hints:  # the coverage floor: served as themselves this epoch
+            self._due = set(np.asarray(hints["due"], np.int64).tolist())
         if "hot" not in hints:
             return
-        hot = np.asarray(hints["hot"], bool)
         imp = np.asarray(hints["importance"], np.float64)
+        if hints["hot"] is None and imp.shape == (self.num_samples,):
+            hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, self._rng.getrandbits(32))
+        else:
+            hot = np.asarray(hints["hot"], bool)
         if hot.shape != (self.num_samples,) or imp.shape != hot.shape:
             raise ConfigError(f"H-list must cover the policy's {self.num_samples} ids")
         if self.freq_h + self.freq_l and not self.is_h.all():
@@ -324,6 +344,11 @@ class ICachePolicy(Policy):
                 sub.append(False)
                 if self._admit_h(i):
                     admitted.append(i)
+                continue
+            if i in self._due:  # the coverage floor's: read, not substituted
+                served.append(i)
+                hits.append(False)
+                sub.append(False)
                 continue
             self._queue[i] = None  # L-miss: queued for the next packages (III-C)
             j = self._pop_fresh()

@@ -47,6 +47,7 @@ class SpiderPolicy(Policy):
         self.hom_used = 0
         self._fetch: list[int] = []
         self._evicted: list[int] = []
+        self._due: set[int] = set()  # ids the coverage floor needs trained as themselves
         self.set_ratio(imp_ratio)
 
     @property
@@ -113,6 +114,8 @@ class SpiderPolicy(Policy):
         return True
 
     def apply_hints(self, hints: dict) -> None:
+        if "due" in hints:  # the coverage floor: served as themselves this epoch
+            self._due = set(np.asarray(hints["due"], np.int64).tolist())
         if "imp_ratio" in hints:
             self.set_ratio(hints["imp_ratio"])
         for node, neighbours in hints.get("homophily", ()):
@@ -143,7 +146,7 @@ class SpiderPolicy(Policy):
         ids_list = np.asarray(ids, np.int64).tolist()
         n = len(ids_list)
         served, hits, sub = list(ids_list), [False] * n, [False] * n
-        imp, hom, owner = self.importance, self.homophily, self.owner
+        imp, hom, owner, due = self.importance, self.homophily, self.owner, self._due
         rest, rest_pos = [], []
         for p, i in enumerate(ids_list):
             if i in imp:
@@ -151,7 +154,7 @@ class SpiderPolicy(Policy):
             elif i in hom:
                 hits[p] = i not in pending  # the node itself (from storage until fetched)
                 continue
-            elif owner[i] >= 0:  # line 7: a listed neighbour gets the cached node
+            elif owner[i] >= 0 and i not in due:  # line 7: a neighbour gets the cached node
                 served[p], hits[p], sub[p] = int(owner[i]), True, True
                 continue
             rest.append(i)

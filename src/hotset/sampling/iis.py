@@ -11,8 +11,15 @@ The paper's prototype warms up for 5 epochs and makes every 3rd epoch a full pas
 (``warmup_epochs=5, full_every=3``), for runs of a hundred epochs and more; the defaults
 here (1 and never) suit the few-epoch runs of ``hotset compare``, where 5 warm-up epochs
 would leave IIS no epoch to act in.
-The H-list is every sample whose percentile is in the top ``h_fraction``; the sampler
-hands it, with the percentiles as importance values, to the cache at each epoch start.
+The H-list is sized to the cache by default (``h_fraction=None``): the most important
+samples whose bytes together fit the cache, as the paper's overhead example reads it (a
+cache of 20% of the samples, an H-list of 20%). The cache, which knows its size, draws it
+from the percentiles the sampler hands it at each epoch start
+(:func:`hotset.policy.icache.h_list_to_fit`). ``h_fraction=0.7`` is the prototype's
+fixed share instead: every sample whose percentile is in the top 70%.
+
+Coverage floor (ours): ``coverage_epochs`` as for every importance sampler
+(:mod:`hotset.sampling.coverage`); a due sample IIS did not keep is added to the epoch.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 
 
 @register_sampler
@@ -36,7 +44,8 @@ class IISSampler(Sampler):
         warmup_epochs: int = 1,
         full_every: int = 0,
         keep_exponent: float = 0.33,
-        h_fraction: float = 0.7,
+        h_fraction: float | None = None,
+        coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
@@ -48,12 +57,15 @@ class IISSampler(Sampler):
             raise ConfigError(f"full_every must be >= 0 (0: never), got {full_every}")
         if keep_exponent < 0:
             raise ConfigError(f"keep_exponent must be >= 0, got {keep_exponent}")
-        if not 0.0 <= h_fraction <= 1.0:
-            raise ConfigError(f"h_fraction must be in [0, 1], got {h_fraction}")
+        if h_fraction is not None and not 0.0 <= h_fraction <= 1.0:
+            raise ConfigError(
+                f"h_fraction must be in [0, 1] or None (the cache's), got {h_fraction}"
+            )
         self.warmup_epochs = int(warmup_epochs)
         self.full_every = int(full_every)
         self.keep_exponent = float(keep_exponent)
-        self.h_fraction = float(h_fraction)
+        self.h_fraction = None if h_fraction is None else float(h_fraction)
+        self.coverage = Coverage(num_samples, coverage_epochs)
         self.board = ScoreBoard(num_samples)
         self._orders: dict[int, np.ndarray] = {}
         self._hints: dict[int, dict] = {}
@@ -65,6 +77,10 @@ class IISSampler(Sampler):
         if ids.shape != losses.shape:
             raise ConfigError(f"feedback: {ids.size} ids but {losses.size} losses")
         self.board.update(ids, losses, losses)
+        self.coverage.trained(ids, self.epoch)
+
+    def counters(self) -> dict:
+        return self.coverage.counters(self.epoch)
 
     def percentiles(self) -> np.ndarray:
         """Each sample's importance as its loss percentile in [0, 1] (unscored: 1)."""
@@ -87,18 +103,24 @@ class IISSampler(Sampler):
         if epoch not in self._orders:  # decided once per epoch, at its start
             rng = np.random.default_rng([self.seed, epoch])
             pct = self.percentiles()
+            due = self.coverage.due(epoch)
             if self.full_pass(epoch):
                 selected = np.arange(self.num_samples)
             else:
                 keep = rng.random(self.num_samples) < pct**self.keep_exponent
+                keep[due] = True
                 selected = np.flatnonzero(keep)
-            if self.board.seen.any():
-                hot = pct >= 1.0 - self.h_fraction
-            else:  # nothing known yet: every sample is an H-sample
+            if not self.board.seen.any():  # nothing known yet: every sample is an H-sample
                 hot = np.ones(self.num_samples, bool)
+            elif self.h_fraction is None:
+                hot = None  # the cache's size decides
+            else:
+                hot = pct >= 1.0 - self.h_fraction
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = rng.permutation(selected)
-            self._hints = {epoch: {"hot": hot, "importance": pct, "epoch": epoch}}
+            self._hints = {
+                epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}
+            }
         return self._orders[epoch]
 
     def cache_hints(self, epoch: int) -> dict:

@@ -9,8 +9,14 @@ ranks like DistributedSampler. ``repetition_mode="repeat"`` does it as SHADE's p
 does instead: the ids are drawn by score alone, each drawn id the cache holds appears
 ``repetition`` times, and the misses fill what is left of ``num_samples`` (the cut falls
 on the misses only), so a cached share ``c`` of the draw becomes ``min(1, r c)`` of the
-epoch: 0.60 at a 20% cache where weighting gives ``c r / (c r + 1 - c)`` = 0.43. The list
-is then shuffled (the prototype serves all the hits first).
+epoch: 0.60 at a 20% cache where weighting gives ``c r / (c r + 1 - c)`` = 0.43.
+
+``order="hits_first"`` (the default, as the prototype serves them) puts the drawn ids the
+cache holds before the others, each part in its drawn order; ``order="shuffled"`` (ours,
+not the paper's) shuffles the whole list.
+
+Coverage floor (ours: no paper guarantees it): with ``coverage_epochs=K`` every sample is
+trained at least once every ``K`` epochs (:mod:`hotset.sampling.coverage`).
 
 Bias guard: when the epoch mean training loss fell by more than ``steep_drop`` (a
 fraction) from one epoch to the next, or the validation accuracy reported with
@@ -28,6 +34,9 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+
+ORDERS = ("hits_first", "shuffled")
 
 
 @register_sampler
@@ -47,9 +56,15 @@ class PADSSampler(Sampler):
         steep_drop: float = 0.5,
         stagnation: float = 0.001,
         patience: int = 3,
+        order: str = "hits_first",
+        coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
+        if order not in ORDERS:
+            raise ConfigError(f"order must be one of {ORDERS}, got {order!r}")
+        self.order = order
+        self.coverage = Coverage(num_samples, coverage_epochs)
         if importance not in SCORERS:
             raise ConfigError(f"importance must be one of {sorted(SCORERS)}, got {importance!r}")
         if b0 <= 1.0 and importance == "rank":
@@ -89,6 +104,7 @@ class PADSSampler(Sampler):
         if self.prior is None and ids.size:  # a median rank / the first batch's mean loss
             self.prior = float(np.median(scores))
             self.board.fill_unseen(self.prior)
+        self.coverage.trained(ids, self.epoch)
         self._loss_sum[self.epoch] = self._loss_sum.get(self.epoch, 0.0) + float(losses.sum())
         self._loss_n[self.epoch] = self._loss_n.get(self.epoch, 0) + int(losses.size)
         return scores
@@ -98,7 +114,7 @@ class PADSSampler(Sampler):
         self._accuracy.append(float(accuracy))
 
     def counters(self) -> dict:
-        return {"bias_guard_epochs": list(self.guard_epochs)}
+        return {"bias_guard_epochs": list(self.guard_epochs), **self.coverage.counters(self.epoch)}
 
     def set_cached(self, ids: np.ndarray) -> None:
         self._cached[:] = False
@@ -114,15 +130,17 @@ class PADSSampler(Sampler):
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
         drawn = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
-        if self.repetition_mode == "weight":
-            return drawn
         cached = self._cached[drawn]
         hits, misses = drawn[cached], drawn[~cached]
-        whole = int(self.repetition)  # r copies of each hit; a fractional r adds some once more
-        extra = hits[: int((self.repetition - whole) * hits.size)]
-        repeated = np.concatenate([np.repeat(hits, whole), extra])[: self.num_samples]
-        order = np.concatenate([repeated, misses[: self.num_samples - repeated.size]])
-        rng.shuffle(order)
+        if self.repetition_mode == "repeat":
+            whole = int(self.repetition)  # r copies of each hit; a fractional r: some once more
+            extra = hits[: int((self.repetition - whole) * hits.size)]
+            hits = np.concatenate([np.repeat(hits, whole), extra])[: self.num_samples]
+            rng.shuffle(hits)  # the copies of one id apart
+            misses = misses[: self.num_samples - hits.size]
+        order = np.concatenate([hits, misses])
+        if self.order == "shuffled":
+            rng.shuffle(order)
         return order
 
     def _guard(self, epoch: int) -> bool:
@@ -145,7 +163,7 @@ class PADSSampler(Sampler):
                 self.guard_epochs.append(epoch)
                 order = rng.permutation(self.num_samples)
             else:
-                order = self._draw(rng)
+                order = self.coverage.ensure(self._draw(rng), epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = order
         return self._orders[epoch]

@@ -5,14 +5,21 @@ Epoch 0 is a uniform permutation; each later epoch draws ``num_samples`` ids wit
 replacement, proportionally to the scores (``torch.multinomial`` in the paper; the same
 distribution with numpy here). ``feedback(ids, losses, embeddings)`` only queues the
 batch: a background worker scores it on the HNSW graph (section 5's pipelining), so the
-training step does not wait. When the worker falls behind by more than ``max_pending``
-batches the oldest are dropped (counted in ``dropped``): a sample then keeps its last
-score, which the paper argues costs nothing. ``background=False`` scores inline
-(the simulator, for a deterministic replay).
+training step does not wait while the worker keeps up. When it falls behind by
+``max_pending`` batches, ``feedback`` waits for room (``when_behind="wait"``, the default:
+every batch is scored, the wait counted in ``graph_wait_s``); ``when_behind="drop"``
+(ours) drops the oldest instead (counted in ``graph_dropped``: a sample keeps its last
+score). The worker queries hnswlib with ``threads`` threads (default: a quarter of the
+cores, 1 to 4). ``background=False`` scores inline (the simulator, for a deterministic replay).
 
-The sampler also runs the elastic cache manager (section 4.3) and hands the cache, as
-hints, the Importance Cache ratio at each epoch start and each batch's highest-degree
-node with its neighbours (the Homophily Cache candidates).
+The sampler also runs the elastic cache manager (section 4.3) once per batch (Algorithm 1
+line 23: the ratio of Eq. 8 at the batch's training time, in epochs; the scores' spread
+for Eq. 5 observed once per epoch) and hands the cache, as hints, the Importance Cache
+ratio and each batch's highest-degree node with its neighbours (the Homophily Cache
+candidates).
+
+Coverage floor (ours): ``coverage_epochs`` as for every importance sampler
+(:mod:`hotset.sampling.coverage`).
 """
 
 from __future__ import annotations
@@ -31,8 +38,16 @@ from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
 from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 
 log = logging.getLogger(__name__)
+WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wait on
+
+
+def graph_threads() -> int:
+    """hnswlib's threads for a batch's queries: a quarter of the cores, 1 to 4 (the rest
+    load and train)."""
+    return min(4, max(1, (os.cpu_count() or 1) // 4))
 
 
 @register_sampler
@@ -48,33 +63,44 @@ class SpiderSampler(Sampler):
         self,
         num_samples: int,
         labels=None,
-        lam: float = 0.01,
-        alpha: float = 0.98,
-        k: int = 32,
-        neighbor_max: int | None = None,
+        lam: float = 1.0,
+        alpha: float = 0.9,
+        k: int | None = None,
+        neighbor_max: int = 500,
         homophily_k: int = 500,
         M: int = 8,
-        ef_construction: int = 40,
+        ef_construction: int = 100,
         background: bool = True,
         max_pending: int = 8,
+        when_behind: str = "wait",
+        threads: int | None = None,
         total_epochs: float = 10,
         r_start: float = 0.9,
         r_end: float = 0.8,
         gamma: float = 0.01,
         window: int = 5,
-        calibrate: bool = True,
+        calibrate: bool = False,
         edge_quantile: float = 0.5,
+        normalize: bool = True,
+        coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
+        if when_behind not in ("wait", "drop"):
+            raise ConfigError(f"when_behind must be 'wait' or 'drop', got {when_behind!r}")
+        if max_pending < 1:
+            raise ConfigError(f"max_pending must be >= 1, got {max_pending}")
         if labels is None or len(labels) != num_samples:
             raise ConfigError(f"sampler 'spider' needs labels= for its {num_samples} samples")
         self.graph = GraphImportance(
             labels, lam=lam, alpha=alpha, k=k, neighbor_max=neighbor_max,
             homophily_k=homophily_k, M=M,
             ef_construction=ef_construction, seed=self.seed, calibrate=calibrate,
-            edge_quantile=edge_quantile,
+            threads=graph_threads() if threads is None else threads,
+            edge_quantile=edge_quantile, normalize=normalize,
         )  # fmt: skip
+        self.coverage = Coverage(num_samples, coverage_epochs)
+        self.when_behind = when_behind
         self.controller = RatioController(total_epochs, r_start, r_end, gamma, window)
         self.board = ScoreBoard(num_samples)
         self.prior: float | None = None
@@ -84,13 +110,16 @@ class SpiderSampler(Sampler):
         self.dropped = 0  # samples whose batch was dropped unscored
         self.failed = 0  # samples whose batch the graph could not score (they keep a score)
         self.graph_s = 0.0  # seconds the worker spent scoring
+        self.wait_s = 0.0  # seconds feedback waited for the worker (when_behind="wait")
+        self._fed = 0  # samples fed back this epoch (the batch's training time, Eq. 8)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._pending: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._busy = False
         self._homophily: list[tuple[int, np.ndarray]] = []
         self._orders: dict[int, np.ndarray] = {}
-        self._ratio: dict[int, float] = {}
+        self._ratio: dict[int, float] = {}  # the epoch started, and its ratio then
+        self._imp_ratio = r_start  # the latest ratio handed to the cache
         self._worker: threading.Thread | None = None
         self._stop = False
 
@@ -105,6 +134,8 @@ class SpiderSampler(Sampler):
         emb = np.array(embeddings, dtype=np.float32)  # a copy: the caller's may change
         if emb.ndim != 2 or emb.shape[0] != ids.size:
             raise ConfigError(f"feedback: {ids.size} ids but embeddings of shape {emb.shape}")
+        self.coverage.trained(ids, self.epoch)
+        self._fed += ids.size
         if not self.background:
             self._score(ids, emb)
             return
@@ -112,6 +143,12 @@ class SpiderSampler(Sampler):
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="hotset-graph", daemon=True)
                 self._worker.start()
+            if self.when_behind == "wait" and len(self._pending) >= self.max_pending:
+                start = time.perf_counter()
+                self._cv.wait_for(  # bounded: a worker that stopped must not hang training
+                    lambda: len(self._pending) < self.max_pending or self._stop, WAIT_LIMIT_S
+                )
+                self.wait_s += time.perf_counter() - start
             self._pending.append((ids, emb))
             while len(self._pending) > self.max_pending:
                 self.dropped += self._pending.popleft()[0].size
@@ -171,6 +208,8 @@ class SpiderSampler(Sampler):
                 "graph_score_std": float(seen.std()) if seen.size else 0.0,
                 "graph_score_range": float(np.ptp(seen)) if seen.size else 0.0,
                 "graph_scale": self.graph.scale, "graph_retries": self.graph.retries,
+                "graph_wait_s": self.wait_s, "imp_ratio": self._imp_ratio,
+                **self.coverage.counters(self.epoch),
             }  # fmt: skip
 
     def close(self) -> None:
@@ -194,13 +233,23 @@ class SpiderSampler(Sampler):
                 seen = self.board.seen
                 if seen.any():  # the importance monitor, once per epoch (Eq. 5)
                     self.controller.observe_scores(self.board.score[seen])
-            self._ratio[epoch] = self.controller.ratio(epoch)
-        return {"imp_ratio": self._ratio[epoch]}
+            self._ratio = {epoch: self.controller.ratio(epoch)}
+            self._fed = 0
+            self._imp_ratio = self._ratio[epoch]
+        return {"imp_ratio": self._ratio[epoch], "due": self.coverage.due(epoch)}
 
     def take_hints(self) -> dict:
+        """Before each batch: the homophily candidates found since the last batch, and
+        the Importance Cache's ratio at this batch's training time (line 23)."""
         with self._lock:
             found, self._homophily = self._homophily, []
-        return {"homophily": found} if found else {}
+        hints: dict = {"homophily": found} if found else {}
+        if self._ratio:
+            (epoch,) = self._ratio
+            ratio = self.controller.ratio(epoch + min(1.0, self._fed / self.num_samples))
+            if ratio != self._imp_ratio:
+                hints["imp_ratio"] = self._imp_ratio = ratio
+        return hints
 
     # -- sampling ----------------------------------------------------------------------
     def probabilities(self) -> np.ndarray:
@@ -215,6 +264,7 @@ class SpiderSampler(Sampler):
                 order = rng.permutation(self.num_samples)
             else:
                 order = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+                order = self.coverage.ensure(order, epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = order
         return self._orders[epoch]

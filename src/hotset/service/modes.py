@@ -18,6 +18,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
+from hotset.policy.icache import h_list_to_fit
 from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sampling.iis import IISSampler
 from hotset.service.allocation import split_budget
@@ -205,7 +206,11 @@ class ImportanceSampling(IndependentSampling):
         score[:] = 0.0
         for job, sampler in eligible or jobs:
             pct = sampler.percentiles()
-            riv = np.where(pct >= 1.0 - sampler.h_fraction, pct, 0.0)  # its H-list only
+            if sampler.h_fraction is None:  # its H-list only: what fits the cache
+                hot = h_list_to_fit(pct, co.policy.sizes[job.unique], co.capacity_bytes)
+            else:
+                hot = pct >= 1.0 - sampler.h_fraction
+            riv = np.where(hot, pct, 0.0)
             score[job.unique] += (job.benefit.ratio if eligible else 1.0) * riv
         cached = co.policy.cached_ids()
         co.policy.scores_updated(cached[score[cached] != old[cached]])

@@ -100,13 +100,15 @@ def simulate(
     planner = Planner(smp, pol, batch_size, feed_future=False)
     if pol.needs_future:
         pol.set_future(np.concatenate([smp.epoch_order(e) for e in range(epochs)]))
-    hits, subs, accesses = [], [], []
+    hits, subs, accesses, trained = [], [], [], []
     start = time.perf_counter()
     batches = len(planner)
     for epoch in range(epochs):
         planner.set_epoch(epoch)
         h = a = sub = 0
+        served = np.zeros(dataset_size, bool)
         for plan in planner:
+            served[plan.ids] = True
             h += int(plan.hits.sum())
             if plan.substituted is not None:
                 sub += int((plan.substituted & plan.hits).sum())
@@ -118,6 +120,7 @@ def simulate(
         hits.append(h)
         subs.append(sub)
         accesses.append(a)
+        trained.append(float(served.mean()))
     seconds = time.perf_counter() - start
     total = max(1, sum(accesses))
     return _result(
@@ -134,6 +137,8 @@ def simulate(
         exact_hits=sum(hits) - sum(subs),
         planning_us_per_sample=1e6 * planner.planning_s / total,
         feedback_us_per_sample=1e6 * planner.feedback_s / total,
+        sampler_counters=smp.counters(),
+        trained_share_per_epoch=trained,  # distinct samples served (trained) per epoch
     )
 
 
