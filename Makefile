@@ -9,7 +9,7 @@ OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install system-deps data demo compare test bench chaos peers lint lock clean
+.PHONY: install system-deps data demo compare test docs bench chaos peers lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,12 @@ $(DATA)/train/manifest.json: | install system-deps
 
 data: $(DATA)/train/manifest.json
 
-# a few minutes on 2 cores: 10,000 training samples, three systems, one cache size
-demo: install system-deps data
-	$(VENV)/bin/hotset prepare fashion-mnist $(DATA)-10k --limit 12000 >/dev/null
-	$(VENV)/bin/hotset compare --data $(DATA)-10k --systems lru,minio,shade \
+# a few minutes on 2 cores: the first 12,000 training images (only those are prepared)
+DEMO_DATA ?= $(DATA)-12k
+demo: install system-deps
+	test -f $(DEMO_DATA)/train/manifest.json || \
+	  $(VENV)/bin/hotset prepare fashion-mnist $(DEMO_DATA) --limit 12000 >/dev/null
+	$(VENV)/bin/hotset compare --data $(DEMO_DATA) --systems lru,minio,shade \
 	  --cache-fractions 0.2 --epochs 3 --num-workers 2 --out $(OUT)
 
 # the full comparison (about an hour on 2 cores; minutes on a GPU with --device cuda)
@@ -41,8 +43,14 @@ compare: install system-deps data
 	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
 test: install system-deps
-	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(PY) scripts/api_docs.py site
+	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
 	$(PY) -m pytest -q
+
+# the API reference from the docstrings (pdoc), in site/
+docs: install
+	$(PY) scripts/api_docs.py site
 
 bench: install
 	$(PY) benchmarks/control_plane.py
@@ -53,7 +61,7 @@ bench: install
 	$(PY) benchmarks/io_bound_epoch.py
 	$(PY) benchmarks/refcnt_eviction.py
 
-# faults on a schedule for 10 minutes: every served sample checked (README, "Faults")
+# faults on a schedule for 10 minutes: every served sample checked (docs/benchmarks.md)
 chaos: install system-deps
 	$(PY) benchmarks/chaos.py --minutes 10
 
@@ -75,7 +83,7 @@ lock: install
 	mv requirements.lock.new requirements.lock
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 
 clean:
 	rm -rf $(VENV) $(OUT) build src/*.egg-info

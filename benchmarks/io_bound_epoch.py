@@ -21,8 +21,18 @@ TCP proxy whose wire has ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
 ``cpu_s``: CPU seconds per epoch of the loader's process tree (workers included);
 ``server_cpu_s``: the server's and the wire's, on the same cores.
 
+Time to a target accuracy without a GPU (``--accuracy compare.json``): each system's test
+accuracy after every epoch comes from a real training run (``hotset compare --epochs N
+--seeds ... --json compare.json``, any device), its epoch times from this benchmark; a
+system reaches the target after the same number of epochs as in that run, and its time to
+target is the sum of its I/O-bound epoch times up to there (per seed, then mean +- spread).
+The system ``memory`` is uniform shuffling over unthrottled storage with no cache: the
+in-memory floor.
+
     python benchmarks/io_bound_epoch.py [--cache-fractions 0.2,0.1] [--epochs 5]
     python benchmarks/io_bound_epoch.py --storage emulated,http --systems lru,minio,shade
+    python benchmarks/io_bound_epoch.py --epochs 10 --oracle ORACLE.npz \
+        --systems memory,lru,minio,shade,icache,spider --accuracy compare.json
 """
 
 from __future__ import annotations
@@ -43,7 +53,13 @@ from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from hotset.cli import parse_options  # noqa: E402
 from hotset.codecs import decode_sample  # noqa: E402
-from hotset.compare import IMAGE_SIZE, record_oracle, split_train  # noqa: E402
+from hotset.compare import (  # noqa: E402
+    IMAGE_SIZE,
+    IN_MEMORY,
+    accuracy_target,
+    record_oracle,
+    split_train,
+)
 from hotset.loader import make_loader  # noqa: E402
 from hotset.policy import POLICIES  # noqa: E402
 from hotset.sampling import SAMPLERS  # noqa: E402
@@ -53,7 +69,7 @@ from hotset.systems import resolve_system  # noqa: E402
 
 #: (epoch s, hit ratio) on an H100, ResNet-18, Fashion-MNIST, 2 ms x 8 in flight, 8 workers:
 #: "issue": issue 13's table (60,000 samples; the code before calibration and repetition);
-#: "h100": this code, `hotset compare ... --model resnet18 --device cuda` (README),
+#: "h100": commit ec118e8, `hotset compare ... --model resnet18 --device cuda`,
 #: 55,000 samples, epochs 3-5 (hit ratio: epochs 2-5)
 GPU_REFERENCE = {
     "issue": {
@@ -83,6 +99,37 @@ def speedups(rows: list[dict], reference: str) -> None:
         r["gpu_speedup"] = ref_base[0] / ref[0] if ref and ref_base else float("nan")
         r["gpu_hit"] = ref[1] if ref and ref[1] is not None else float("nan")
         r["vs_gpu_pct"] = 100 * (r["speedup"] / r["gpu_speedup"] - 1)
+
+
+def add_time_to_target(rows: list[dict], path: str, target: float | None) -> dict:
+    """Each row's time to the target accuracy: the epochs a real training run of the same
+    system (``hotset compare --json``, rows of ``test_accuracy_per_epoch``) needed, timed
+    with this benchmark's epochs; mean and spread over that run's seeds."""
+    runs = json.loads(Path(path).read_text())
+    runs = runs["rows"] if isinstance(runs, dict) else runs
+    target, source = accuracy_target(runs, target)
+    for r in rows:
+        name = IN_MEMORY if r["system"] == "memory" else r["system"]
+        seeds = [a for a in runs if a["policy"] == name
+                 and (name == IN_MEMORY or a["cache_fraction"] == r["cache"])]  # fmt: skip
+        times, finals = [], []
+        for a in seeds:
+            accs = a.get("test_accuracy_per_epoch") or []
+            finals.append(accs[-1] if accs else float("nan"))
+            hit = next((e for e, acc in enumerate(accs) if acc >= target), None)
+            if hit is not None and hit < len(r["epoch_times_s"]):
+                times.append(float(np.sum(r["epoch_times_s"][: hit + 1])))
+        r["seeds"] = len(seeds)
+        r["reached"] = f"{len(times)}/{len(seeds)}"
+        r["final_acc"] = float(np.mean(finals)) if finals else float("nan")
+        r["time_to_target_s"] = float(np.mean(times)) if times else float("nan")
+        r["time_to_target_std"] = float(np.std(times)) if times else float("nan")
+    for r in rows:
+        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]
+                     and b.get("storage") == r.get("storage")), None)  # fmt: skip
+        base_s = base["time_to_target_s"] if base else float("nan")
+        r["ttt_speedup"] = base_s / r["time_to_target_s"]
+    return {"target_accuracy": target, "target_source": source, "accuracy_runs": path}
 
 
 def load_oracle(path: str, data: str, epochs: int) -> LossOracle:
@@ -142,11 +189,13 @@ class RemoteSite:
 
 def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
     """One system for ``args.epochs`` epochs; the oracle answers every batch's feedback."""
-    system = resolve_system(name.split(":")[0])
+    system = resolve_system("lru" if name == "memory" else name.split(":")[0])
     train, _ = split_train(args.data, oracle.meta.get("val_fraction", 0.0), args.seed)
     if len(train) != oracle.num_samples:
         raise SystemExit(f"oracle has {oracle.num_samples} samples, the split {len(train)}")
-    if args.site is None:
+    if name == "memory":  # the floor: no storage wait, no cache
+        storage = train
+    elif args.site is None:
         storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency)
     else:
         storage = args.site.storage(train)
@@ -155,7 +204,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         options["total_epochs"] = args.epochs
     loader = make_loader(
         storage, batch_size=args.batch_size, policy=system.policy, sampler=system.sampler,
-        sampler_options=options, cache_fraction=fraction, store="shared", seed=args.seed,
+        sampler_options=options, cache_fraction=0.0 if name == "memory" else fraction,
+        store="shared", seed=args.seed,
         policy_options=POLICIES.options_for(system.policy, args.policy_opts),
         num_workers=args.num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
         persistent_workers=True,
@@ -226,6 +276,11 @@ def main() -> None:
     ap.add_argument("--reference", choices=list(GPU_REFERENCE), default="h100",
                     help="the GPU run to compare with")  # fmt: skip
     ap.add_argument("--rows", help="only recompute the table of this results JSON")
+    ap.add_argument("--accuracy", metavar="COMPARE.json",
+                    help="per-epoch test accuracy of real runs (`hotset compare --json`): "
+                    "adds each system's time to the target accuracy")  # fmt: skip
+    ap.add_argument("--target-accuracy", type=float,
+                    help="default: the in-memory run's final accuracy - 0.5 pt")
     ap.add_argument("--storage", default="emulated",
                     help="emulated (ThrottledStorage), http or s3 (nginx or an S3 server "
                     "behind a wire), or several, comma-separated: run side by side")
@@ -270,7 +325,13 @@ def main() -> None:
         ("cpu_s", ".1f"), ("server_cpu_s", ".1f"), ("cpu_ms_per_read", ".2f"),
         ("late_misses", "d"), ("refused_puts", "d"),
     ]  # fmt: skip
-    report(args.name, rows, cols, {"args": vars(args), "reference": args.reference})
+    meta = {"args": vars(args), "reference": args.reference}
+    if args.accuracy:
+        meta.update(add_time_to_target(rows, args.accuracy, args.target_accuracy))
+        print(f"target accuracy {meta['target_accuracy']:.4f} ({meta['target_source']})")
+        cols[5:5] = [("final_acc", ".4f"), ("time_to_target_s", ".1f"), ("reached", "s"),
+                     ("time_to_target_std", ".1f"), ("ttt_speedup", ".2f")]  # fmt: skip
+    report(args.name, rows, cols, meta)
 
 
 if __name__ == "__main__":

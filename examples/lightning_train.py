@@ -5,8 +5,10 @@
 
 Lightning sets the loader's epoch each epoch (it calls ``loader.sampler.set_epoch``) and,
 under DDP, initialises the process group before ``train_dataloader``: hotset then plans
-once for all ranks. Take the ids from the batch (``x, y, ids = batch``): Lightning fetches
-one batch ahead, so ``loader.last_ids`` is already the next batch's.
+once for all ranks. ``hotset.lightning.HotsetCallback`` feeds the per-sample losses that
+``training_step`` returns back against the batch's ids (Lightning fetches one batch
+ahead, so ``loader.last_ids`` is already the next batch's), logs the loader's counters and
+keeps its state in Lightning's checkpoints.
 
 Prints one line per rank and epoch; ``--out DIR`` writes them as JSON to
 ``DIR/rank-R.jsonl`` instead (what the tests check).
@@ -23,6 +25,7 @@ import lightning as L
 import torch
 
 import hotset
+from hotset.lightning import HotsetCallback
 from hotset.models import TinyCNN
 
 
@@ -44,9 +47,8 @@ class HotsetModule(L.LightningModule):
     def training_step(self, batch, _):
         x, y, ids = batch
         losses = hotset.per_sample_loss(self.model(x), y)
-        self.loader.feedback(ids, losses.detach())
         self.seen.append(ids)
-        return losses.mean()
+        return {"loss": losses.mean(), "losses": losses}  # the callback feeds them back
 
     def on_train_epoch_end(self) -> None:
         ids = torch.cat(self.seen).numpy()
@@ -81,6 +83,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
         max_epochs=args.epochs, logger=False, enable_checkpointing=False,
+        callbacks=[HotsetCallback()],
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(module)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -305,7 +306,8 @@ def test_scenarios_vary_what_they_say():
 
 
 @pytest.mark.slow
-def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
+def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its socket goes
     cfg = JobsConfig(
         data=str(fmnist_dir), jobs=2, scenario="same", samples=600, epochs=1,
         batch_size=25, cache_fraction=0.5, num_workers=1, latency_ms=5.0,
@@ -321,6 +323,7 @@ def test_compare_jobs_reads_less_through_the_service(fmnist_dir, tmp_path):
         assert t[mode]["samples_read"] < 0.8 * t["independent"]["samples_read"], mode
     assert t["service"]["samples_read"] < 0.7 * t["independent"]["samples_read"]
     assert (tmp_path / "compare-jobs-same.json").exists()
+    assert not list(tmp_path.glob("hotset-jobs-*"))  # no socket left behind
 
 
 def test_planted_wrong_entries_are_dropped_and_the_service_forgets_them(fmnist_dir, service):

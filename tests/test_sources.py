@@ -248,6 +248,25 @@ def test_torch_dataset(sampler, policy):
                 policy=policy)  # fmt: skip
 
 
+def test_tensor_dataset_targets_keep_their_shape():
+    """A TensorDataset's 0-d class targets batch as (B,), as a DataLoader's do (a 0-d
+    array written as .npy once came back (1,): cross_entropy refused the batch)."""
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(40, 1, 4, 4)
+    y = torch.arange(40) % 3
+    source = hotset.from_dataset(TensorDataset(x, y))
+    with hotset.make_loader(source, batch_size=8, system="minio", cache_fraction=0.5,
+                            num_workers=0) as loader:  # fmt: skip
+        for epoch in range(2):  # from storage, then hits
+            loader.set_epoch(epoch)
+            for xb, yb, ids in loader:
+                assert yb.shape == (8,) and torch.equal(yb, y[ids])
+                assert torch.equal(xb, x[ids])
+                hotset.per_sample_loss(torch.randn(8, 3), yb)  # takes the targets as they are
+        assert loader.counters()["hits"] > 0
+
+
 def test_dict_samples_with_a_collate_fn(tmp_path):
     """Tar samples keep all their fields; a user's collate_fn gets them all."""
     images = _images(16)

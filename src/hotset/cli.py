@@ -133,7 +133,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
                  "concurrency", "store", "seed", "device", "model", "val_fraction", "seeds",
                  "target_accuracy"),
     )  # fmt: skip
-    run_compare(cfg, out_dir=args.out, json_path=args.json)
+    run_compare(cfg, out_dir=args.out, json_path=args.json, verbose=args.verbose)
 
 
 def parse_options(items: list[str] | None, flag: str) -> dict:
@@ -211,7 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         announce=True,
         **_given(args, "address", "capacity_bytes", "store_path", "max_samples", "policy",
                  "sampling", "lookahead", "job_timeout_s", "seed", "substitution",
-                 "allocation", "probe_batches", "curve", "key_file"),
+                 "allocation", "probe_batches", "curve", "key_file", "metrics_port"),
     )  # fmt: skip
 
 
@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
     co.add_argument("--json", help="also write the rows to this file")
     co.add_argument("--no-progress", action="store_true")
+    co.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+                    help="every counter in the table (and info logs)")  # fmt: skip
     co.add_argument(
         "--jobs",
         type=int,
@@ -380,6 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--key-file", help="CURVE keys, mode 0600 (default: in the private dir, "
                     "per port; clients read it: give it to jobs on other nodes)")  # fmt: skip
+    sv.add_argument("--metrics-port", type=int,
+                    help="Prometheus figures per job at http://127.0.0.1:PORT/metrics")  # fmt: skip
     sv.set_defaults(func=cmd_serve)
     return p
 

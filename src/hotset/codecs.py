@@ -123,5 +123,5 @@ def to_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    np.save(buf, np.asarray(array, order="C"), allow_pickle=False)  # keeps 0-d arrays 0-d
     return buf.getvalue()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -185,7 +186,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         )  # fmt: skip
         model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
         epoch_times, hit_ratios, accs, train_losses, reads = [], [], [], [], []
-        test_accs = []
+        test_accs, waits = [], []
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
             loader.desc = f"{name} {fraction:.0%} epoch {epoch + 1}/{cfg.epochs}"
@@ -197,11 +198,14 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             served = after["accesses"] - before["accesses"]
             hit_ratios.append((after["hits"] - before["hits"]) / served if served else 0.0)
             reads.append(after["storage_reads"] - before["storage_reads"])
+            waits.append(after["storage_wait_s"] - before["storage_wait_s"])
             if val is not None:
                 accs.append(accuracy(model, *val))
                 loader.report_accuracy(accs[-1])
             if test is not None:  # not timed: the epoch's clock stopped above
                 test_accs.append(accuracy(model, *test))
+            epoch_line(cfg, f"{name} {fraction:.0%}", epoch, epoch_times[-1],
+                       hit_ratios[-1], reads[-1], test_accs[-1] if test_accs else None)  # fmt: skip
         loader.planner.drain()  # graph importance: let the worker finish
         c = loader.counters()
         test_acc = test_accs[-1] if test_accs else None
@@ -223,6 +227,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "steady_epoch_time_s": float(np.mean(epoch_times[min(2, cfg.epochs - 1) :])),
         "epoch_times_s": epoch_times,
         "storage_reads_per_epoch": reads,
+        "storage_wait_s_per_epoch": waits,
         "test_accuracy": test_acc,
         "test_accuracy_per_epoch": test_accs,
         "seed": cfg.seed,
@@ -266,6 +271,8 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
             accs.append(accuracy(model, *val))
         if test is not None:
             test_accs.append(accuracy(model, *test))
+        epoch_line(cfg, IN_MEMORY, len(times) - 1, times[-1], 1.0, 0,
+                   test_accs[-1] if test_accs else None)  # fmt: skip
     return {
         "policy": IN_MEMORY, "sampler": "uniform", "eviction": None, "cache_fraction": 1.0,
         "epochs": cfg.epochs, "hit_ratio": 1.0, "steady_hit_ratio": 1.0,
@@ -276,6 +283,19 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
         "val_accuracy_per_epoch": accs, "model": cfg.model, "device": str(device),
         "planning_us_per_sample": 0.0, "counters": {},
     }  # fmt: skip
+
+
+def epoch_line(
+    cfg: CompareConfig, run: str, epoch: int, seconds: float, hit: float, reads: int,
+    acc: float | None,
+) -> None:  # fmt: skip
+    """One line per epoch where no progress bar shows (outside a terminal, or
+    ``--no-progress``): a log that never goes quiet for a whole run."""
+    if cfg.progress and sys.stderr.isatty():
+        return
+    test = f", test acc {acc:.4f}" if acc is not None else ""
+    print(f"{run} seed {cfg.seed} epoch {epoch + 1}/{cfg.epochs}: {seconds:.1f} s, "
+          f"hit ratio {hit:.3f}, {reads} storage reads{test}", flush=True)  # fmt: skip
 
 
 def accuracy_target(rows: list[dict], given: float | None = None) -> tuple[float | None, str]:
@@ -340,8 +360,9 @@ def format_summary(summary: list[dict], target: float | None, source: str) -> st
     )
     lines = [f"target accuracy: {goal}", head, "-" * len(head)]
     for r in summary:
+        cache = "-" if r["policy"] == IN_MEMORY else f"{r['cache_fraction']:.0%}"
         lines.append(
-            f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['seeds']:>5d} "
+            f"{r['policy']:<10} {cache:>6} {r['seeds']:>5d} "
             f"{pm(r, 'time_to_target_s', '.1f'):>18} {r['reached_target']:>4d}/{r['seeds']:<2d} "
             f"{pm(r, 'steady_epoch_time_s', '.2f'):>16} {pm(r, 'steady_hit_ratio', '.3f'):>16} "
             f"{pm(r, 'test_accuracy', '.4f') if r['test_accuracy'] is not None else 'n/a':>18}"
@@ -411,7 +432,46 @@ def record_oracle(
     return oracle
 
 
-def format_table(rows: list[dict]) -> str:
+def steady(r: dict, key: str) -> float:
+    """A per-epoch figure's mean from the third epoch on (the first fills the cache)."""
+    vals = r.get(key) or [0.0]
+    return float(np.mean(vals[min(2, len(vals) - 1) :]))
+
+
+TABLE_LEGEND = (
+    "vs LRU: uniform+LRU's steady epoch time over this one's (same cache and seed); hit "
+    "ratio from epoch 2, reads, wait and epoch\nper epoch from epoch 3; wait: worker-seconds "
+    "on storage reads; to target: training time to the target accuracy; --verbose: all"
+)
+
+
+def format_table(rows: list[dict], verbose: bool = False) -> str:
+    """One line per run: the figures users judge by (``verbose``: every counter)."""
+    if verbose:
+        return format_counters(rows)
+    head = (
+        f"{'system':<10} {'cache':>6} {'seed':>4} {'vs LRU':>7} {'hit ratio':>9} "
+        f"{'reads':>8} {'wait s':>8} {'epoch s':>8} {'test acc':>8} {'to target s':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        base = next((b for b in rows if b["policy"] == "lru" and b.get("seed") == r.get("seed")
+                     and b["cache_fraction"] == r["cache_fraction"]), None)  # fmt: skip
+        vs = f"{base['steady_epoch_time_s'] / r['steady_epoch_time_s']:.2f}x" if base else "-"
+        acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
+        ttt = r.get("time_to_target_s")
+        cache = "-" if r["policy"] == IN_MEMORY else f"{r['cache_fraction']:.0%}"
+        lines.append(
+            f"{r['policy']:<10} {cache:>6} {r.get('seed', 0):>4} {vs:>7} "
+            f"{r['steady_hit_ratio']:>9.3f} {steady(r, 'storage_reads_per_epoch'):>8.0f} "
+            f"{steady(r, 'storage_wait_s_per_epoch'):>8.1f} {r['steady_epoch_time_s']:>8.2f} "
+            f"{acc:>8} {'never' if ttt is None else f'{ttt:.1f}':>11}"
+        )
+    lines.append(TABLE_LEGEND)
+    return "\n".join(lines)
+
+
+def format_counters(rows: list[dict]) -> str:
     """One line per run: hits (exact and substituted), every storage request (misses, late
     misses, prefetches, iCACHE's packaging reads and package loads), late misses, refused
     puts, epoch time (all epochs; steady: from the third on) and test accuracy."""
@@ -437,42 +497,39 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, cfg: CompareConfig | None = None) -> None:
-    """Hit ratio and steady epoch time per system and cache size, and test accuracy
-    against training time (one line per system and cache size, the seeds' mean), the
-    setup as a subtitle."""
+    """Hit ratio per epoch, steady epoch time and storage wait (from epoch 3) per system
+    and cache size, and test accuracy against training time (one line per system and
+    cache size, the seeds' mean), the setup as a subtitle."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    fractions = sorted({r["cache_fraction"] for r in rows})
+    runs: dict[str, list[dict]] = {}
+    for r in rows:
+        cache = "" if r["policy"] == IN_MEMORY else f" {r['cache_fraction']:.0%}"
+        runs.setdefault(r["policy"] + cache, []).append(r)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    width = 0.8 / max(1, len(policies))
-    x = np.arange(len(fractions))
-    for k, p in enumerate(policies):
-        mine = [r for r in rows if r["policy"] == p]
-        hr = [np.mean([r["steady_hit_ratio"] for r in mine if r["cache_fraction"] == f] or [0])
-              for f in fractions]  # fmt: skip
-        et = [np.mean([r["steady_epoch_time_s"] for r in mine if r["cache_fraction"] == f] or [0])
-              for f in fractions]  # fmt: skip
-        axes[0].bar(x + k * width, hr, width, label=p)
-        axes[1].bar(x + k * width, et, width, label=p)
-        for f in sorted({r["cache_fraction"] for r in mine}):
-            runs = [
-                r for r in mine if r["cache_fraction"] == f and r.get("test_accuracy_per_epoch")
-            ]
-            if runs:
-                t = np.mean([np.cumsum(r["epoch_times_s"]) for r in runs], axis=0)
-                acc = np.mean([r["test_accuracy_per_epoch"] for r in runs], axis=0)
-                label = p if p == IN_MEMORY else f"{p} {f:.0%}"
-                axes[2].plot(t, acc, marker="o", label=label)
-    for ax, title in zip(
-        axes[:2], ("hit ratio (after epoch 1)", "steady epoch time (s, from epoch 3)"), strict=True
-    ):
-        ax.set_xticks(x + width * (len(policies) - 1) / 2, [f"{f:.0%}" for f in fractions])
-        ax.set_xlabel("cache size (fraction of dataset)")
-        ax.set_title(title)
+    x = np.arange(len(runs))
+    for k, (label, mine) in enumerate(runs.items()):
+        if mine[0].get("hit_ratio_per_epoch"):
+            hr = np.mean([r["hit_ratio_per_epoch"] for r in mine], axis=0)
+            axes[0].plot(np.arange(1, hr.size + 1), hr, marker="o", label=label, color=f"C{k}")
+        axes[1].bar(k - 0.2, np.mean([r["steady_epoch_time_s"] for r in mine]), 0.4,
+                    color=f"C{k}", label="epoch time" if k == 0 else None)  # fmt: skip
+        wait = np.mean([steady(r, "storage_wait_s_per_epoch") for r in mine])
+        axes[1].bar(k + 0.2, wait, 0.4, color=f"C{k}", alpha=0.4, hatch="//",
+                    label="storage wait (worker-s)" if k == 0 else None)  # fmt: skip
+        if mine[0].get("test_accuracy_per_epoch"):
+            t = np.mean([np.cumsum(r["epoch_times_s"]) for r in mine], axis=0)
+            acc = np.mean([r["test_accuracy_per_epoch"] for r in mine], axis=0)
+            axes[2].plot(t, acc, marker="o", label=label, color=f"C{k}")
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_xlabel("epoch")
+    axes[0].set_title("hit ratio per epoch")
+    axes[1].set_xticks(x, list(runs), rotation=30, ha="right", fontsize=8)
+    axes[1].set_title("steady epoch (s, from epoch 3)")
+    axes[1].legend(fontsize=8)
     target = next((r.get("target_accuracy") for r in rows if r.get("target_accuracy")), None)
     if target is not None:
         axes[2].axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
@@ -482,10 +539,12 @@ def plot(rows: list[dict], path: Path, cfg: CompareConfig | None = None) -> None
     axes[0].legend(fontsize=8)
     if cfg is not None:
         seeds = cfg.seeds or [cfg.seed]
+        n = max((r["counters"].get("accesses", 0) // max(1, r["epochs"]) for r in rows), default=0)
+        caches = ", ".join(f"{f:.0%}" for f in cfg.cache_fractions)
         fig.suptitle(
-            f"{cfg.data}: storage {cfg.latency_ms:g} ms/read, {cfg.concurrency} in flight, "
-            f"{cfg.num_workers} workers, {cfg.model}, {cfg.epochs} epochs, "
-            f"seeds {','.join(map(str, seeds))}",
+            f"{cfg.data} ({n:,} training samples): storage {cfg.latency_ms:g} ms/read, "
+            f"{cfg.concurrency} in flight, {cfg.num_workers} workers, cache {caches}, "
+            f"{cfg.model}, {cfg.epochs} epochs, seeds {','.join(map(str, seeds))}",
             fontsize=10,
         )
     fig.tight_layout()
@@ -494,7 +553,8 @@ def plot(rows: list[dict], path: Path, cfg: CompareConfig | None = None) -> None
 
 
 def run_compare(
-    cfg: CompareConfig, out_dir: str | None = "out", json_path: str | None = None
+    cfg: CompareConfig, out_dir: str | None = "out", json_path: str | None = None,
+    verbose: bool = False,
 ) -> list[dict]:
     cfg.validate()
     test = load_split(cfg.data, "test", partial(decode_sample, size=IMAGE_SIZE))
@@ -511,7 +571,7 @@ def run_compare(
                 log.info("%s at %.0f%%: %s", policy, 100 * fraction, rows[-1]["hit_ratio"])
     target, source = accuracy_target(rows, cfg.target_accuracy)
     add_time_to_target(rows, target)
-    print(format_table(rows))
+    print(format_table(rows, verbose))
     print(format_summary(summarise(rows), target, source))
     if out_dir:
         out = Path(out_dir)

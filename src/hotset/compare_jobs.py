@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import shutil
 import tempfile
 import time
 import zlib
@@ -226,7 +227,8 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
     capacity = int(cfg.cache_fraction * total)
     ctx = mp.get_context("spawn")
     server = None
-    address = f"ipc://{tempfile.mkdtemp(prefix='hotset-jobs-')}/service.sock"
+    sockets = tempfile.mkdtemp(prefix="hotset-jobs-")  # ours: removed below
+    address = f"ipc://{sockets}/service.sock"
     if mode != "independent":
         server = start_service(
             address, capacity_bytes=capacity, seed=cfg.seed, job_timeout_s=60,
@@ -252,6 +254,7 @@ def run_jobs(cfg: JobsConfig, mode: str) -> list[dict]:
         if server is not None:
             server.terminate()
             server.join(10)
+        shutil.rmtree(sockets, ignore_errors=True)
     return sorted(rows, key=lambda r: r["name"])
 
 

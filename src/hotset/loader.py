@@ -431,6 +431,7 @@ class HotsetLoader:
         self.epoch = 0
         self._epochs_set = False  # whether set_epoch was ever called (or a state loaded)
         self._iterated = False
+        self._count_from_start = False  # a loaded state: len counts the resumed epoch whole
         self._warned_store = False
         self._synced = False
         self._drift: tuple = ()  # what suggested the store's budget counter moved unseen
@@ -473,7 +474,13 @@ class HotsetLoader:
         self.planner.set_epoch(self.epoch)
 
     def __len__(self) -> int:
-        return len(self.planner)
+        """The epoch's batches; after a mid-epoch ``load_state_dict``, those left of it
+        (or, for a trainer that counts a resumed epoch from its start, as Lightning does,
+        all of them: a state saved with ``count_from_epoch_start``)."""
+        n = len(self.planner)
+        if self._count_from_start:
+            n += getattr(self.planner, "resumed_batches", lambda: 0)()
+        return n
 
     def __iter__(self) -> Iterator[Batch]:
         it = self.dataloader
@@ -597,6 +604,14 @@ class HotsetLoader:
         emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
         self.planner.feedback(ids, losses, emb)
 
+    def log_to(self, writer: Any, step: int | None = None) -> None:
+        """Write the counters users watch (hit ratio, storage reads and bytes, late
+        misses, planning and storage-wait seconds, ...) to a TensorBoard
+        ``SummaryWriter`` at ``step`` (default: the epoch); see :mod:`hotset.metrics`."""
+        from hotset.metrics import log_to
+
+        log_to(writer, self.counters(), self.epoch if step is None else step)
+
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
         self.planner.report_accuracy(float(accuracy))
@@ -626,14 +641,15 @@ class HotsetLoader:
         self.planner.close()
         self._release()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, trained: int | None = None) -> dict:
         """Where training stands (as torch's stateful loaders): save it with the model's
         checkpoint; ``load_state_dict`` in a loader made with the same arguments serves
         exactly the rest of the epoch, then goes on as the saved run would have. Taken at
         any point (before the first batch, between batches, after the last, after
-        ``set_epoch``, after an abandoned epoch)."""
+        ``set_epoch``, after an abandoned epoch). ``trained``: the batches of this epoch
+        trained on, where fewer than were served (a trainer that fetches ahead)."""
         return {
-            "planner": self.planner.state_dict(),
+            "planner": self.planner.state_dict(trained),
             "stats": asdict(self.stats),
             "fits": self.fits,
         }
@@ -655,6 +671,7 @@ class HotsetLoader:
                     "with the saved run's arguments (" + "; ".join(diff) + ")"
                 )
         self.planner.load_state_dict(state["planner"])
+        self._count_from_start = bool(state.get("count_from_epoch_start", False))
         self.set_epoch(int(state["planner"]["epoch"]))
         self.stats = LoaderStats(**state["stats"])
         self._synced = False  # the store may hold what the saved plan does, or not

@@ -147,8 +147,9 @@ class PlanSource(Protocol):
     def close(self) -> None:
         """Stop background work, leave a service."""
 
-    def state_dict(self) -> dict:
-        """What is needed to continue after a restart."""
+    def state_dict(self, trained: int | None = None) -> dict:
+        """What is needed to continue after a restart (``trained``: at most that many of
+        the epoch's batches count as consumed)."""
 
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -429,16 +430,19 @@ class Planner:
         if self.ranks is not None:
             self.ranks.close()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, trained: int | None = None) -> dict:
         """Where training stands: the epoch, its order as drawn and how many of its
         batches were consumed, the sampler's and the policy's state, the counters. Plans
         handed out but not consumed are not in it: after a restart they are planned
         again (the cache is then reconciled with what the store really holds). Taken at
         any point, it resumes to what an uninterrupted run would still serve: an epoch
         ``set_epoch`` named but not begun starts afresh (not with the last epoch's order),
-        and after an epoch's last batch the next epoch does."""
+        and after an epoch's last batch the next epoch does. ``trained``: at most that
+        many of the epoch's batches count as consumed (a trainer that fetched ahead)."""
         with self.lock:
             epoch, order, consumed = self.sampler.epoch, self._order, self._consumed
+            if trained is not None:
+                consumed = min(consumed, int(trained))
             if self._resume is not None and self._resume[0] == epoch:
                 _, order, consumed = self._resume  # loaded, not yet served: as loaded
             elif self._order_epoch != epoch:
@@ -483,6 +487,12 @@ class Planner:
         if self.world > 1:  # padded by wrapping, or cut, to whole shards
             n = n // self.world if self.drop_last else -(-n // self.world)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def resumed_batches(self) -> int:
+        """The batches of the current epoch consumed before a mid-epoch resume (0: none)."""
+        if self._resume is not None and self._resume[0] == self.sampler.epoch:
+            return int(self._resume[2])
+        return 0
 
     def _start_epoch(self, epoch: int) -> np.ndarray:
         """The epoch's order, with the cache told what the sampler knows at its start."""

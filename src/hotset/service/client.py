@@ -416,8 +416,9 @@ class RemotePlanner:
             "service_rejoins": self.rejoins,
         }
 
-    def state_dict(self) -> dict:
-        """The epoch to resume at and the control plane's timers and failures."""
+    def state_dict(self, trained: int | None = None) -> dict:
+        """The epoch to resume at and the control plane's timers and failures (a job of
+        the service resumes at an epoch's start: ``trained`` changes nothing)."""
         return {"epoch": self.epoch, **self.counters()}
 
     def load_state_dict(self, state: dict) -> None:

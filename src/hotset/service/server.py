@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import secrets
 import signal
+import threading
 import time
 
 import zmq
@@ -74,6 +75,7 @@ class CacheService:
         # jobs apply deletes and puts out of order, and the slack absorbs it
         self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
         self.reap_every_s = reap_every_s
+        self.lock = threading.Lock()  # the coordinator: requests, reaping, a metrics scrape
         self.max_message_bytes = int(max_message_bytes)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -161,7 +163,8 @@ class CacheService:
                                 f"message over {self.max_message_bytes} bytes or "
                                 f"{MAX_FRAMES} frames: refused"
                             )
-                        reply, payload = self.handle(*decode(frames))
+                        with self.lock:
+                            reply, payload = self.handle(*decode(frames))
                     except HotsetError as exc:
                         reply, payload = {"error": str(exc), "code": type(exc).__name__}, {}
                     except Exception as exc:  # noqa: BLE001 - a bad request must not stop it
@@ -170,7 +173,9 @@ class CacheService:
                     self._sock.send_multipart([ident, empty, *encode(reply, payload)])
                 if time.monotonic() - last_reap >= self.reap_every_s:
                     try:
-                        for job in self.coordinator.reap():
+                        with self.lock:
+                            reaped = self.coordinator.reap()
+                        for job in reaped:
                             log.warning("job %s removed (%s)", job,
                                         self.coordinator.removed[-1][1])  # fmt: skip
                     except Exception:  # noqa: BLE001 - the service outlives a bad job record
@@ -200,6 +205,13 @@ class CacheService:
             frames = [*frames[:2], None]  # the envelope, to answer the refusal
         return frames
 
+    def figures(self) -> dict[str, dict[str, float]]:
+        """The service's figures per job and in all (for a metrics scrape)."""
+        from hotset.metrics import service_figures
+
+        with self.lock:
+            return service_figures(self.coordinator.stats())
+
     def close(self, destroy_store: bool = False) -> None:
         self.store.close(destroy=destroy_store)
         if self._address_lock is not None:
@@ -212,12 +224,19 @@ def serve(
     capacity_bytes: int = 1 << 30,
     store_path: str | None = None,
     announce: bool = False,
+    metrics_port: int | None = None,
     **options,
 ) -> None:
     """Run the service until SIGTERM, Ctrl-C or a ``stop`` request; a store it created
-    (no ``store_path``) is removed on the way out."""
+    (no ``store_path``) is removed on the way out. ``metrics_port``: Prometheus figures at
+    ``http://127.0.0.1:PORT/metrics`` (per job and in all)."""
     service = CacheService(address, capacity_bytes, store_path, **options)
     signal.signal(signal.SIGTERM, lambda *_: setattr(service, "stopped", True))
+    metrics = None
+    if metrics_port is not None:
+        from hotset.metrics import serve_prometheus
+
+        metrics = serve_prometheus(service.figures, metrics_port)
     if announce:
         keys = f", CURVE keys {service.key_file}" if service.key_file else ""
         print(f"hotset service on {service.address}, store {service.store.path}{keys}",
@@ -227,6 +246,8 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         service.close(destroy_store=store_path is None)
 
 
