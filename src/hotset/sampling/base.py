@@ -137,6 +137,23 @@ register_sampler = SAMPLERS.register
 sampler_class = SAMPLERS.lookup
 
 
+def draw_weighted(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
+    """``n`` ids drawn with replacement, id ``i`` with probability ``p[i]``: the
+    distribution of ``rng.choice(len(p), n, p=p)`` (and ``torch.multinomial``'s), in
+    O(n) memory passes. ``rng.choice`` looks up every draw in the cumulative array at
+    random (cache misses: 24 s at 10M ids); here the uniforms come sorted (normalised
+    sums of exponentials), so the look-ups walk the array once, and a shuffle restores a
+    random order (2.5 s at 10M)."""
+    cdf = np.cumsum(p, dtype=np.float64)
+    gaps = rng.standard_exponential(n + 1)
+    u = np.cumsum(gaps[:-1])
+    u *= cdf[-1] / (u[-1] + gaps[-1]) if n else 1.0
+    ids = np.searchsorted(cdf, u, side="right")
+    np.minimum(ids, len(p) - 1, out=ids)
+    rng.shuffle(ids)
+    return ids
+
+
 def make_sampler(name: str, num_samples: int, **options) -> Sampler:
     """A sampler by registry name, e.g. ``make_sampler("uniform", 60000, seed=1)``."""
     cls = sampler_class(name)

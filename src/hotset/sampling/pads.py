@@ -33,7 +33,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
-from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.base import Sampler, draw_weighted, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 
 ORDERS = ("hits_first", "shuffled")
@@ -129,7 +129,7 @@ class PADSSampler(Sampler):
         return w / w.sum()
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
-        drawn = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+        drawn = draw_weighted(rng, self.probabilities(), self.num_samples)
         cached = self._cached[drawn]
         hits, misses = drawn[cached], drawn[~cached]
         if self.repetition_mode == "repeat":

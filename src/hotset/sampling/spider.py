@@ -37,7 +37,7 @@ from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
-from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.base import Sampler, draw_weighted, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class SpiderSampler(Sampler):
             if epoch == 0 or self.prior is None:
                 order = rng.permutation(self.num_samples)
             else:
-                order = rng.choice(self.num_samples, self.num_samples, p=self.probabilities())
+                order = draw_weighted(rng, self.probabilities(), self.num_samples)
                 order = self.coverage.ensure(order, epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = order

@@ -1,0 +1,36 @@
+"""The weighted draw with replacement that SHADE and SpiderCache make each epoch: the
+distribution of ``rng.choice(n, n, p=p)``, ids with no weight never drawn."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset.sampling.base import draw_weighted
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.0, 0.1, 1.0, 3.0, 10.0]), min_size=1, max_size=12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_draw_follows_the_weights(weights, seed):
+    w = np.asarray(weights)
+    if w.sum() == 0:
+        w[0] = 1.0
+    p = w / w.sum()
+    n = 20_000
+    ids = draw_weighted(np.random.default_rng(seed), p, n)
+    assert ids.shape == (n,) and ids.min() >= 0 and ids.max() < p.size
+    share = np.bincount(ids, minlength=p.size) / n
+    assert np.all(share[p == 0] == 0)  # no weight, never drawn
+    assert np.abs(share - p).max() < 5 * np.sqrt(0.25 / n) + 1e-9  # 5 sigma
+
+
+def test_draw_is_in_random_order_and_reproducible():
+    p = np.full(1000, 1e-3)
+    a = draw_weighted(np.random.default_rng(7), p, 1000)
+    assert np.array_equal(a, draw_weighted(np.random.default_rng(7), p, 1000))
+    assert not np.all(np.diff(a) >= 0)  # shuffled, not the sorted walk
+    assert draw_weighted(np.random.default_rng(0), p, 0).size == 0
