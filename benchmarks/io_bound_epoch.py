@@ -88,12 +88,17 @@ GPU_REFERENCE = {
 }  # fmt: skip
 
 
+def lru_row(rows: list[dict], r: dict) -> dict | None:
+    """Uniform + LRU's row at ``r``'s cache size and storage: what ratios are against."""
+    return next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]
+                 and b.get("storage") == r.get("storage")), None)  # fmt: skip
+
+
 def speedups(rows: list[dict], reference: str) -> None:
     """Each row's speed-up over uniform+LRU here and in the ``reference`` GPU run."""
     gpu = GPU_REFERENCE[reference]
     for r in rows:
-        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]
-                     and b.get("storage") == r.get("storage")), None)  # fmt: skip
+        base = lru_row(rows, r)
         ref, ref_base = gpu.get((r["system"], r["cache"])), gpu.get(("lru", r["cache"]))
         r["speedup"] = base["epoch_s"] / r["epoch_s"] if base else float("nan")
         r["gpu_speedup"] = ref_base[0] / ref[0] if ref and ref_base else float("nan")
@@ -125,8 +130,7 @@ def add_time_to_target(rows: list[dict], path: str, target: float | None) -> dic
         r["time_to_target_s"] = float(np.mean(times)) if times else float("nan")
         r["time_to_target_std"] = float(np.std(times)) if times else float("nan")
     for r in rows:
-        base = next((b for b in rows if b["system"] == "lru" and b["cache"] == r["cache"]
-                     and b.get("storage") == r.get("storage")), None)  # fmt: skip
+        base = lru_row(rows, r)
         base_s = base["time_to_target_s"] if base else float("nan")
         r["ttt_speedup"] = base_s / r["time_to_target_s"]
     return {"target_accuracy": target, "target_source": source, "accuracy_runs": path}
