@@ -69,15 +69,17 @@ def test_node_copies_in_front_of_the_cluster(redis_cluster):
     stored, refused = store.put(items)
     assert stored == 10 and len(refused) == 2  # the pooled budget: 1,000 bytes
     assert sorted(store.local.list_keys()) == sorted(set(items) - set(refused))
-    store.inner.delete_many(["k0"])  # the plan evicted it (through another node)
-    assert store.get_many(["k0", "k1"]) == [items["k0"], items["k1"]]  # both from the node
+    # which keys the budget refuses depends on how the cluster spread its slots
+    a, b, c = [k for k in items if k not in refused][:3]
+    store.inner.delete_many([a])  # the plan evicted it (through another node)
+    assert store.get_many([a, b]) == [items[a], items[b]]  # both from the node
     assert store.local_hits == 2
     reader = TieredStore(store.local, store.inner, trims=False)
     assert reader.trim_copies() == 0  # another rank of the node: the tier's maker trims
-    assert store.trim_copies() == 1  # k0 left the pooled tier: its copy goes
-    assert store.get_many(["k0"]) == [None]
-    store.local.delete_many(["k2"])  # a node that never read k2 ...
-    assert store.get_many(["k2"]) == [items["k2"]] and store.local.contains("k2")  # copies it
+    assert store.trim_copies() == 1  # a left the pooled tier: its copy goes
+    assert store.get_many([a]) == [None]
+    store.local.delete_many([c])  # a node that never read c ...
+    assert store.get_many([c]) == [items[c]] and store.local.contains(c)  # copies it
     path = store.local.path
     store.close(destroy=True)
     assert not os.path.exists(path) and len(make_store(store.inner.spec, 1_000)) == 0
