@@ -8,7 +8,9 @@ or the service's coordinator) is built, and two epoch starts each followed by ``
 batches are planned with feedback (synthetic per-sample losses, class-clustered 16-d
 embeddings for SpiderCache), as a training loop would. Reported:
 
-* ``manifest_B_per_id``: memory the manifest keeps, per id (``tracemalloc``);
+* ``manifest_B_per_id``: memory the manifest keeps in each process, per id
+  (``tracemalloc``): it is mapped from its columns file, as a node's ranks and workers
+  share it; ``node_B_per_id``: that file, once per node;
 * ``state_B_per_id``: resident memory the control plane adds after the two windows, per id
   (``peak_B_per_id``: its peak);
 * ``epoch_start_ms``: the second epoch's start up to its first batch (per-epoch work: new
@@ -25,6 +27,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -57,6 +60,15 @@ def make_manifest(n: int):
     keys = (f"{i:032x}" for i in range(n))
     paths = (f"train/n{c:08d}/{i:08d}.JPEG" for i, c in enumerate(labels.tolist()))
     return Manifest(paths, keys, sizes, labels, [str(c) for c in range(CLASSES)])
+
+
+def mapped_manifest(n: int, path: Path):
+    """The manifest of ``make_manifest(n)`` as a loader opens one: its columns file
+    (written here once), mapped."""
+    from hotset.storage.manifest import Manifest
+
+    path.write_bytes(make_manifest(n).to_columns())
+    return Manifest.map_columns(str(path))
 
 
 def losses_of(ids: np.ndarray, progress: float) -> np.ndarray:
@@ -159,9 +171,14 @@ def one(system: str, n: int, batches: int, batch_size: int, memory: bool) -> dic
     """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
     slows allocations, so the times come from a run without it."""
     make_manifest(10)  # imports are not the manifest's memory
+    with tempfile.TemporaryDirectory() as tmp:
+        return _one(system, n, batches, batch_size, memory, Path(tmp) / "manifest.columns")
+
+
+def _one(system: str, n: int, batches: int, batch_size: int, memory: bool, columns: Path):
     if memory:
         tracemalloc.start()
-    manifest = make_manifest(n)
+    manifest = mapped_manifest(n, columns)
     if memory:
         manifest_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
@@ -171,6 +188,7 @@ def one(system: str, n: int, batches: int, batch_size: int, memory: bool) -> dic
         top = tracemalloc.get_traced_memory()[1]
         return {
             "manifest_B_per_id": manifest_bytes / n,
+            "node_B_per_id": columns.stat().st_size / n,
             "state_B_per_id": (r["held"] - manifest_bytes) / n,
             "peak_B_per_id": (top - manifest_bytes) / n,
         }
@@ -223,6 +241,7 @@ def main() -> None:
             ("system", "s"),
             ("ids", ",d"),
             ("manifest_B_per_id", ".0f"),
+            ("node_B_per_id", ".0f"),
             ("state_B_per_id", ".0f"),
             ("peak_B_per_id", ".0f"),
             ("epoch_start_ms", ".1f"),

@@ -78,6 +78,28 @@ def test_the_default_h_list_is_what_fits_the_cache(fraction, sizes):
         assert sizes[hot].sum() + sizes[top_left] > capacity
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    levels=st.lists(st.integers(0, 4), min_size=0, max_size=300),
+    fraction=st.floats(0.0, 1.2),
+    seed=st.integers(0, 3),
+)
+def test_the_h_list_sorts_only_the_top_yet_equals_the_full_sort(levels, fraction, seed):
+    """``h_list_to_fit`` sorts the ids at least as important as the k-th: the same
+    H-list as sorting all ids (ties broken by the same random draw), ties at the cut
+    included."""
+    from hotset.policy.icache import h_list_to_fit
+
+    imp = np.array(levels, float) / 4
+    sizes = (np.arange(imp.size) * 7919 % 50 + 1).astype(np.int64)
+    capacity = int(fraction * sizes.sum())
+    tie = np.random.default_rng(seed).random(imp.size)
+    order = np.lexsort((tie, -imp))
+    want = np.zeros(imp.size, bool)
+    want[order[np.cumsum(sizes[order]) <= capacity]] = True
+    assert np.array_equal(h_list_to_fit(imp, sizes, capacity, seed), want)
+
+
 def test_h_cache_follows_algorithm_1():
     p = make_policy("icache", 4, num_samples=10, h_share=1.0, package_bytes=1)
     assert p.h_capacity == 2 and p.l_capacity == 2  # never below one package (+ 1 sample)

@@ -143,7 +143,7 @@ def test_callback_feeds_back_logs_and_resumes_the_rest_of_the_epoch(fmnist_dir, 
     ckpt = tmp_path / "step=7.ckpt"
 
     resumed = CallbackModule.make(data)
-    trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=ckpt, weights_only=False)
+    trainer(tmp_path, max_epochs=2).fit(resumed, ckpt_path=ckpt)  # torch's weights_only=True
     assert first.trained[0] + resumed.trained[0] == whole.trained[0]  # nothing skipped
     # the next epoch whole (its draw differs: SHADE repeats what the cache holds, and the
     # resumed job's in-memory cache started cold)

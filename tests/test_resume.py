@@ -5,13 +5,11 @@ the loader is refused, naming the difference."""
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 
 from hotset import ConfigError, MemoryStore
 from hotset.storage import FileStorage
-from test_truth import _loader, killed_mid_epoch, synthetic_feedback
+from test_truth import _loader, killed_mid_epoch, synthetic_feedback, through_torch_save
 
 EPOCHS = 3
 
@@ -24,7 +22,7 @@ def run(loader, epochs, cut=None, abandon=None):
     served = {}
 
     def save():
-        return pickle.loads(pickle.dumps(loader.state_dict()))  # as torch.save would
+        return through_torch_save(loader.state_dict())
 
     for epoch in epochs:
         loader.set_epoch(epoch)
@@ -126,3 +124,36 @@ def test_a_job_killed_on_a_named_redis_namespace_resumes_warm(fmnist_dir, redis_
     c = resumed.counters()
     assert len(rest[1]) == len(storage) - 6 * 40 and c["hits"] > 0.15 * len(rest[1])  # warm
     resumed.close()
+
+
+def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
+    """The state a loader saves is built of containers, scalars, strings and tensors
+    (torch's ``weights_only=True`` loads it, as the resume tests above do); a value of
+    another type is refused at save, naming where it is, and a tag naming a class hotset
+    does not write is refused at load."""
+    import random
+    from array import array
+
+    import numpy as np
+
+    from hotset.checkpoint import from_safe, to_safe
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    heap = KeyedHeap(8)
+    heap.push(3, 5)
+    state = {
+        "a": np.arange(6, dtype=np.uint32).reshape(2, 3), "b": array("q", [1, -2]),
+        "c": {1, 2}, "d": random.Random(4), "e": heap, "f": np.empty(0), 7: (1, "x"), "g": [b"", b"ab"],
+    }  # fmt: skip
+    safe = through_torch_save(to_safe(state))
+    back = from_safe(safe)
+    assert np.array_equal(back["a"], state["a"]) and back["a"].dtype == np.uint32
+    assert back["a"].flags.writeable and back["b"] == state["b"] and back["c"] == {1, 2}
+    assert back["d"].random() == random.Random(4).random()
+    assert back["e"].live == {3: heap.key(3, 5)} and back[7] == (1, "x") and back["f"].size == 0
+    assert back["g"] == [b"", b"ab"]
+    with pytest.raises(ConfigError, match=r"state\.g: a builtins.object cannot be saved"):
+        to_safe({"g": object()})
+    crafted = {"x": {"__hotset__": "object", "class": "Popen", "vars": {}}}
+    with pytest.raises(ConfigError, match="not one hotset writes"):
+        from_safe(crafted)

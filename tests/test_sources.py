@@ -6,6 +6,7 @@ MinIO, every served sample equal to a direct read of the source."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -323,3 +324,56 @@ def test_targets_from_the_sample_a_segmentation_mask(tmp_path):
                 assert torch.equal(targets[k], torch.from_numpy(masks[i]))
             seen += len(ids)
     assert seen == 24
+
+
+def _mapped(pid: int, path) -> bool:
+    """Whether process ``pid`` maps the file ``path``."""
+    with open(f"/proc/{pid}/maps") as f:
+        return str(path) in f.read()
+
+
+def test_a_manifest_is_mapped_from_one_file_the_node_shares(fmnist_dir, tmp_path):
+    """``manifest.json`` is checked once and kept as columns in the user's index cache:
+    the loader's workers and another process (a second rank) map that one file
+    read-only, no process parses the JSON again or holds a copy; a rewritten manifest
+    gets a new file and the stale one goes; a damaged file is built again."""
+    import shutil
+    import subprocess
+    import sys
+
+    from hotset.storage import FileStorage
+
+    data = tmp_path / "data"
+    shutil.copytree(fmnist_dir / "train", data)
+    storage = FileStorage(str(data))
+    cache = tmp_path / "cache" / "index"
+    (columns,) = cache.glob("manifest-*")
+    assert not storage.manifest.sizes.flags.writeable  # a view of the mapped file
+    assert _mapped(os.getpid(), columns)
+    children = Path(f"/proc/self/task/{os.getpid()}/children")
+    before = set(children.read_text().split())  # (a server another test started)
+    with hotset.make_loader(storage, batch_size=50, num_workers=2, persistent_workers=True,
+                            cache_fraction=0.2) as loader:  # fmt: skip
+        loader.set_epoch(0)
+        next(iter(loader))
+        workers = [int(p) for p in set(children.read_text().split()) - before]
+        assert workers and all(_mapped(w, columns) for w in workers)
+    rank = subprocess.run(
+        [sys.executable, "-c", "import os, hotset; s = hotset.FileStorage(os.sys.argv[1]); "
+         "print(int(str(os.sys.argv[2]) in open('/proc/self/maps').read()), len(s))",
+         str(data), str(columns)],
+        capture_output=True, text=True, env={**os.environ},
+    )  # fmt: skip
+    assert rank.stdout.split() == ["1", str(len(storage))], rank.stderr
+    assert list(cache.glob("manifest-*")) == [columns]  # the same file, not a second
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["labels"][0] = (manifest["labels"][0] + 1) % len(manifest["classes"])
+    (data / "manifest.json").write_text(json.dumps(manifest) + " ")
+    assert FileStorage(str(data)).manifest.labels[0] == manifest["labels"][0]
+    (fresh,) = cache.glob("manifest-*")
+    assert fresh != columns
+    (tmp_path / "cut").write_bytes(fresh.read_bytes()[:200])
+    fresh.write_bytes(fresh.read_bytes()[:200])  # cut short: hotset's file, built again
+    assert FileStorage(str(data)).manifest.labels[0] == manifest["labels"][0]
+    with pytest.raises(ConfigError, match="cut is not a manifest's columns"):
+        hotset.storage.manifest.Manifest.map_columns(str(tmp_path / "cut"))

@@ -4,8 +4,8 @@ workers, duplicate ids, wrong entries, faults and restarts; owned stores are rem
 from __future__ import annotations
 
 import glob
+import io
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -457,6 +458,15 @@ def _loader(storage, name, num_workers, store="shared", seed=3):
     )  # fmt: skip
 
 
+def through_torch_save(state):
+    """``state`` saved with ``torch.save`` and loaded as torch loads by default
+    (``weights_only=True``: no class a file names is built)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
 def _epoch(loader, epoch, stop=None):
     """Batches of ``epoch`` (served ids), with synthetic feedback; ``stop``: after that
     many batches, return the state saved there as well."""
@@ -466,7 +476,7 @@ def _epoch(loader, epoch, stop=None):
         synthetic_feedback(loader, ids, y, epoch)
         batches.append(ids.tolist())
         if n + 1 == stop:
-            state = pickle.loads(pickle.dumps(loader.state_dict()))  # as torch.save would
+            state = through_torch_save(loader.state_dict())
     return batches, state
 
 
@@ -511,7 +521,7 @@ def killed_mid_epoch(data, name: str, spec: str, tmp_path, save_at: int, kill_at
     saved after batch ``save_at`` and the process killed (-9) after batch ``kill_at``;
     returns the saved state."""
     script = textwrap.dedent(f"""
-        import os, pickle, signal, sys
+        import os, signal, sys, torch
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_truth import _epoch, _loader
         from hotset import FileStorage
@@ -520,15 +530,13 @@ def killed_mid_epoch(data, name: str, spec: str, tmp_path, save_at: int, kill_at
         loader.set_epoch(1)
         for n, _ in enumerate(loader):
             if n == {save_at}:
-                with open({str(tmp_path / "state.pkl")!r}, "wb") as f:
-                    pickle.dump(loader.state_dict(), f)
+                torch.save(loader.state_dict(), {str(tmp_path / "state.pt")!r})
             if n == {kill_at}:  # the machine goes away
                 os.kill(os.getpid(), signal.SIGKILL)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == -signal.SIGKILL, out.stderr
-    with open(tmp_path / "state.pkl", "rb") as f:
-        return pickle.load(f)
+    return torch.load(tmp_path / "state.pt", weights_only=True)
 
 
 def test_a_job_killed_mid_epoch_resumes_with_the_exact_remaining_ids(fmnist_dir, tmp_path):

@@ -55,7 +55,8 @@ def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
 
 def decode_array(data: bytes) -> np.ndarray:
     """``.npy`` bytes -> array, parsing each distinct header once (samples of a dataset
-    share one header, so this is a ``frombuffer``)."""
+    share one header, so this is a ``frombuffer``), writable (torch refuses to share a
+    read-only buffer)."""
     if data[:6] != NPY_MAGIC:
         raise ValueError("not .npy data (bad magic)")
     if data[6] == 1:
@@ -64,7 +65,7 @@ def decode_array(data: bytes) -> np.ndarray:
         end = 12 + int.from_bytes(data[8:12], "little")
     dtype, shape, fortran = _npy_header(bytes(data[:end]))
     arr = np.frombuffer(data, dtype=dtype, offset=end, count=math.prod(shape))
-    return arr.reshape(shape, order="F" if fortran else "C")
+    return arr.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 
 #: WebDataset's field names (the member's extension) and how each is decoded

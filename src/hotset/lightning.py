@@ -23,8 +23,8 @@ rather than skipped. A resumed loader's ``len`` is what is left of the epoch, wh
 Lightning counts a resumed epoch's batches from its start: the state the callback saves
 tells the loader to say the whole epoch's.
 
-A loader's state holds hotset's objects (scores, the cache's residents), so resume with
-``trainer.fit(..., ckpt_path=..., weights_only=False)``, from checkpoints you wrote.
+A loader's state is plain data (``hotset.checkpoint``): the checkpoint loads with torch's
+default ``weights_only=True``.
 """
 
 from __future__ import annotations

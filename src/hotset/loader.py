@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from hotset.arguments import Int, IntPair, Real, checked
+from hotset.checkpoint import from_safe, to_safe
 from hotset.codecs import decode_sample, to_tensor
 from hotset.collate import collate, split_sample
 from hotset.distributed import RankGroup, detect_ranks, node_name
@@ -648,16 +649,17 @@ class HotsetLoader:
         any point (before the first batch, between batches, after the last, after
         ``set_epoch``, after an abandoned epoch). ``trained``: the batches of this epoch
         trained on, where fewer than were served (a trainer that fetches ahead)."""
-        return {
+        return to_safe({
             "planner": self.planner.state_dict(trained),
             "stats": asdict(self.stats),
             "fits": self.fits,
-        }
+        })  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``; one saved by a loader of other arguments (dataset,
         batch size, system, options, world size, hotset version) is refused, naming them:
         it would skip or repeat samples."""
+        state = from_safe(state)
         if self.fits is not None:
             saved = state.get("fits") or {}
             diff = [

@@ -55,7 +55,7 @@ class BasicBlock(nn.Module):
 
 class ResNet18(nn.Module):
     """ResNet-18 as torchvision builds it (same layers, names and parameter count, so its
-    ``state_dict`` loads into ``torchvision.models.resnet18`` with the two changes) for
+    state dict loads into ``torchvision.models.resnet18`` with the two changes) for
     small images: a 3x3 stride-1 ``conv1`` over ``in_channels`` and no max-pool. Written
     here because torchvision's PyPI wheels load only against a CUDA build of torch. The
     embedding is the 512-d pooled feature vector before ``fc``."""

@@ -245,8 +245,8 @@ class Planner:
         self._inflight: deque[tuple[int, np.ndarray]] = deque()
         # per id, the last plan that wrote / deleted it: in flight if >= the oldest in flight
         tracked = policy.num_samples if self.executes else 0
-        self._writer = np.full(tracked, -1, np.int64)
-        self._deleter = np.full(tracked, -1, np.int64)
+        self._writer = np.full(tracked, -1, np.int32)  # (2^31 plans: 150k epochs of 14M)
+        self._deleter = np.full(tracked, -1, np.int32)
         self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start

@@ -76,7 +76,7 @@ class GraphImportance:
         self.homophily_k = int(homophily_k)
         self.M, self.ef_construction, self.threads, self.seed = M, ef_construction, threads, seed
         self.index = None
-        self.indexed = np.zeros(self.num_samples, bool)
+        self.indexed = np.full(self.num_samples, False)
         self.calibrate, self.edge_quantile = bool(calibrate), float(edge_quantile)
         self.scale = 1.0  # the distance unit of Eq. 2
         self._calibrated = False  # from a whole epoch's distances (else each batch's own)

@@ -23,11 +23,11 @@ class ScoreBoard:
         self.num_samples = int(num_samples)
         self.score = np.full(self.num_samples, float(initial))
         self.loss = np.full(self.num_samples, np.nan)
-        self.updated = np.full(self.num_samples, -1, np.int64)
-        self.count = np.zeros(self.num_samples, np.int64)
+        self.updated = np.full(self.num_samples, -1, np.int32)  # 4 B per id: 2^31 steps
+        self.count = np.full(self.num_samples, 0, np.int32)
         self.step = 0
         self.scores_given = 0  # ids scored over all steps (with repeats)
-        self.given_at = np.zeros(self.num_samples, np.int64)  # scores_given at i's latest
+        self.given_at = np.full(self.num_samples, 0, np.int64)  # scores_given at i's latest
 
     def update(self, ids: np.ndarray, scores: np.ndarray, losses: np.ndarray) -> None:
         """Record one batch's scores (later entries win for a repeated id)."""

@@ -35,5 +35,5 @@ class APPPolicy(PriorityPolicy):
 
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:  # line 12: ghost_cache.exist(s)
         if self.ghost_epochs is None:
-            return self.board.seen[ids]
+            return self.board.updated[ids] >= 0
         return self.board.recent(ids, self.ghost_epochs * self.num_samples)

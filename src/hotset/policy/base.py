@@ -93,7 +93,7 @@ class Policy(ABC):
         self.seed = seed
         self.used = 0  # bytes of resident samples, per the manifest sizes
         #: plans in flight that read or write each id: a pinned id is never evicted
-        self.pinned = np.zeros(self.num_samples, np.int32)
+        self.pinned = np.full(self.num_samples, 0, np.int32)
         self._holds = np.zeros(1, np.int64)  # pins held now (none: the loop skips checks)
 
     @property
@@ -207,10 +207,17 @@ class Policy(ABC):
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
         """Byte sizes of ids registered after construction (a shared service's policy
         covers ids of datasets that arrive later). A resident's size cannot change."""
-        for i, s in zip(np.asarray(ids).tolist(), np.asarray(sizes).tolist(), strict=True):
-            if self._sizes[i] != s and i in self._resident:
-                raise ConfigError(f"sample {i} is cached with {self._sizes[i]} bytes, not {s}")
-            self._sizes[i] = int(s)
+        ids, sizes = np.asarray(ids, np.int64), np.asarray(sizes, np.int64)
+        if ids.shape != sizes.shape:
+            raise ConfigError(f"set_sizes: {ids.size} ids but {sizes.size} sizes")
+        column = np.frombuffer(self._sizes, np.int64)  # a view: writes go to ``_sizes``
+        changed = np.flatnonzero(column[ids] != sizes)
+        if changed.size and len(self):  # only ids whose size changes are looked up
+            bad = changed[np.isin(ids[changed], self.cached_ids())]
+            if bad.size:
+                i, s = int(ids[bad[0]]), int(sizes[bad[0]])
+                raise ConfigError(f"sample {i} is cached with {column[i]} bytes, not {s}")
+        column[ids] = sizes
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Set a new capacity, evicting residents (this policy's victims first) until they

@@ -43,9 +43,18 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     equal importance in a random order."""
     importance = np.asarray(importance, np.float64)
     sizes = np.asarray(sizes, np.int64)
-    tie = np.random.default_rng(seed).random(importance.size)
-    order = np.lexsort((tie, -importance))
-    hot = np.zeros(importance.size, bool)
+    n = importance.size
+    tie = np.random.default_rng(seed).random(n)
+    hot = np.zeros(n, bool)
+    # sort only the ids at least as important as the k-th (k: what fits, with a margin);
+    # the full sort when they do not fill the capacity (many equal importances)
+    k = int(1.25 * capacity / max(1.0, float(sizes.mean()))) + 1 if n else 0
+    ids = np.arange(n)
+    if k < n:
+        ids = np.flatnonzero(importance >= np.partition(importance, n - k)[n - k])
+        if sizes[ids].sum() <= capacity:
+            ids = np.arange(n)
+    order = ids[np.lexsort((tie[ids], -importance[ids]))]
     hot[order[np.cumsum(sizes[order]) <= capacity]] = True
     return hot
 
@@ -68,6 +77,7 @@ class ICachePolicy(Policy):
         thread (reproducible runs; see ``packages.Packager``)."""
         super().__init__(capacity_bytes, sizes, seed)
         self._max_size = max(1, int(np.max(sizes)))
+        self._typical_size = max(1, int(np.mean(self._sizes[:64])))
         if not 0.0 <= h_share <= 1.0:
             raise ConfigError(f"h_share must be in [0, 1], got {h_share}")
         if package_bytes is None:  # 1 MB, or a quarter of the L-cache's first share
@@ -84,14 +94,16 @@ class ICachePolicy(Policy):
         # the L-samples in a random order, and how far packages took them (``_pool_ids``)
         self._pool = np.zeros(0, np.int32 if self.num_samples < 2**31 else np.int64)
         self._cursor, self._wrapped = 0, False
-        self._hot: list[bool] = self.is_h.tolist()  # the same, fast to index per access
-        self._level = np.zeros(self.num_samples, np.int64)  # quantised importance
+        # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
+        self._hot: bytes = self.is_h.tobytes()
+        self._level = np.full(self.num_samples, 0, np.int64)  # quantised importance
         self._h: dict[int, None] = {}  # H-cache residents
         self.heap = KeyedHeap(self._bits)
         self.shadow: KeyedHeap | None = None  # being rebuilt from ``_rebuild``
         self._rebuild: list[int] = []
         self.h_used = 0
         self._l: dict[int, bool] = {}  # L-cache residents -> used this epoch
+        self._l_used: dict[int, None] = {}  # those used, the longest-used first
         self._fresh: list[int] = []  # L residents unused this epoch (lazily cleaned)
         self._queue: dict[int, None] = {}  # missed L ids, for the next packages
         self._served: set[int] = set()  # L residents served this epoch
@@ -143,19 +155,22 @@ class ICachePolicy(Policy):
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)
         self._max_size = max(self._max_size, int(np.max(sizes, initial=0)))
+        self._typical_size = max(1, int(np.mean(self._sizes[:64])))
 
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), until
         ``need`` more bytes fit the L-cache; returns them."""
-        out = []
-        for used_first in (True, False):
-            for i, used in list(self._l.items()):
+        out, sizes, pinned, l_res = [], self._sizes, self.pinned, self._l
+        for order in (self._l_used, l_res):  # walks stop at the first ids that make room
+            for i in order:
                 if self.l_used + need <= self.l_capacity:
-                    return out
-                if used == used_first and not self.pinned[i]:
-                    del self._l[i]
-                    self.l_used -= self._sizes[i]
+                    break
+                if not pinned[i] and (order is self._l_used or not l_res[i]):
+                    self.l_used -= sizes[i]
                     out.append(i)
+            for i in out:
+                l_res.pop(i, None)
+                self._l_used.pop(i, None)
         return out
 
     @property
@@ -174,6 +189,7 @@ class ICachePolicy(Policy):
                 out.append(i)
             elif i in self._l:
                 del self._l[i]
+                self._l_used.pop(i, None)
                 self.l_used -= self._sizes[i]
                 out.append(i)
         self.used = self.h_used + self.l_used
@@ -226,7 +242,7 @@ class ICachePolicy(Policy):
         self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
         self.is_h = hot
         self._all_h = bool(hot.all())
-        self._hot = hot.tolist()
+        self._hot = hot.tobytes()
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
         if self._h:  # the heap turns read-only; the shadow gets the new values
             self.shadow = KeyedHeap(self._bits)
@@ -234,6 +250,7 @@ class ICachePolicy(Policy):
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
         for i in self._l:
             self._l[i] = False
+        self._l_used.clear()
         self._served = set()
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
@@ -314,7 +331,8 @@ class ICachePolicy(Policy):
             j = fresh.pop()
             if l_res.get(j) is False and not is_h[j]:
                 del l_res[j]
-                l_res[j] = True  # to the end: victims are the longest-used first
+                l_res[j] = True  # to the end, as in ``_l_used``
+                self._l_used[j] = None  # victims are the longest-used first
                 self._served.add(j)
                 return j
         return None
@@ -336,6 +354,8 @@ class ICachePolicy(Policy):
                 if i in l_res:
                     del l_res[i]
                     l_res[i] = True
+                    self._l_used.pop(i, None)  # to the end: the longest-used go first
+                    self._l_used[i] = None
                     self._served.add(i)
                 continue
             if hot:  # H-miss: read, maybe admit (lines 7-17)
@@ -378,7 +398,7 @@ class ICachePolicy(Policy):
         unused and no load is in flight."""
         if self.loading or (self._all_h and not self._queue):
             return False
-        l_items = max(1, self.l_capacity // max(1, int(np.mean(self._sizes[:64]))))
+        l_items = max(1, self.l_capacity // self._typical_size)
         return self.l_fresh() < l_items // 2
 
     def l_next_package(self, exclude=(), prefer=None) -> np.ndarray:
@@ -434,15 +454,17 @@ class ICachePolicy(Policy):
         """Reserve L space for a package of ``ids``: returns the L residents to delete
         from the store first (used ones first, the longest-used first) and the ids that
         fit (all, unless the L-cache shrank since the package was composed)."""
-        ids = np.asarray(ids, np.int64)
-        sizes = self._sizes
-        fit = np.cumsum([sizes[i] for i in ids.tolist()]) <= self.l_capacity
-        accepted = ids[fit] if ids.size else ids
-        need = sum(sizes[i] for i in accepted.tolist())
+        sizes, need, fit = self._sizes, 0, []
+        for i in np.asarray(ids, np.int64).tolist():  # the prefix that fits
+            if need + sizes[i] > self.l_capacity:
+                break
+            need += sizes[i]
+            fit.append(i)
+        accepted = np.array(fit, np.int64)
         victims = self._free_l(need)
         self.l_used += need
         self.loading += 1
-        for i in accepted.tolist():
+        for i in fit:
             self._writing[i] = self._writing.get(i, 0) + 1
         self.used = self.h_used + self.l_used
         return np.array(victims, np.int64), accepted
@@ -462,6 +484,8 @@ class ICachePolicy(Policy):
             if i in ok and i not in self._l and i not in self._h:
                 used = i in self._served  # served this epoch already: not a substitute
                 self._l[i] = used
+                if used:
+                    self._l_used[i] = None
                 self._queue.pop(i, None)
                 if not used and not self.is_h[i]:
                     self._fresh.append(i)

@@ -35,10 +35,22 @@ class KeyedHeap:
     def push(self, i: int, level: int) -> None:
         """Add ``i`` or re-key it (a level that did not change pushes nothing)."""
         k = level << self.bits | i
-        if self.live.get(i) != k:
-            self.live[i] = k
+        live = self.live
+        if live.get(i) != k:
+            live[i] = k
             heapq.heappush(self.heap, k)
-            self.compact()
+            if len(self.heap) > 2 * len(live) + 1024:
+                self.compact()
+
+    def push_many(self, ids: list[int], levels: list[int]) -> None:
+        """``push`` each ``(id, level)`` in turn, compacting once at the end."""
+        heap, live, bits, heappush = self.heap, self.live, self.bits, heapq.heappush
+        for i, level in zip(ids, levels, strict=True):
+            k = level << bits | i
+            if live.get(i) != k:
+                live[i] = k
+                heappush(heap, k)
+        self.compact()
 
     def drop(self, i: int) -> None:
         """Remove ``i`` (its entries turn stale)."""
@@ -116,5 +128,7 @@ class HeapPolicy(Policy):
         self._heap.drop(i)
 
     def _insert(self, p: int, i: int) -> None:
-        self._heap.settle()
-        self._heap.push(i, self._level(p, i))
+        heap = self._heap
+        if heap._taken:
+            heap.settle()
+        heap.push(i, self._level(p, i))

@@ -33,13 +33,13 @@ class LRUPolicy(Policy):
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
         self._size = np.asarray(self._sizes, np.int64)
-        self._in = np.zeros(self.num_samples, bool)
+        self._in = np.full(self.num_samples, False)
         self._stamp = np.full(self.num_samples, -1, np.int64)
         self._q_id = np.empty(1024, np.int64)
         self._q_t = np.empty(1024, np.int64)
         self._head = self._tail = self._clock = 0
         self._count = 0
-        self._scratch = np.zeros(self.num_samples, np.int64)  # per-batch marks
+        self._scratch = np.full(self.num_samples, 0, np.int64)  # per-batch marks
 
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)

@@ -47,9 +47,11 @@ class PriorityPolicy(HeapPolicy):
         """Re-key the residents among ``ids`` with their new scores (the 'adaptive' part)."""
         ids = np.asarray(ids, np.int64)
         heap = self._heap
-        for i, q in zip(ids.tolist(), self._levels(ids), strict=True):
-            if i in heap.live:
-                heap.push(i, q)
+        live = heap.live
+        mine = [p for p, i in enumerate(ids.tolist()) if i in live]
+        if mine:
+            ids = ids[mine]
+            heap.push_many(ids.tolist(), self._levels(ids))
 
     def min_score(self) -> float | None:
         """The lowest (quantised) score among residents (``None`` when empty)."""

@@ -34,7 +34,7 @@ class RefCntPolicy(HeapPolicy):
         """``refs``: an array to share with other RefCnt policies (one count of future
         reads for several partitions of one cache); ``family``: the list of them."""
         super().__init__(capacity_bytes, sizes, seed)
-        self.refs = np.zeros(self.num_samples, np.int64) if refs is None else refs
+        self.refs = np.full(self.num_samples, 0, np.int64) if refs is None else refs
         self._family: list[RefCntPolicy] = [] if family is None else family
         self._family.append(self)
 
@@ -48,7 +48,8 @@ class RefCntPolicy(HeapPolicy):
         return int(self.refs[i]) + (PINNED if self.pinned[i] else 0)
 
     def _rekey(self, ids: np.ndarray) -> None:
-        """Every family member re-keys its residents among ``ids``."""
+        """Every family member re-keys its residents among ``ids`` (repeats allowed: a
+        key that did not change pushes nothing)."""
         for member in self._family:
             live, heap = member._heap.live, member._heap
             if not live:
@@ -63,11 +64,11 @@ class RefCntPolicy(HeapPolicy):
         ids = np.asarray(ids, np.int64)
         np.add.at(self.refs, ids, int(delta))
         np.maximum(self.refs, 0, out=self.refs)
-        self._rekey(np.unique(ids))
+        self._rekey(ids)
 
     def pin(self, ids, delta: int = 1) -> None:
         super().pin(ids, delta)
-        self._rekey(np.unique(np.asarray(ids, np.int64)))
+        self._rekey(np.asarray(ids, np.int64))
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Evict the unpinned residents with the fewest references until the rest fit (a

@@ -45,6 +45,7 @@ class PADSSampler(Sampler):
     order_known_ahead = False
     cache_aware = True
     learns_from_feedback = True
+    transient = ("_score",)  # from the arguments, not learnt
 
     def __init__(
         self,
@@ -86,7 +87,7 @@ class PADSSampler(Sampler):
         self.board = ScoreBoard(num_samples)
         self.prior: float | None = None  # weight of never-scored samples
         self.guard_epochs: list[int] = []
-        self._cached = np.zeros(num_samples, bool)
+        self._cached = np.full(num_samples, False)
         self._loss_sum: dict[int, float] = {}
         self._loss_n: dict[int, int] = {}
         self._accuracy: list[float] = []

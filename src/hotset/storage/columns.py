@@ -78,7 +78,8 @@ class _Column(Sequence[str]):
 
 
 class StringColumn(_Column):
-    """Strings as one UTF-8 buffer and an int64 end offset each."""
+    """Strings as one UTF-8 buffer (``bytes``, or a uint8 array mapped from a file) and
+    an int64 end offset each."""
 
     __slots__ = ("_blob", "_ends")
 
@@ -104,12 +105,12 @@ class StringColumn(_Column):
 
     def _at(self, i: int) -> str:
         start = int(self._ends[i - 1]) if i else 0
-        return self._blob[start : int(self._ends[i])].decode()
+        return bytes(self._blob[start : int(self._ends[i])]).decode()
 
     def __iter__(self) -> Iterator[str]:
         blob, start = self._blob, 0
         for end in self._ends.tolist():
-            yield blob[start:end].decode()
+            yield bytes(blob[start:end]).decode()
             start = end
 
     def take(self, idx) -> StringColumn:

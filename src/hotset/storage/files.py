@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from collections.abc import Sequence
 
@@ -13,8 +14,9 @@ import numpy as np
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
 from hotset.io.reader import Retry
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
-from hotset.storage.index_cache import cached_index
+from hotset.storage.index_cache import cached_path
 from hotset.storage.manifest import (
+    COLUMNS_MAGIC,
     IMAGE_SUFFIXES,
     KEY_KIND,
     LOCATION_KIND,
@@ -23,6 +25,8 @@ from hotset.storage.manifest import (
     content_key,
     location_key,
 )
+
+log = logging.getLogger(__name__)
 
 
 class FileStorage(FsspecStorage):
@@ -61,7 +65,7 @@ class FileStorage(FsspecStorage):
         self.concurrency = concurrency_for(self._fs, concurrency)
         mpath = posixpath.join(self._root, MANIFEST_NAME)
         if self._fs.exists(mpath):
-            self.manifest = Manifest.from_json(self._fs.cat_file(mpath).decode(), mpath)
+            self.manifest = mapped_manifest(self._fs, mpath)
         else:
             self.manifest = index_imagefolder(self._fs, self._root, self.url)
         self.content_keyed = self.manifest.key_kind == KEY_KIND
@@ -144,7 +148,7 @@ def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Man
                  for s, (rel, _, _) in zip(sizes, files, strict=True)]  # fmt: skip
     listing = [(rel, int(size), _version(info)) for (rel, _, info), size in
                zip(files, sizes, strict=True)]  # fmt: skip
-    fingerprint = json.dumps([classes, listing])
+    fingerprint = json.dumps([COLUMNS_MAGIC.decode(), classes, listing])
 
     def build() -> bytes:
         return Manifest(
@@ -153,7 +157,34 @@ def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Man
             [size + TAG for _, size, _ in listing],
             [label for _, label, _ in files],
             classes, posixpath.basename(root.rstrip("/")), LOCATION_KIND,
-        ).to_json().encode()  # fmt: skip
+        ).to_columns()  # fmt: skip
 
-    data = cached_index("imagefolder", url, fingerprint, build)
-    return Manifest.from_json(data.decode(), f"index of {url}")
+    return _mapped("imagefolder", url, fingerprint, build, f"index of {url}")
+
+
+def _mapped(kind: str, url: str, fingerprint: str, build, where: str) -> Manifest:
+    """The manifest kept as columns in the index cache, mapped; a damaged file there
+    (hotset's own, not the user's data) is built again once."""
+    for attempt in range(2):
+        path = cached_path(kind, url, fingerprint, build)
+        try:
+            return Manifest.map_columns(str(path), where)
+        except ConfigError:
+            if attempt:
+                raise
+            log.warning("%s: the index file %s is damaged; building it again", where, path)
+            path.unlink(missing_ok=True)
+    raise AssertionError("unreachable")
+
+
+def mapped_manifest(fs: fsspec.AbstractFileSystem, mpath: str) -> Manifest:
+    """``manifest.json`` at ``mpath``, checked once and kept as columns in the user's
+    index cache (named by its URL, size and version): the node's ranks and workers map
+    that one file, none parses the JSON again or holds a copy."""
+    info = fs.info(mpath)
+    fingerprint = json.dumps([COLUMNS_MAGIC.decode(), info.get("size"), _version(info)])
+
+    def build() -> bytearray:
+        return Manifest.from_json(fs.cat_file(mpath).decode(), mpath).to_columns()
+
+    return _mapped("manifest", fs.unstrip_protocol(mpath), fingerprint, build, mpath)

@@ -38,13 +38,17 @@ def _digest(text: str) -> str:
 def cached_index(kind: str, url: str, fingerprint: str, build: Callable[[], bytes]) -> bytes:
     """The index of ``url`` as it is now (``fingerprint``): read from the cache, or
     ``build()`` and kept (written atomically, readable by this user only)."""
+    return cached_path(kind, url, fingerprint, build).read_bytes()
+
+
+def cached_path(kind: str, url: str, fingerprint: str, build: Callable[[], bytes]) -> Path:
+    """As ``cached_index``, the file's path (to map it: every process of the node that
+    opens the same source maps the same file)."""
     root = cache_dir()
     prefix = f"{kind}-{_digest(url)}-"
     path = root / f"{prefix}{_digest(fingerprint)}"
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        pass
+    if path.exists():
+        return path
     data = build()
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
     try:
@@ -57,4 +61,4 @@ def cached_index(kind: str, url: str, fingerprint: str, build: Callable[[], byte
     for stale in root.glob(f"{prefix}*"):  # the same source, indexed as it was before
         if stale != path:
             stale.unlink(missing_ok=True)
-    return data
+    return path
