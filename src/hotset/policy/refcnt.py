@@ -51,13 +51,14 @@ class RefCntPolicy(HeapPolicy):
         """Every family member re-keys its residents among ``ids`` (repeats allowed: a
         key that did not change pushes nothing)."""
         for member in self._family:
-            live, heap = member._heap.live, member._heap
+            live = member._heap.live
             if not live:
                 continue
-            todo = ids.tolist() if ids.size < len(live) else list(live)
-            for i in todo:
-                if i in live:
-                    heap.push(i, member._key(i))
+            mine = [i for i in ids.tolist() if i in live] if ids.size < len(live) else list(live)
+            if mine:  # the keys at once (``_key`` per id, in numpy)
+                at = np.asarray(mine, np.int64)
+                keys = member.refs[at] + np.where(member.pinned[at] > 0, PINNED, 0)
+                member._heap.push_many(mine, keys.tolist())
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
