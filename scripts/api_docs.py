@@ -61,8 +61,8 @@ def broken_links(out: Path) -> list[str]:
     broken = []
     for page, parsed in pages.items():
         for href in parsed.hrefs:
-            if re.match(r"[a-z]+:", href):
-                continue  # http(s), mailto: outside the reference
+            if re.match(r"[a-z]+:", href) or "#_" in href:
+                continue  # http(s), mailto: outside the reference; a private base's name
             target, _, anchor = href.partition("#")
             dest = (page.parent / target).resolve() if target else page
             if dest not in pages or (anchor and anchor not in pages[dest].ids

@@ -62,6 +62,11 @@ def test_columns_concatenate_and_name_their_distinct_keys(a, b):
     assert isinstance(mixed, StringColumn) and list(mixed) == [*a, "k1", "k1"]
     assert mixed.distinct().tolist() == sorted({k: i for i, k in reversed(list(
         enumerate(list(mixed))))}.values())  # fmt: skip
+    for col, keys in ((both, a + b), (mixed, list(mixed))):  # what registration numbers by
+        first, number = col.numbered()
+        seen = list(dict.fromkeys(keys))  # distinct keys in order of first sight
+        assert [keys[i] for i in first] == seen
+        assert [seen[k] for k in number] == keys
 
 
 def test_a_key_that_is_not_a_digest_is_named():

@@ -143,7 +143,8 @@ def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
     heap.push(3, 5)
     state = {
         "a": np.arange(6, dtype=np.uint32).reshape(2, 3), "b": array("q", [1, -2]),
-        "c": {1, 2}, "d": random.Random(4), "e": heap, "f": np.empty(0), 7: (1, "x"), "g": [b"", b"ab"],
+        "c": {1, 2}, "d": random.Random(4), "e": heap, "f": np.empty(0), 7: (1, "x"),
+        "g": [b"", b"ab"],
     }  # fmt: skip
     safe = through_torch_save(to_safe(state))
     back = from_safe(safe)

@@ -194,16 +194,18 @@ class JobCoordinator:
         keys = key_column(keys)
         gids = self.keys.positions(keys)
         unknown = np.flatnonzero(gids < 0)
-        new = unknown[keys.take(unknown).distinct()]  # each new key's first position
+        fresh = keys if unknown.size == len(keys) else keys.take(unknown)
+        first, number = fresh.numbered()  # one sort: each new key's first position
+        new = unknown[first]
         if len(self.keys) + new.size > self.max_samples:
             raise ConfigError(
                 f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
                 f"(max_samples); {len(self.keys)} are registered, this dataset adds {new.size}"
             )
         if new.size:
+            gids[unknown] = len(self.keys) + number  # numbered in order of first sight
             self.keys = concat(self.keys, keys.take(new))
             self.mode.add_ids(sizes[new])
-            gids[unknown] = self.keys.positions(keys.take(unknown))
         self.policy.set_sizes(gids, sizes)
         unique, first = np.unique(gids, return_index=True)
         job_id = self._next_job

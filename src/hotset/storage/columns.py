@@ -52,7 +52,21 @@ class _Column(Sequence[str]):
 
     def distinct(self) -> np.ndarray:
         """The position of each distinct string's first occurrence, in column order."""
-        return np.sort(np.unique(np.array(list(self), object), return_index=True)[1])
+        return self.numbered()[0]
+
+    def _values(self) -> np.ndarray:
+        """The strings as one array ``np.unique`` sorts."""
+        return np.array(list(self), object)
+
+    def numbered(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, number)``: the position of each distinct string's first occurrence,
+        in column order, and for each string the index of its own in ``first`` (one
+        sort of the column)."""
+        _, first, inverse = np.unique(self._values(), return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        return first[order], rank[inverse.ravel()]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -174,8 +188,8 @@ class DigestColumn(_Column):
     def _packed(self) -> np.ndarray:
         return self._raw.view("S16").ravel()  # 16 raw bytes each: order and equality hold
 
-    def distinct(self) -> np.ndarray:
-        return np.sort(np.unique(self._packed(), return_index=True)[1])
+    def _values(self) -> np.ndarray:
+        return self._packed()
 
     def positions(self, strings: Iterable[str]) -> np.ndarray:
         """As ``_Column.positions``, by binary search in the digests sorted once (24 B
