@@ -142,15 +142,15 @@ class SubstitutableHits(IndependentSampling):
         if need <= 0 or not order:
             return
         w = min(len(order), self.co.substitution * job.batch_size)
-        window = order[-w:][::-1]  # reading order
+        window = np.array(order[-w:][::-1], np.int64)  # reading order (distinct ids)
         del order[-w:]
-        policy = self.co.policy
-        cached = [e for e in window if e in policy][:need]
-        taken = set(cached)
-        rest = [e for e in window if e not in taken][: need - len(cached)]
-        taken.update(rest)
-        order.extend(e for e in reversed(window) if e not in taken)  # next in line
-        queue.extend(cached + rest)
+        held = self.co.policy.cached_mask(window)
+        cached = np.flatnonzero(held)[:need]
+        rest = np.flatnonzero(~held)[: need - cached.size]
+        left = np.ones(w, bool)
+        left[cached] = left[rest] = False
+        order.extend(window[left][::-1].tolist())  # next in line
+        queue.extend(window[np.concatenate([cached, rest])].tolist())
 
 
 class ImportanceSampling(IndependentSampling):

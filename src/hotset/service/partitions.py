@@ -99,6 +99,10 @@ class PartitionedPolicy:
     def __contains__(self, i: int) -> bool:
         return bool(self.owner[int(i)] >= 0)
 
+    def cached_mask(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` is cached (in any partition)."""
+        return self.owner[ids] >= 0
+
     def __len__(self) -> int:
         return sum(len(p) for p in self.parts)
 
