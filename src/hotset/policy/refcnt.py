@@ -44,6 +44,10 @@ class RefCntPolicy(HeapPolicy):
         self.share_pins(part)
         return part
 
+    def _keys(self, ids: np.ndarray) -> list[int]:
+        """``_key`` of each of ``ids``, in numpy."""
+        return (self.refs[ids] + np.where(self.pinned[ids] > 0, PINNED, 0)).tolist()
+
     def _key(self, i: int) -> int:
         return int(self.refs[i]) + (PINNED if self.pinned[i] else 0)
 
@@ -55,10 +59,8 @@ class RefCntPolicy(HeapPolicy):
             if not live:
                 continue
             mine = [i for i in ids.tolist() if i in live] if ids.size < len(live) else list(live)
-            if mine:  # the keys at once (``_key`` per id, in numpy)
-                at = np.asarray(mine, np.int64)
-                keys = member.refs[at] + np.where(member.pinned[at] > 0, PINNED, 0)
-                member._heap.push_many(mine, keys.tolist())
+            if mine:
+                member._heap.push_many(mine, member._keys(np.asarray(mine, np.int64)))
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""

@@ -64,8 +64,12 @@ class FileStorage(FsspecStorage):
         self._prefix = posixpath.join(self._root, "")  # a sample's path: this + its own
         self.concurrency = concurrency_for(self._fs, concurrency)
         mpath = posixpath.join(self._root, MANIFEST_NAME)
-        if self._fs.exists(mpath):
-            self.manifest = mapped_manifest(self._fs, mpath)
+        try:
+            info = self._fs.info(mpath)  # one request: whether it is there, and its version
+        except FileNotFoundError:
+            info = None
+        if info is not None:
+            self.manifest = mapped_manifest(self._fs, mpath, info)
         else:
             self.manifest = index_imagefolder(self._fs, self._root, self.url)
         self.content_keyed = self.manifest.key_kind == KEY_KIND
@@ -165,23 +169,19 @@ def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Man
 def _mapped(kind: str, url: str, fingerprint: str, build, where: str) -> Manifest:
     """The manifest kept as columns in the index cache, mapped; a damaged file there
     (hotset's own, not the user's data) is built again once."""
-    for attempt in range(2):
-        path = cached_path(kind, url, fingerprint, build)
-        try:
-            return Manifest.map_columns(str(path), where)
-        except ConfigError:
-            if attempt:
-                raise
-            log.warning("%s: the index file %s is damaged; building it again", where, path)
-            path.unlink(missing_ok=True)
-    raise AssertionError("unreachable")
+    path = cached_path(kind, url, fingerprint, build)
+    try:
+        return Manifest.map_columns(str(path), where)
+    except ConfigError:
+        log.warning("%s: the index file %s is damaged; building it again", where, path)
+        path.unlink(missing_ok=True)
+    return Manifest.map_columns(str(cached_path(kind, url, fingerprint, build)), where)
 
 
-def mapped_manifest(fs: fsspec.AbstractFileSystem, mpath: str) -> Manifest:
+def mapped_manifest(fs: fsspec.AbstractFileSystem, mpath: str, info: dict) -> Manifest:
     """``manifest.json`` at ``mpath``, checked once and kept as columns in the user's
     index cache (named by its URL, size and version): the node's ranks and workers map
-    that one file, none parses the JSON again or holds a copy."""
-    info = fs.info(mpath)
+    that one file, none parses the JSON again or holds a copy (``info``: its listing)."""
     fingerprint = json.dumps([COLUMNS_MAGIC.decode(), info.get("size"), _version(info)])
 
     def build() -> bytearray:
