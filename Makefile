@@ -9,7 +9,7 @@ OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
 
-.PHONY: install system-deps data demo compare test docs bench chaos peers lint lock clean
+.PHONY: install system-deps s3rver data demo compare test docs bench chaos peers lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ install: $(VENV)/.installed
 
 system-deps:
 	bash scripts/system-deps.sh
+
+# s3rver (npm): the S3-compatible server the object-store tests and `--storage s3` use
+# beside moto's; skipped (and those tests with it) where npm is missing
+S3RVER := .tools/node_modules/.bin/s3rver
+$(S3RVER):
+	npm install -s --prefix .tools --no-audit --no-fund s3rver@3.7.1
+s3rver: $(if $(shell command -v npm),$(S3RVER),)
 
 $(DATA)/train/manifest.json: | install system-deps
 	$(VENV)/bin/hotset prepare fashion-mnist $(DATA)
@@ -42,7 +49,7 @@ compare: install system-deps data
 	$(VENV)/bin/hotset compare --data $(DATA) --systems inmemory,lru,minio,belady,shade,icache,spider \
 	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
-test: install system-deps
+test: install system-deps s3rver
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(PY) scripts/api_docs.py site
 	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
@@ -86,4 +93,4 @@ lint: install
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 
 clean:
-	rm -rf $(VENV) $(OUT) build src/*.egg-info
+	rm -rf $(VENV) $(OUT) .tools build src/*.egg-info

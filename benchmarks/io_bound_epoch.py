@@ -14,10 +14,11 @@ oracle file is missing it is recorded here on the CPU with the tiny model (that 
 figures are then TinyCNN's, and the table says so).
 
 ``--storage http`` (or ``s3``) reads the same samples over a real network instead of
-through ``ThrottledStorage``'s sleeps: nginx (or moto's S3 server) on 127.0.0.1 behind a
-TCP proxy whose wire has ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
-(``hotset.testing.DelayProxy``: this kernel has no ``tc netem``), each worker reading with
-``concurrency / num_workers`` requests in flight, so that the node has ``--concurrency``.
+through ``ThrottledStorage``'s sleeps: nginx (or an S3 server, s3rver or moto's) on
+127.0.0.1 behind a TCP proxy whose wire has ``--latency-ms`` of round trip and
+``--bandwidth-mb-s`` (``hotset.testing.DelayProxy``: this kernel has no ``tc netem``),
+each worker reading with ``concurrency / num_workers`` requests in flight, so that the
+node has ``--concurrency``.
 ``cpu_s``: CPU seconds per epoch of the loader's process tree (workers included);
 ``server_cpu_s``: the server's and the wire's, on the same cores.
 
@@ -146,8 +147,9 @@ def load_oracle(path: str, data: str, epochs: int) -> LossOracle:
 
 
 class RemoteSite:
-    """The prepared dataset served over a real network: nginx (``http``) or moto's S3
-    server (``s3``, the train split uploaded once) behind a ``DelayProxy``."""
+    """The prepared dataset served over a real network: nginx (``http``) or an S3 server
+    (``s3``: s3rver or moto's, ``--s3-server``; the train split uploaded once) behind a
+    ``DelayProxy``."""
 
     def __init__(self, args) -> None:
         import tempfile
@@ -161,7 +163,7 @@ class RemoteSite:
             self.server = NginxServer(Path(args.data).resolve(), Path(self.tmp.name))
             port = int(self.server.url.rsplit(":", 1)[1])
         else:
-            self.server = S3Server()
+            self.server = S3Server(args.s3_server)
             print("uploading the train split to the S3 server ...", flush=True)
             self.server.upload(Path(args.data) / "train", "s3://bench/train")
             port = int(self.server.endpoint.rsplit(":", 1)[1])
@@ -288,6 +290,8 @@ def main() -> None:
     ap.add_argument("--storage", default="emulated",
                     help="emulated (ThrottledStorage), http or s3 (nginx or an S3 server "
                     "behind a wire), or several, comma-separated: run side by side")
+    ap.add_argument("--s3-server", choices=("s3rver", "moto"), default="s3rver",
+                    help="the S3 server behind --storage s3 (s3rver: `make s3rver`)")
     args = ap.parse_args()
     args.sampler_opts = parse_options(args.sampler_option, "--sampler-option")
     args.policy_opts = parse_options(args.policy_option, "--policy-option")

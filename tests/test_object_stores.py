@@ -1,10 +1,12 @@
-"""Datasets in real object stores over a real network (127.0.0.1): an S3-compatible
-server (moto's, speaking the S3 HTTP API, read through s3fs) and nginx (read through
+"""Datasets in real object stores over a real network (127.0.0.1): S3-compatible
+servers (moto's and s3rver, speaking the S3 HTTP API, read through s3fs) and nginx (read through
 fsspec's HTTP filesystem), each started by the test. Tar shards, an ImageFolder and a
 prepared tree, each through ``make_loader`` with workers; every served sample equal to a
 direct read."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from hotset.errors import StorageError
 from hotset.io.reader import Retry
 from hotset.storage import SubsetStorage
 from hotset.storage.base import LOCAL_CONCURRENCY, REMOTE_CONCURRENCY
-from hotset.testing import DelayProxy, NginxServer, S3Server
+from hotset.testing import DelayProxy, NginxServer, S3Server, s3rver_binary
 from test_sources import SYSTEMS, _chw, _images, _jpeg_folder, _pil_direct, _run, _write_tar
 
 pytest.importorskip("s3fs")
@@ -30,6 +32,16 @@ def s3():
     server = S3Server()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3rver():
+    if s3rver_binary() is None:
+        pytest.skip("s3rver is not installed (`make s3rver`, from npm)")
+    server = S3Server("s3rver")
+    yield server
+    server.stop()
+    assert not Path(server.data).exists()  # its data directory goes with it
 
 
 @pytest.fixture
@@ -49,6 +61,16 @@ def _shards(root, images):
 
 @pytest.mark.parametrize("sampler,policy", SYSTEMS)
 def test_tar_shards_on_s3(tmp_path, s3, sampler, policy):
+    _tar_shards_on(s3, tmp_path, sampler, policy)
+
+
+def test_tar_shards_on_s3rver(tmp_path, s3rver):
+    """A second S3 implementation (SigV4 checked, objects kept as files): the same ranged
+    reads give the same bytes."""
+    _tar_shards_on(s3rver, tmp_path, "shade", "app")
+
+
+def _tar_shards_on(s3, tmp_path, sampler, policy):
     images = _images()
     _shards(tmp_path / "shards", images)
     url = f"s3://tar-{sampler}/shards"

@@ -1,7 +1,7 @@
 """Real servers on this machine for tests and benchmarks: a redis-server on a unix
 socket, a Redis Cluster of several redis-server processes on 127.0.0.1 (``redis-cli
 --cluster create``), an HTTP server that fails on purpose, nginx, an S3-compatible
-server (moto's), and a TCP proxy that puts latency and bandwidth on the wire."""
+server (moto's or s3rver), and a TCP proxy that puts latency and bandwidth on the wire."""
 
 from __future__ import annotations
 
@@ -271,22 +271,53 @@ http {{
         self.proc.wait(10)
 
 
-class S3Server:
-    """An S3-compatible server on 127.0.0.1 (moto's standalone server, in a process of
-    its own, speaking the S3 HTTP API); ``storage_options`` are s3fs's to reach it."""
+def s3rver_binary() -> str | None:
+    """s3rver's launcher: ``$HOTSET_S3RVER``, ``s3rver`` on the PATH, or the one ``make
+    s3rver`` installs under ``.tools/`` (from npm) in the current
+    directory; None where none is."""
+    local = Path.cwd() / ".tools" / "node_modules" / ".bin" / "s3rver"
+    for name in (os.environ.get("HOTSET_S3RVER"), shutil.which("s3rver"), str(local)):
+        if name and os.access(name, os.X_OK):
+            return name
+    return None
 
-    def __init__(self) -> None:
+
+class S3Server:
+    """An S3-compatible server on 127.0.0.1 in a process of its own, speaking the S3 HTTP
+    API: ``kind="moto"`` (moto's standalone server, Python) or ``"s3rver"`` (s3rver, a
+    Node.js server that keeps objects as files and checks SigV4 signatures; its data
+    directory is a temp dir removed by ``stop``). ``storage_options`` are s3fs's."""
+
+    def __init__(self, kind: str = "moto") -> None:
         import sys
+        import tempfile
 
         port = _free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        env = dict(os.environ)
+        self.kind = kind
+        self.data: str | None = None
+        if kind == "moto":
+            cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+            key = ("hotset", "hotset-secret")
+        elif kind == "s3rver":
+            binary = s3rver_binary()
+            if binary is None:
+                raise FileNotFoundError("s3rver not found: `make s3rver` installs it "
+                                        "(npm), or set HOTSET_S3RVER")  # fmt: skip
+            self.data = tempfile.mkdtemp(prefix="hotset-s3rver-")
+            cmd = [binary, "-d", self.data, "-a", "127.0.0.1", "-p", str(port), "-s",
+                   "--no-vhost-buckets"]  # fmt: skip
+            key = ("S3RVER", "S3RVER")  # s3rver's one account
+            # its continuation tokens use a cipher OpenSSL 3 keeps in the legacy provider
+            env["NODE_OPTIONS"] = "--openssl-legacy-provider"
+        else:
+            raise ValueError(f"S3Server kind={kind!r}: 'moto' or 's3rver'")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)  # fmt: skip
         self.endpoint = f"http://127.0.0.1:{port}"
-        _wait_http(self.endpoint + "/", self.proc, "moto_server")
+        _wait_http(self.endpoint + "/", self.proc, kind)
         self.storage_options = {
-            "key": "hotset", "secret": "hotset-secret",
+            "key": key[0], "secret": key[1],
             "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "eu-west-1"},
         }  # fmt: skip
 
@@ -303,6 +334,8 @@ class S3Server:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+        if self.data is not None:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 DELAY_PROXY = r"""
