@@ -20,7 +20,9 @@ through ``ThrottledStorage``'s sleeps: nginx (or an S3 server, s3rver or moto's)
 each worker reading with ``concurrency / num_workers`` requests in flight, so that the
 node has ``--concurrency``.
 ``cpu_s``: CPU seconds per epoch of the loader's process tree (workers included);
-``server_cpu_s``: the server's and the wire's, on the same cores.
+``server_cpu_s``: the server's and the wire's, on the same cores. ``emulated:MS`` charges
+the client's CPU as well, ``MS`` per request burnt in the reading thread (an S3 client's
+signing and parsing: ``ThrottledStorage(client_cpu_ms=)``), beside the sleep.
 
 Time to a target accuracy without a GPU (``--accuracy compare.json``): each system's test
 accuracy after every epoch comes from a real training run (``hotset compare --epochs N
@@ -202,7 +204,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
     if name == "memory":  # the floor: no storage wait, no cache
         storage = train
     elif args.site is None:
-        storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency)
+        storage = ThrottledStorage(train, args.latency_ms, args.bandwidth_mb_s, args.concurrency,
+                                   args.client_cpu_ms)  # fmt: skip
     else:
         storage = args.site.storage(train)
     options = {**system.sampler_options, **SAMPLERS.options_for(system.sampler, args.sampler_opts)}
@@ -216,7 +219,7 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         num_workers=args.num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
         persistent_workers=True,
     )  # fmt: skip
-    times, reads, hits, served, cpu, server_cpu = [], [], [], [], [], []
+    times, reads, mb, hits, served, cpu, server_cpu = [], [], [], [], [], [], []
     servers = args.site.pids if args.site else ()
     try:
         for epoch in range(args.epochs):
@@ -240,6 +243,7 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
             reads.append(after["storage_requests"] - before["storage_requests"]
                          if args.site else after["storage_reads"] - before["storage_reads"])
             hits.append(after["hits"] - before["hits"])
+            mb.append((after["storage_bytes"] - before["storage_bytes"]) / 1e6)
             served.append(after["accesses"] - before["accesses"])
         loader.planner.drain()
         c = loader.counters()
@@ -249,7 +253,7 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
     return {
         "system": name, "cache": fraction, "epoch_s": float(np.mean(times[steady])),
         "hit_ratio": float(np.sum(hits[steady]) / max(1, np.sum(served[steady]))),
-        "storage_reads": float(np.mean(reads[steady])),
+        "storage_reads": float(np.mean(reads[steady])), "storage_mb": float(np.mean(mb[steady])),
         "served": float(np.mean(served[steady])), "epoch_times_s": times,
         "cpu_s": float(np.mean(cpu[steady])), "server_cpu_s": float(np.mean(server_cpu[steady])),
         "cpu_ms_per_read": 1e3 * float(np.sum(cpu[steady]) / max(1, np.sum(reads[steady]))),
@@ -288,8 +292,9 @@ def main() -> None:
     ap.add_argument("--target-accuracy", type=float,
                     help="default: the in-memory run's final accuracy - 0.5 pt")
     ap.add_argument("--storage", default="emulated",
-                    help="emulated (ThrottledStorage), http or s3 (nginx or an S3 server "
-                    "behind a wire), or several, comma-separated: run side by side")
+                    help="emulated (ThrottledStorage; emulated:4 also burns 4 ms of the "
+                    "client's CPU per request), http or s3 (nginx or an S3 server behind a "
+                    "wire), or several, comma-separated: run side by side")
     ap.add_argument("--s3-server", choices=("s3rver", "moto"), default="s3rver",
                     help="the S3 server behind --storage s3 (s3rver: `make s3rver`)")
     args = ap.parse_args()
@@ -303,13 +308,15 @@ def main() -> None:
     rows = json.loads(Path(args.rows).read_text())["rows"] if args.rows else []
     for r in rows:
         r.setdefault("storage", "emulated")
-        for k in ("cpu_s", "server_cpu_s", "cpu_ms_per_read"):  # results measured before them
+        for k in ("cpu_s", "server_cpu_s", "cpu_ms_per_read", "storage_mb"):  # measured later
             r.setdefault(k, float("nan"))
     fractions = [] if args.rows else [float(f) for f in args.cache_fractions.split(",")]
     for mode in [] if args.rows else args.storage.split(","):
-        if mode not in ("emulated", "http", "s3"):
-            raise SystemExit(f"--storage {mode}: emulated, http or s3")
-        args.remote = None if mode == "emulated" else mode
+        kind, _, cpu = mode.partition(":")
+        if kind not in ("emulated", "http", "s3") or (cpu and kind != "emulated"):
+            raise SystemExit(f"--storage {mode}: emulated[:CLIENT_CPU_MS], http or s3")
+        args.client_cpu_ms = float(cpu or 0.0)
+        args.remote = None if kind == "emulated" else kind
         args.site = RemoteSite(args) if args.remote else None
         try:
             for fraction in fractions:
@@ -329,7 +336,8 @@ def main() -> None:
     cols = [
         ("storage", "s"), ("system", "s"), ("cache", ".0%"), ("oracle", "s"), ("epoch_s", ".2f"),
         ("speedup", ".2f"), ("gpu_speedup", ".2f"), ("vs_gpu_pct", "+.1f"),
-        ("hit_ratio", ".3f"), ("gpu_hit", ".3f"), ("storage_reads", ".0f"), ("served", ".0f"),
+        ("hit_ratio", ".3f"), ("gpu_hit", ".3f"), ("storage_reads", ".0f"), ("storage_mb", ".1f"),
+        ("served", ".0f"),
         ("cpu_s", ".1f"), ("server_cpu_s", ".1f"), ("cpu_ms_per_read", ".2f"),
         ("late_misses", "d"), ("refused_puts", "d"),
     ]  # fmt: skip

@@ -85,7 +85,7 @@ def test_the_default_h_list_is_what_fits_the_cache(fraction, sizes):
     seed=st.integers(0, 3),
 )
 def test_the_h_list_sorts_only_the_top_yet_equals_the_full_sort(levels, fraction, seed):
-    """``h_list_to_fit`` sorts the ids at least as important as the k-th: the same
+    """``h_list_to_fit`` sorts only the first ids of the full order: the same
     H-list as sorting all ids (ties broken by the same random draw), ties at the cut
     included."""
     from hotset.policy.icache import h_list_to_fit

@@ -95,10 +95,19 @@ def test_pads_marginals_match_the_weights():
     s.set_cached(np.array([0, 5]))  # cached samples are repeated
     p = s.probabilities()
     assert p[0] / p[1] == pytest.approx(3 * np.log(10) / np.log(11))
-    counts = np.zeros(n)
+    counts, hits = np.zeros(n), []
     for epoch in range(1, 401):
-        counts += np.bincount(s.global_order(epoch), minlength=n)
+        order = s.global_order(epoch)
+        counts += np.bincount(order, minlength=n)
+        held = np.isin(order, [0, 5])
+        hits.append(int(held.sum()))
+        assert not np.any(held[hits[-1] :])  # the default order: the hits first
     assert chisquare(counts, p * counts.sum()).pvalue > 0.001
+    # drawn part by part, the hits of an epoch are Binomial(n, P(cached)) as when one
+    # draw of n is partitioned: mean and variance within 5 standard errors
+    q = p[[0, 5]].sum()
+    assert abs(np.mean(hits) - n * q) < 5 * np.sqrt(n * q * (1 - q) / len(hits))
+    assert np.var(hits) == pytest.approx(n * q * (1 - q), rel=0.35)
 
 
 def test_pads_epoch_zero_is_a_permutation_and_ranks_share_one_list():

@@ -432,9 +432,12 @@ async def handle(client_r, client_w):
 async def report():
     import json, os
     while stats_path:
-        with open(stats_path + ".tmp", "w") as f:
-            json.dump(STATS, f)
-        os.replace(stats_path + ".tmp", stats_path)
+        try:
+            with open(stats_path + ".tmp", "w") as f:
+                json.dump(STATS, f)
+            os.replace(stats_path + ".tmp", stats_path)
+        except FileNotFoundError:  # stopped: its directory is gone
+            return
         await asyncio.sleep(0.1)
 
 

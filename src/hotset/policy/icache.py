@@ -46,12 +46,19 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     n = importance.size
     tie = np.random.default_rng(seed).random(n)
     hot = np.zeros(n, bool)
-    # sort only the ids at least as important as the k-th (k: what fits, with a margin);
-    # the full sort when they do not fill the capacity (many equal importances)
+    # sort only the first k ids of the full order (k: what fits, with a margin): those
+    # more important than the k-th, and of those as important as it the ones with the
+    # smallest tie-breaks (a partition, not a sort: at the start most ids tie, unscored);
+    # the full sort when they do not fill the capacity
     k = int(1.25 * capacity / max(1.0, float(sizes.mean()))) + 1 if n else 0
     ids = np.arange(n)
     if k < n:
-        ids = np.flatnonzero(importance >= np.partition(importance, n - k)[n - k])
+        cut = np.partition(importance, n - k)[n - k]
+        above, at = np.flatnonzero(importance > cut), np.flatnonzero(importance == cut)
+        m = k - above.size  # >= 1: at most k - 1 ids are more important than the k-th
+        if m < at.size:
+            at = at[np.argpartition(tie[at], m)[:m]]
+        ids = np.concatenate([above, at])
         if sizes[ids].sum() <= capacity:
             ids = np.arange(n)
     order = ids[np.lexsort((tie[ids], -importance[ids]))]

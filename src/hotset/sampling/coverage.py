@@ -55,14 +55,21 @@ class Coverage:
         missing = due[~present[due]]
         if not missing.size:
             return order
+        # one place of each drawn id is its own (whichever the scatter keeps); the others
+        # are repeats, taken first (a scatter, not the sort np.unique would make)
+        own = np.empty(self.last.size, np.int64)
+        own[order] = np.arange(order.size)
         first = np.zeros(order.size, bool)
-        first[np.unique(order, return_index=True)[1]] = True
-        spare = np.ones(self.last.size, bool)
-        spare[due] = False
-        places = np.concatenate([
-            rng.permutation(np.flatnonzero(~first)),
-            rng.permutation(np.flatnonzero(first & spare[order])),
-        ])[: missing.size]  # fmt: skip
+        first[own[np.flatnonzero(present)]] = True
+        repeats = np.flatnonzero(~first)
+        places = rng.choice(repeats, min(missing.size, repeats.size), replace=False)
+        if places.size < missing.size:  # too few repeats: ids that are not due make room
+            spare = np.ones(self.last.size, bool)
+            spare[due] = False
+            others = np.flatnonzero(first & spare[order])
+            places = np.concatenate(
+                [places, rng.choice(others, missing.size - places.size, replace=False)]
+            )
         order = order.copy()
         order[places] = rng.permutation(missing)
         self.added += int(missing.size)

@@ -130,6 +130,8 @@ class PADSSampler(Sampler):
         return w / w.sum()
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
+        if self.repetition_mode == "weight" and self.order == "hits_first":
+            return self._draw_hits_first(rng)
         drawn = draw_weighted(rng, self.probabilities(), self.num_samples)
         cached = self._cached[drawn]
         hits, misses = drawn[cached], drawn[~cached]
@@ -143,6 +145,21 @@ class PADSSampler(Sampler):
         if self.order == "shuffled":
             rng.shuffle(order)
         return order
+
+    def _draw_hits_first(self, rng: np.random.Generator) -> np.ndarray:
+        """The draw of ``num_samples`` split into its hits then its misses, each part in
+        drawn order, made part by part: the number of hits is Binomial(n, P(cached)) and
+        each part is an i.i.d. draw from ``p`` restricted to it -- the distribution of
+        one draw partitioned afterwards, without a look-up of every drawn id."""
+        p = self.probabilities()
+        held = np.flatnonzero(self._cached)
+        p_held = p[held]
+        p[held] = 0.0  # p of the misses
+        p_hit, p_miss = float(p_held.sum()), float(p.sum())
+        n = self.num_samples
+        h = n if p_miss <= 0.0 else int(rng.binomial(n, p_hit / (p_hit + p_miss)))
+        hits = held[draw_weighted(rng, p_held, h)]
+        return np.concatenate([hits, draw_weighted(rng, p, n - h)])
 
     def _guard(self, epoch: int) -> bool:
         means = [

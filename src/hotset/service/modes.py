@@ -104,29 +104,27 @@ class IndependentSampling(SamplingMode):
 
     def __init__(self, co: JobCoordinator) -> None:
         super().__init__(co)
-        self.orders: dict[int, list[int]] = {}  # job -> its epoch's unsampled ids, reversed
+        self.orders: dict[int, Unsampled] = {}  # job -> its epoch's ids not yet sampled
 
     def _order(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.co.seed, job_id, epoch]).permutation(job.unique)
 
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
         order = job.keep(epoch, self._order(job_id, job, epoch))
-        self.orders[job_id] = order.tolist()[::-1]  # popped from the end
+        self.orders[job_id] = Unsampled(order)
         return order
 
     def fill(self, job_id: int, job: Job, queue: deque) -> None:
-        order = self.orders[job_id]
-        while len(queue) < job.batch_size and order:
-            queue.append(order.pop())
+        queue.extend(self.orders[job_id].take(job.batch_size - len(queue)).tolist())
 
     def left(self, job_id: int) -> int:
-        return len(self.orders.get(job_id, ()))
+        return len(self.orders[job_id]) if job_id in self.orders else 0
 
     def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
-        left = np.array(self.orders.pop(job_id, []), np.int64)
+        gone = self.orders.pop(job_id, None)
         if not leaving:
-            self.orders[job_id] = []
-        return left
+            self.orders[job_id] = Unsampled(np.zeros(0, np.int64))
+        return gone.rest().copy() if gone is not None else np.zeros(0, np.int64)
 
 
 class SubstitutableHits(IndependentSampling):
@@ -139,18 +137,46 @@ class SubstitutableHits(IndependentSampling):
     def fill(self, job_id: int, job: Job, queue: deque) -> None:
         order = self.orders[job_id]
         need = job.batch_size - len(queue)
-        if need <= 0 or not order:
+        if need <= 0 or not len(order):
             return
-        w = min(len(order), self.co.substitution * job.batch_size)
-        window = np.array(order[-w:][::-1], np.int64)  # reading order (distinct ids)
-        del order[-w:]
+        window = order.rest()[: self.co.substitution * job.batch_size].copy()
         held = self.co.policy.cached_mask(window)
         cached = np.flatnonzero(held)[:need]
         rest = np.flatnonzero(~held)[: need - cached.size]
-        left = np.ones(w, bool)
+        left = np.ones(window.size, bool)
         left[cached] = left[rest] = False
-        order.extend(window[left][::-1].tolist())  # next in line
-        queue.extend(window[np.concatenate([cached, rest])].tolist())
+        taken = window[np.concatenate([cached, rest])]
+        order.put_back(window.size, window[left])  # the others: next in line, in order
+        queue.extend(taken.tolist())
+
+
+class Unsampled:
+    """A job's epoch order not yet sampled, in reading order: ``ids[pos:]`` of one numpy
+    array (no Python object per id)."""
+
+    __slots__ = ("ids", "pos")
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = np.array(ids, np.int64)  # a copy of its own: put_back writes into it
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return self.ids.size - self.pos
+
+    def rest(self) -> np.ndarray:
+        return self.ids[self.pos :]
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` ids (fewer at the end), consumed."""
+        out = self.ids[self.pos : self.pos + max(0, n)]
+        self.pos += out.size
+        return out
+
+    def put_back(self, consumed: int, kept: np.ndarray) -> None:
+        """The next ``consumed`` ids were looked at and only ``kept`` (in order) stay next
+        in line."""
+        self.pos += consumed - kept.size
+        self.ids[self.pos : self.pos + kept.size] = kept
 
 
 class ImportanceSampling(IndependentSampling):

@@ -20,6 +20,12 @@ class ThrottledStorage(Storage):
 
     Bandwidth is charged by default (100 MB/s per read stream), so that a 1 MB package
     costs more than one small sample; ``bandwidth_mb_s=0`` means unlimited bandwidth.
+
+    ``client_cpu_ms``: CPU the reading process spends on each request before it is sent,
+    burnt in the reading thread, as an object store's client spends it (signing,
+    building and parsing each request; s3fs/botocore measured about 4 ms per request on
+    2 shared cores, nginx through fsspec's HTTP client about 0.3 ms: docs/benchmarks.md).
+    0 (the default) charges time only, as a sleep does.
     """
 
     def __init__(
@@ -28,6 +34,7 @@ class ThrottledStorage(Storage):
         latency_ms: float = 2.0,
         bandwidth_mb_s: float = 100.0,
         concurrency: int = 4,
+        client_cpu_ms: float = 0.0,
     ) -> None:
         if latency_ms < 0:
             raise ConfigError(f"latency_ms must be >= 0, got {latency_ms}")
@@ -35,6 +42,9 @@ class ThrottledStorage(Storage):
             raise ConfigError(f"bandwidth_mb_s must be >= 0, got {bandwidth_mb_s}")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        if client_cpu_ms < 0:
+            raise ConfigError(f"client_cpu_ms must be >= 0, got {client_cpu_ms}")
+        self.client_cpu_s = client_cpu_ms / 1000.0
         self.inner = inner
         self.manifest = inner.manifest
         self.content_keyed = inner.content_keyed
@@ -86,8 +96,17 @@ class ThrottledStorage(Storage):
         if remaining > 0:
             time.sleep(remaining)
 
+    def _client_cpu(self) -> None:
+        """The client's CPU for one request: this thread busy (``time.thread_time``)."""
+        if self.client_cpu_s:
+            end = time.thread_time() + self.client_cpu_s
+            while time.thread_time() < end:
+                pass
+
     def _through(self, request) -> bytes:
-        """One request on the emulated wire: a slot, then latency and transfer time."""
+        """One request on the emulated wire: the client's CPU, a slot, then latency and
+        transfer time."""
+        self._client_cpu()
         with self._slots:
             start = time.perf_counter()
             data = request()
@@ -102,6 +121,7 @@ class ThrottledStorage(Storage):
     def read(self, i: int) -> bytes:
         if self._wired is not None:
             return self._wired.read(i)
+        self._client_cpu()
         with self._slots:
             start = time.perf_counter()
             data = self.inner.read(i)
@@ -109,5 +129,6 @@ class ThrottledStorage(Storage):
         return data
 
     def charge(self, nbytes: int) -> None:
+        self._client_cpu()
         with self._slots:
             self._pay(nbytes, time.perf_counter())
