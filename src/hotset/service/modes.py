@@ -139,15 +139,14 @@ class SubstitutableHits(IndependentSampling):
         need = job.batch_size - len(queue)
         if need <= 0 or not len(order):
             return
-        window = order.rest()[: self.co.substitution * job.batch_size].copy()
+        window = order.take(self.co.substitution * job.batch_size)
         held = self.co.policy.cached_mask(window)
         cached = np.flatnonzero(held)[:need]
         rest = np.flatnonzero(~held)[: need - cached.size]
         left = np.ones(window.size, bool)
         left[cached] = left[rest] = False
-        taken = window[np.concatenate([cached, rest])]
-        order.put_back(window.size, window[left])  # the others: next in line, in order
-        queue.extend(taken.tolist())
+        queue.extend(window[np.concatenate([cached, rest])].tolist())
+        order.put_back(window[left])  # the others: next in line, in order
 
 
 class Unsampled:
@@ -157,7 +156,7 @@ class Unsampled:
     __slots__ = ("ids", "pos")
 
     def __init__(self, ids: np.ndarray) -> None:
-        self.ids = np.array(ids, np.int64)  # a copy of its own: put_back writes into it
+        self.ids = np.array(ids, np.int64)  # its own copy: put_back writes into it
         self.pos = 0
 
     def __len__(self) -> int:
@@ -167,15 +166,15 @@ class Unsampled:
         return self.ids[self.pos :]
 
     def take(self, n: int) -> np.ndarray:
-        """The next ``n`` ids (fewer at the end), consumed."""
+        """The next ``n`` ids (fewer at the end), consumed: a view, valid until the next
+        ``put_back``."""
         out = self.ids[self.pos : self.pos + max(0, n)]
         self.pos += out.size
         return out
 
-    def put_back(self, consumed: int, kept: np.ndarray) -> None:
-        """The next ``consumed`` ids were looked at and only ``kept`` (in order) stay next
-        in line."""
-        self.pos += consumed - kept.size
+    def put_back(self, kept: np.ndarray) -> None:
+        """``kept`` (a copy, of the ids last taken) are next in line again, in order."""
+        self.pos -= kept.size
         self.ids[self.pos : self.pos + kept.size] = kept
 
 
