@@ -87,6 +87,7 @@ peers: install system-deps $(PEERS)/.installed
 # the locked set from the current venv (torch and hotset itself excluded)
 lock: install
 	{ sed -n '1,3p' requirements.lock; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements.lock.new
+	! grep -n ' @ file:' requirements.lock.new  # a local wheel would not install elsewhere
 	mv requirements.lock.new requirements.lock
 
 lint: install

@@ -12,6 +12,10 @@ from PIL import Image
 from hotset.storage.prepare import FASHION_MNIST_DIR, prepare_fashion_mnist
 from hotset.testing import RedisClusterServers, RedisServer
 
+# gcsfs asks GCS's gRPC control plane for each bucket's layout (60 s, then it gives up,
+# every call) unless this is off before it is imported: the emulator has no such plane
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _index_cache(tmp_path_factory):

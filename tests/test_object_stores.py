@@ -16,7 +16,7 @@ from hotset.errors import StorageError
 from hotset.io.reader import Retry
 from hotset.storage import SubsetStorage
 from hotset.storage.base import LOCAL_CONCURRENCY, REMOTE_CONCURRENCY
-from hotset.testing import DelayProxy, NginxServer, S3Server, s3rver_binary
+from hotset.testing import DelayProxy, GcsServer, NginxServer, S3Server, s3rver_binary
 from test_sources import SYSTEMS, _chw, _images, _jpeg_folder, _pil_direct, _run, _write_tar
 
 pytest.importorskip("s3fs")
@@ -42,6 +42,15 @@ def s3rver():
     yield server
     server.stop()
     assert not Path(server.data).exists()  # its data directory goes with it
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    server = GcsServer()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -70,29 +79,43 @@ def test_tar_shards_on_s3rver(tmp_path, s3rver):
     _tar_shards_on(s3rver, tmp_path, "shade", "app")
 
 
-def _tar_shards_on(s3, tmp_path, sampler, policy):
+def test_tar_shards_on_gcs(tmp_path, gcs):
+    """Google Cloud Storage's JSON API (gcsfs): ranged reads of tar members."""
+    _tar_shards_on(gcs, tmp_path, "shade", "app")
+
+
+def _tar_shards_on(server, tmp_path, sampler, policy):
     images = _images()
     _shards(tmp_path / "shards", images)
-    url = f"s3://tar-{sampler}/shards"
-    s3.upload(tmp_path / "shards", url)
-    storage = hotset.open_storage(url, storage_options=s3.storage_options)
+    url = f"{server.protocol}://tar-{sampler}/shards"
+    server.upload(tmp_path / "shards", url)
+    storage = hotset.open_storage(url, storage_options=server.storage_options)
     assert type(storage).__name__ == "TarStorage" and len(storage) == 60
     served = _run(url, lambda i: (_chw(images[i]), i % 3), sampler=sampler, policy=policy,
-                  storage_options=s3.storage_options)  # fmt: skip
+                  storage_options=server.storage_options)  # fmt: skip
     assert served >= 60
 
 
 def test_imagefolder_on_s3(tmp_path, s3):
+    _imagefolder_on(s3, tmp_path, "uniform", "minio")
+
+
+def test_imagefolder_on_gcs(tmp_path, gcs):
+    _imagefolder_on(gcs, tmp_path, "shade", "app")
+
+
+def _imagefolder_on(server, tmp_path, sampler, policy):
     files = _jpeg_folder(tmp_path / "folder")
-    s3.upload(tmp_path / "folder", "s3://folder/train")
-    storage = hotset.open_storage("s3://folder/train", storage_options=s3.storage_options)
+    url = f"{server.protocol}://folder/train"
+    server.upload(tmp_path / "folder", url)
+    storage = hotset.open_storage(url, storage_options=server.storage_options)
 
     def expect(i):
         data, label = files[storage.manifest.paths[i]]
         return _pil_direct(data, (16, 16)), label
 
-    _run("s3://folder/train", expect, sampler="uniform", policy="minio", size=(16, 16),
-         storage_options=s3.storage_options)  # fmt: skip
+    _run(url, expect, sampler=sampler, policy=policy, size=(16, 16),
+         storage_options=server.storage_options)  # fmt: skip
 
 
 def test_prepared_tree_on_s3(fmnist_dir, s3):

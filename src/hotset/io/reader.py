@@ -46,10 +46,12 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, FINAL):
         return False
     status = getattr(exc, "status", None)  # an HTTP answer (aiohttp, s3fs)
+    if not isinstance(status, int) and type(exc).__module__.startswith("gcsfs"):
+        status = getattr(exc, "code", None)  # gcsfs's HttpError
     if isinstance(status, int):
         return status >= 500 or status in (408, 429)
     return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith(
-        ("aiohttp", "botocore", "aiobotocore")
+        ("aiohttp", "botocore", "aiobotocore", "gcsfs")
     )
 
 
