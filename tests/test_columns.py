@@ -47,6 +47,33 @@ def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
     assert col.positions(query).tolist() == [first.get(k, -1) for k in query]
 
 
+halves = st.sampled_from([b"\0" * 8, b"\1" * 8, b"\xff" * 8, bytes(range(8))])
+colliding = st.lists(st.tuples(halves, halves).map(lambda t: (t[0] + t[1]).hex()), max_size=40)
+
+
+@pytest.mark.parametrize("hashed", ["mixed", "first half only"])
+def test_digests_whose_hashes_collide_are_told_apart(hashed, monkeypatch):
+    """The look-up searches on a 64-bit hash of each digest, then compares the whole:
+    with a hash that collides for every key sharing a first half, keys (and repeated
+    keys) still map to their first position."""
+    from hotset.storage import columns
+
+    if hashed != "mixed":
+        monkeypatch.setattr(columns, "_mix", lambda words: words[:, 0].copy())
+
+    @settings(max_examples=100, deadline=None)
+    @given(colliding, colliding)
+    def check(keys, other):
+        col = key_column(keys)
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        query = other + keys
+        want = [first.get(k, -1) for k in query]
+        assert col.positions(query).tolist() == want
+        assert col.positions(key_column(query)).tolist() == want
+
+    check()
+
+
 @settings(max_examples=60, deadline=None)
 @given(digests, digests)
 def test_columns_concatenate_and_name_their_distinct_keys(a, b):

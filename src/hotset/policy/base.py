@@ -79,6 +79,9 @@ class Policy(ABC):
     needs_scores: ClassVar[bool] = False
 
     def __init__(self, capacity_bytes: int, sizes: np.ndarray | Sequence[int], seed: int = 0):
+        """``sizes``: bytes per id, copied; an ``array("q")`` is shared instead (the
+        partitions of one cache count the same bytes: 8 B per id once, not per part)."""
+        shared = sizes if isinstance(sizes, array) and sizes.typecode == "q" else None
         sizes = np.asarray(sizes, dtype=np.int64)
         if sizes.ndim != 1 or sizes.size == 0:
             raise ConfigError("sizes must be a non-empty 1-D array of per-sample byte sizes")
@@ -89,7 +92,7 @@ class Policy(ABC):
         self.capacity_bytes = int(capacity_bytes)
         self.num_samples = int(sizes.size)
         # 8 bytes per id, each read a Python int (fast in the per-sample loops)
-        self._sizes = array("q", sizes.tobytes())
+        self._sizes = shared if shared is not None else array("q", sizes.tobytes())
         self.seed = seed
         self.used = 0  # bytes of resident samples, per the manifest sizes
         #: plans in flight that read or write each id: a pinned id is never evicted

@@ -118,14 +118,17 @@ class DependentSampling:
         free = sorted(set(range(MAX_JOBS)) - set(self.bit.values()))
         if not free:
             raise ConfigError(f"at most {MAX_JOBS} jobs can sample together")
-        ids = np.asarray(ids, np.int64).ravel()
+        ids = np.asarray(ids).ravel()
+        if ids.dtype.kind not in "iu":
+            ids = ids.astype(np.int64)
         if ids.size == 0:
             raise ConfigError(f"job {job!r}: the dataset is empty")
         if ids.min() < 0 or ids.max() >= self.universe:
             raise ConfigError(f"job {job!r}: ids must lie in [0, {self.universe})")
-        present = np.zeros(self.universe, bool)  # sorted and unique in O(universe)
-        present[ids] = True
-        ids = np.flatnonzero(present).astype(self.dtype)
+        if ids.dtype != self.dtype or not (ids[1:] > ids[:-1]).all():  # else kept as is
+            present = np.zeros(self.universe, bool)  # sorted and unique in O(universe)
+            present[ids] = True
+            ids = np.flatnonzero(present).astype(self.dtype)
         self.bit[job] = free[0]
         self.datasets[job] = ids
         self.left[job] = 0

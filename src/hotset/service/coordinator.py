@@ -86,7 +86,7 @@ class Job:
 
     def local(self, gids: np.ndarray) -> np.ndarray:
         """Local indices of ``gids`` (a key listed twice in a manifest maps to its first)."""
-        return self.local_of[np.searchsorted(self.unique, gids)]
+        return self.local_of[np.searchsorted(self.unique, gids)].astype(np.int64)
 
 
 class JobCoordinator:
@@ -136,6 +136,8 @@ class JobCoordinator:
             raise ConfigError(f"substitution must be >= 1 batch, got {substitution}")
         self.substitution = int(substitution)
         self.max_samples = int(max_samples)
+        #: the dtype of the jobs' id columns: int32 while the ids fit
+        self.id_dtype = np.int32 if self.max_samples <= np.iinfo(np.int32).max else np.int64
         self.seed = seed
         self.lookahead = int(lookahead)
         self.job_timeout_s = float(job_timeout_s)
@@ -207,10 +209,11 @@ class JobCoordinator:
             self.keys = concat(self.keys, keys.take(new))
             self.mode.add_ids(sizes[new])
         self.policy.set_sizes(gids, sizes)
+        gids = gids.astype(self.id_dtype)  # a job's columns: 12 B per id in int32
         unique, first = np.unique(gids, return_index=True)
         job_id = self._next_job
         self._next_job += 1
-        job = Job(name, int(batch_size), pid, host, unique, first.astype(np.int64), gids)
+        job = Job(name, int(batch_size), pid, host, unique, first.astype(self.id_dtype), gids)
         job.last_seen = time.monotonic()
         if served.size:
             job.resumed_epoch, job.served = int(epoch), np.unique(gids[served])
@@ -227,7 +230,7 @@ class JobCoordinator:
     def _join_dataset(self, job_id: int, unique: np.ndarray) -> str:
         """The job's dataset (created at its first job, with the partition the allocation
         gives it); returns its key."""
-        key = hashlib.blake2b(unique.tobytes(), digest_size=16).hexdigest()
+        key = hashlib.blake2b(unique.astype(np.int64).tobytes(), digest_size=16).hexdigest()
         if key not in self.datasets:
             nbytes = int(self.policy.sizes[unique].sum())
             self.datasets[key] = DatasetShare(nbytes, self.allocation.new_dataset())

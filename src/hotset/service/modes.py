@@ -156,7 +156,7 @@ class Unsampled:
     __slots__ = ("ids", "pos")
 
     def __init__(self, ids: np.ndarray) -> None:
-        self.ids = np.array(ids, np.int64)  # its own copy: put_back writes into it
+        self.ids = np.array(ids)  # its own copy (of the job's id dtype): put_back writes
         self.pos = 0
 
     def __len__(self) -> int:

@@ -11,8 +11,11 @@ future reads and pins), so references and pins go to the template and need no ro
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
+from hotset.errors import ConfigError
 from hotset.policy.base import AccessResult, Policy, make_policy
 
 
@@ -20,15 +23,16 @@ class PartitionedPolicy:
     """Partitions over ids ``0 .. num_ids - 1``, each a policy of kind ``kind``."""
 
     def __init__(self, kind: str, num_ids: int, seed: int = 0) -> None:
-        self.sizes = np.zeros(int(num_ids), np.int64)
+        self._sizes = array("q", bytes(8 * int(num_ids)))  # one column every part shares
+        self.sizes = np.frombuffer(self._sizes, np.int64)  # a view of it
         self.owner = np.full(int(num_ids), -1, np.int32)  # -1: not resident
         self.parts: list[Policy] = []
         self.board = None
         # holds nothing (capacity 0); its partitions share its cache-wide state
-        self.template = make_policy(kind, 0, sizes=self.sizes, seed=seed)
+        self.template = make_policy(kind, 0, sizes=self._sizes, seed=seed)
 
     def add_partition(self, capacity_bytes: int) -> int:
-        part = self.template.new_partition(capacity_bytes, self.sizes)
+        part = self.template.new_partition(capacity_bytes, self._sizes)
         if self.board is not None:
             part.attach_scores(self.board)
         self.parts.append(part)
@@ -72,9 +76,15 @@ class PartitionedPolicy:
         return out
 
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
+        """Sizes of newly registered ids (checked here: the parts share one column, so
+        after the first writes it the others see no change to check)."""
+        ids, sizes = np.asarray(ids, np.int64), np.asarray(sizes, np.int64)
+        bad = np.flatnonzero((self.sizes[ids] != sizes) & (self.owner[ids] >= 0))
+        if bad.size:
+            i, s = int(ids[bad[0]]), int(sizes[bad[0]])
+            raise ConfigError(f"sample {i} is cached with {self.sizes[i]} bytes, not {s}")
         for part in (self.template, *self.parts):
             part.set_sizes(ids, sizes)
-        self.sizes[np.asarray(ids, np.int64)] = sizes
 
     def attach_scores(self, board) -> None:
         """Importance scores for the partitions whose policy is keyed by them."""
