@@ -27,6 +27,7 @@ elements J_k needs whose mask does not contain G_k.
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
@@ -46,51 +47,6 @@ class Vertex:
     ids: np.ndarray
 
 
-class _Bucket:
-    """The ids of one need mask: a numpy array filled to ``n`` (swap-remove in O(1),
-    appends amortised by doubling), so a bucket costs its ids' bytes, not a Python int
-    and a list slot per id."""
-
-    __slots__ = ("ids", "n")
-
-    def __init__(self, ids: np.ndarray) -> None:
-        self.ids, self.n = ids, ids.size
-
-    def __len__(self) -> int:
-        return self.n
-
-    def items(self) -> np.ndarray:
-        return self.ids[: self.n]
-
-    def _room(self, end: int) -> None:
-        if end > self.ids.size:
-            grown = np.empty(max(end, 2 * self.ids.size, 4), self.ids.dtype)
-            grown[: self.n] = self.ids[: self.n]
-            self.ids = grown
-
-    def extend(self, ids: np.ndarray) -> int:
-        """Append ``ids``; returns the position of the first."""
-        start = self.n
-        self._room(start + ids.size)
-        self.ids[start : start + ids.size] = ids
-        self.n += ids.size
-        return start
-
-    def append(self, e: int) -> int:
-        """Append one id; returns its position."""
-        self._room(self.n + 1)
-        self.ids[self.n] = e
-        self.n += 1
-        return self.n - 1
-
-    def remove_at(self, k: int) -> int:
-        """Drop the id at ``k``, the last id taking its place; returns that last id."""
-        self.n -= 1
-        last = int(self.ids[self.n])
-        self.ids[k] = last
-        return last
-
-
 class DependentSampling:
     """DSA over jobs whose datasets are id sets of one universe ``0 .. universe - 1``."""
 
@@ -100,8 +56,11 @@ class DependentSampling:
         self.universe = int(universe)
         self.mask = np.zeros(self.universe, np.uint64)
         self.dtype = np.int32 if self.universe <= np.iinfo(np.int32).max else np.int64
+        self._code = "i" if self.dtype == np.int32 else "q"  # the buckets' array type
         self.pos = np.zeros(self.universe, self.dtype)  # index in its bucket
-        self.buckets: dict[int, _Bucket] = {}  # need mask -> ids (no empty buckets)
+        # need mask -> its ids (no empty buckets), each an ``array``: 4 B per id, and
+        # Python-speed swap-remove and append in a round
+        self.buckets: dict[int, array] = {}
         self.datasets: dict[Hashable, np.ndarray] = {}
         self.bit: dict[Hashable, int] = {}
         self.left: dict[Hashable, int] = {}  # |R_j|: what job j still reads this epoch
@@ -176,7 +135,7 @@ class DependentSampling:
         live, masks = live[order], masks[order]
         cuts = np.flatnonzero(np.diff(masks)) + 1
         for seg_ids, m in zip(np.split(live, cuts), masks[np.r_[0, cuts]], strict=True):
-            self.buckets[int(m)] = _Bucket(seg_ids.copy())
+            self.buckets[int(m)] = array(self._code, seg_ids.tobytes())
             self.pos[seg_ids] = np.arange(seg_ids.size)
 
     def _drop_bit(self, b: int) -> np.ndarray:
@@ -185,26 +144,28 @@ class DependentSampling:
         moved = []
         self._version += 1
         for m in [m for m in self.buckets if m & b]:
-            arr = self.buckets.pop(m).items()
+            arr = np.frombuffer(self.buckets.pop(m), self.dtype)  # of a bucket gone
             moved.append(arr)
             if m == b:  # nobody else needs them
                 self.mask[arr] = 0
                 continue
-            dst = self.buckets.setdefault(m & ~b, _Bucket(arr[:0].copy()))
+            dst = self.buckets.setdefault(m & ~b, array(self._code))
             self.mask[arr] = m & ~b
-            self.pos[arr] = np.arange(dst.extend(arr), dst.n)
+            self.pos[arr] = np.arange(len(dst), len(dst) + arr.size)
+            dst.frombytes(arr.tobytes())
         out = np.concatenate(moved).astype(np.int64) if moved else np.zeros(0, np.int64)
         return np.sort(out)
 
     def _clear(self, e: int, bits: int) -> None:
         """Element ``e`` was read by the jobs of ``bits``: move it to its new bucket."""
         old = int(self.mask[e])
-        src = self.buckets[old]
+        lst = self.buckets[old]
         k = int(self.pos[e])
-        last = src.remove_at(k)
+        last = lst.pop()
         if last != e:
+            lst[k] = last
             self.pos[last] = k
-        if not src.n:
+        if not lst:
             del self.buckets[old]
             self._version += 1
         new = old & ~bits
@@ -212,9 +173,10 @@ class DependentSampling:
         if new:
             dst = self.buckets.get(new)
             if dst is None:
-                dst = self.buckets[new] = _Bucket(np.empty(0, self.dtype))
+                dst = self.buckets[new] = array(self._code)
                 self._version += 1
-            self.pos[e] = dst.append(e)
+            self.pos[e] = len(dst)
+            dst.append(e)
 
     # -- the tree ------------------------------------------------------------------------
     def _sorted(self, jobs: Iterable[Hashable] | None) -> list[Hashable]:
@@ -263,7 +225,7 @@ class DependentSampling:
         out = []
         for kind, groups in (("intersection", vertex), ("difference", leaf)):
             for k, masks in enumerate(groups):
-                ids = [self.buckets[mk].items() for mk in masks]
+                ids = [np.frombuffer(self.buckets[mk], self.dtype) for mk in masks]
                 ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
                 jobs_k = tuple(order[k:]) if kind == "intersection" else (order[k],)
                 out.append(Vertex(kind, jobs_k, np.sort(ids)))
@@ -273,13 +235,13 @@ class DependentSampling:
         """A uniform element of the union of the buckets ``masks`` (``total`` ids)."""
         buckets = self.buckets
         if total is None:
-            total = sum(buckets[m].n for m in masks)
+            total = sum(len(buckets[m]) for m in masks)
         r = self._rng.randrange(total)
         for m in masks:
-            bucket = buckets[m]
-            if r < bucket.n:
-                return int(bucket.ids[r])
-            r -= bucket.n
+            lst = buckets[m]
+            if r < len(lst):
+                return lst[r]
+            r -= len(lst)
         raise AssertionError("unreachable")
 
     # -- sampling ------------------------------------------------------------------------
@@ -291,7 +253,7 @@ class DependentSampling:
             return {}
         bits, vertex, leaf = self._levels(order)
         buckets, left, rand = self.buckets, self.left, self._rng.random
-        sizes = [sum(buckets[mk].n for mk in ms) for ms in vertex]
+        sizes = [sum(len(buckets[mk]) for mk in ms) for ms in vertex]
         out: dict[Hashable, int] = {}
         reads: list[tuple[int, int]] = []  # (element, bits of the jobs that took it)
         k, s, s_level, m = 0, 0, 0, len(order)  # first undecided job; S = V_0..V_{s_level-1}
