@@ -290,7 +290,8 @@ class _ObjectStore:
     storage_options: dict
 
     def upload(self, local: Path, url: str) -> None:
-        """Copy the tree ``local`` to ``url`` (``s3://bucket/prefix``), making the bucket."""
+        """Copy the tree ``local`` to ``url`` (``s3://bucket/prefix``, ``gs://...``),
+        making the bucket."""
         import fsspec
 
         fs = fsspec.filesystem(self.protocol, **self.storage_options)

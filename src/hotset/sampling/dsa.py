@@ -70,8 +70,9 @@ class DependentSampling:
 
     # -- jobs --------------------------------------------------------------------------
     def add_job(self, job: Hashable, ids: Iterable[int] | np.ndarray, start: bool = True) -> None:
-        """Insert ``job`` with its dataset (global ids); ``start``: begin its first epoch
-        now (else at ``start_epoch``)."""
+        """Insert ``job`` with its dataset (global ids; kept without a copy when they are
+        sorted, distinct and of ``self.dtype``); ``start``: begin its first epoch now
+        (else at ``start_epoch``)."""
         if job in self.bit:
             raise ConfigError(f"job {job!r} is already registered")
         free = sorted(set(range(MAX_JOBS)) - set(self.bit.values()))

@@ -214,18 +214,18 @@ class DigestColumn(_Column):
         order, heads = self._order
         q = np.ascontiguousarray(query).view(np.uint64)
         qh = _mix(q)
-        ranked = np.argsort(qh)  # sorted queries: 25x faster searches
-        at = np.empty(q.shape[0], np.int64)
-        at[ranked] = np.searchsorted(heads, qh[ranked])
-        pending, where = np.arange(q.shape[0]), np.flatnonzero(ok)
+        ranked = np.argsort(qh, kind="stable")  # sorted queries search 25x faster
+        sq = qh[ranked]
+        at = np.searchsorted(heads, sq)
+        pending, where = np.arange(q.shape[0]), np.flatnonzero(ok)[ranked]
         while pending.size:  # past the first candidate only where two hashes collide
             a = at[pending]
             live = a < len(self)
             pending, a = pending[live], a[live]
-            same = heads[a] == qh[pending]
+            same = heads[a] == sq[pending]
             pending, a = pending[same], a[same]
-            cand = order[a]
-            whole = (words[cand] == q[pending]).all(axis=1)
+            cand, qi = order[a], ranked[pending]
+            whole = (words[cand, 0] == q[qi, 0]) & (words[cand, 1] == q[qi, 1])
             out[where[pending[whole]]] = cand[whole]
             pending = pending[~whole]
             at[pending] += 1
