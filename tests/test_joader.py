@@ -230,3 +230,20 @@ def test_refcnt_has_ten_percent_fewer_misses_than_lru_fifo_random_with_four_jobs
             misses = {p: replay(datasets, seq, p, cap) for p in ("lru", "fifo", "random", "refcnt")}
             others = min(misses["lru"], misses["fifo"], misses["random"])
             assert misses["refcnt"] <= 0.9 * others, (case, cap, misses)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 60), min_size=1), min_size=1, max_size=4),
+       st.integers(1, 80), st.data())  # fmt: skip
+def test_a_run_of_rounds_draws_what_single_rounds_draw(datasets, n, data):
+    """``rounds(jobs, n)`` (the service's batch of rounds) gives the rounds that ``n``
+    calls of ``round`` give from the same state, and stops where a job runs out."""
+    one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
+    for j, d in enumerate(datasets):
+        one.add_job(j, sorted(d))
+        many.add_job(j, sorted(d))
+    jobs = data.draw(st.lists(st.sampled_from(range(len(datasets))), min_size=1, unique=True))
+    got = many.rounds(jobs, n)
+    assert len(got) == min(n, *(len(datasets[j]) for j in jobs))
+    assert got == [one.round(jobs) for _ in got]
+    assert many.left == one.left and many.mask.tolist() == one.mask.tolist()

@@ -250,8 +250,19 @@ class DependentSampling:
         """One element for each of ``jobs`` (default: all) that has something left this
         epoch (Algorithm 1 then 2). Jobs that took the same intersection get the same id."""
         order = self._sorted(jobs)
-        if not order:
-            return {}
+        return self._round(order) if order else {}
+
+    def rounds(self, jobs: Iterable[Hashable], n: int) -> list[dict[Hashable, int]]:
+        """``n`` rounds over ``jobs`` as ``n`` calls of ``round`` give them (the same
+        draws), but at most as many as the job with least left has (none runs out before
+        the last). The jobs are sorted once: each round takes one element from each, so
+        their order holds."""
+        order = self._sorted(jobs)
+        n = min([n] + [self.left[j] for j in order]) if order else 0
+        return [self._round(order) for _ in range(n)]
+
+    def _round(self, order: list[Hashable]) -> dict[Hashable, int]:
+        """A round over ``order`` (``_sorted``'s: jobs with something left)."""
         bits, vertex, leaf = self._levels(order)
         buckets, left, rand = self.buckets, self.left, self._rng.random
         sizes = [sum(len(buckets[mk]) for mk in ms) for ms in vertex]

@@ -263,10 +263,10 @@ class DependentSamplingMode(SamplingMode):
         self.dsa.start_epoch(job_id, ids)
         return ids
 
-    def _behind(self, job: Job) -> bool:
-        """Whether a job takes part in the next round: it has fewer than ``lookahead``
-        batches queued (the rest are far enough ahead to wait)."""
-        return job.queued() < self.co.lookahead * job.batch_size
+    def _room(self, job: Job) -> int:
+        """Rounds a job takes part in before it has ``lookahead`` batches queued (the
+        jobs that far ahead wait)."""
+        return self.co.lookahead * job.batch_size - job.queued()
 
     def fill(self, job_id: int, job: Job, queue: deque) -> None:
         jobs, left = self.co.jobs, self.dsa.left
@@ -274,12 +274,19 @@ class DependentSamplingMode(SamplingMode):
             if not left.get(job_id):  # an epoch resumed with nothing left to read
                 self.co.start_sampling(job_id, job, job.sampling_epoch + 1)
                 break
-            peers = [j for j, other in jobs.items() if j == job_id or self._behind(other)]
-            for j, e in self.dsa.round(peers).items():
-                other = jobs[j]
-                other.queues[other.sampling_epoch].append(e)
+            room = {j: self._room(other) for j, other in jobs.items()}
+            peers = [j for j in jobs if j == job_id or room[j] > 0]
+            # rounds over the same peers, as many as one at a time would make: until
+            # this batch is queued or a peer has its look-ahead queued (it stops taking
+            # part); ``rounds`` stops where a peer's epoch is all sampled
+            n = min([job.batch_size - len(queue)] + [room[j] for j in peers if j != job_id])
+            picks: dict[int, int] = {}
+            for picks in self.dsa.rounds(peers, max(n, 1)):
+                for j, e in picks.items():
+                    jobs[j].queues[jobs[j].sampling_epoch].append(e)
+            for j in picks:
                 if left[j] == 0:  # sampled its epoch: run on into the next one
-                    self.co.start_sampling(j, other, other.sampling_epoch + 1)
+                    self.co.start_sampling(j, jobs[j], jobs[j].sampling_epoch + 1)
 
     def left(self, job_id: int) -> int:
         return self.dsa.left.get(job_id, 0)
