@@ -281,7 +281,7 @@ class DependentSamplingMode(SamplingMode):
             # part); ``rounds`` stops where a peer's epoch is all sampled
             n = min([job.batch_size - len(queue)] + [room[j] for j in peers if j != job_id])
             picks: dict[int, int] = {}
-            for picks in self.dsa.rounds(peers, max(n, 1)):
+            for picks in self.dsa.rounds(peers, n):
                 for j, e in picks.items():
                     jobs[j].queues[jobs[j].sampling_epoch].append(e)
             for j in picks:
