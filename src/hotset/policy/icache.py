@@ -30,6 +30,7 @@ from collections import ChainMap
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 
@@ -99,7 +100,7 @@ class ICachePolicy(Policy):
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
         # the L-samples in a random order, and how far packages took them (``_pool_ids``)
-        self._pool = np.zeros(0, np.int32 if self.num_samples < 2**31 else np.int64)
+        self._pool = np.zeros(0, index_dtype(self.num_samples))
         self._cursor, self._wrapped = 0, False
         # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
         self._hot: bytes = self.is_h.tobytes()

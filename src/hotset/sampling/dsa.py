@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
 
@@ -55,7 +56,7 @@ class DependentSampling:
             raise ConfigError(f"universe must be > 0, got {universe}")
         self.universe = int(universe)
         self.mask = np.zeros(self.universe, np.uint64)
-        self.dtype = np.int32 if self.universe <= np.iinfo(np.int32).max else np.int64
+        self.dtype = index_dtype(self.universe)
         self._code = "i" if self.dtype == np.int32 else "q"  # the buckets' array type
         self.pos = np.zeros(self.universe, self.dtype)  # index in its bucket
         # need mask -> its ids (no empty buckets), each an ``array``: 4 B per id, and

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hotset.errors import ConfigError, UnknownJob
+from hotset.ids import index_dtype
 from hotset.service.benefit import Benefit
 from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
@@ -137,7 +138,7 @@ class JobCoordinator:
         self.substitution = int(substitution)
         self.max_samples = int(max_samples)
         #: the dtype of the jobs' id columns: int32 while the ids fit
-        self.id_dtype = np.int32 if self.max_samples <= np.iinfo(np.int32).max else np.int64
+        self.id_dtype = index_dtype(self.max_samples)
         self.seed = seed
         self.lookahead = int(lookahead)
         self.job_timeout_s = float(job_timeout_s)

@@ -20,6 +20,7 @@ from itertools import chain, islice
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 
 CHUNK = 1 << 16  # strings encoded at a time: bounds the transient Python objects
 
@@ -209,7 +210,7 @@ class DigestColumn(_Column):
         if self._order is None:
             hashed = _mix(words)
             order = np.argsort(hashed, kind="stable")
-            index = order.astype(np.int32) if len(self) < 2**31 else order
+            index = order.astype(index_dtype(len(self)))
             self._order = (index, hashed[order])
         order, heads = self._order
         q = np.ascontiguousarray(query).view(np.uint64)
