@@ -45,6 +45,9 @@ def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
     query = other + keys + ["not a digest", keys[0].upper() if keys else "x"]
     first = {k: i for i, k in reversed(list(enumerate(keys)))}
     assert col.positions(query).tolist() == [first.get(k, -1) for k in query]
+    for same in (keys, keys + keys[:3]):  # the column itself: distinct, or repeating
+        col = key_column(same)
+        assert col.positions(key_column(same)).tolist() == [first[k] for k in same]
 
 
 halves = st.sampled_from([b"\0" * 8, b"\1" * 8, b"\xff" * 8, bytes(range(8))])
@@ -70,6 +73,9 @@ def test_digests_whose_hashes_collide_are_told_apart(hashed, monkeypatch):
         want = [first.get(k, -1) for k in query]
         assert col.positions(query).tolist() == want
         assert col.positions(key_column(query)).tolist() == want
+        first_pos, number = col.numbered()  # registration's numbering, hashes colliding
+        seen = list(dict.fromkeys(keys))
+        assert [keys[i] for i in first_pos] == seen and [seen[k] for k in number] == keys
 
     check()
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hotset.errors import ConfigError, UnknownJob
-from hotset.ids import index_dtype
+from hotset.ids import first_seen, index_dtype
 from hotset.service.benefit import Benefit
 from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
@@ -207,14 +207,14 @@ class JobCoordinator:
             )
         if new.size:
             gids[unknown] = len(self.keys) + number  # numbered in order of first sight
-            self.keys = concat(self.keys, keys.take(new))
+            self.keys = concat(self.keys, keys if new.size == len(keys) else keys.take(new))
             self.mode.add_ids(sizes[new])
         self.policy.set_sizes(gids, sizes)
         gids = gids.astype(self.id_dtype)  # a job's columns: 12 B per id in int32
-        unique, first = np.unique(gids, return_index=True)
+        unique, first = first_seen(gids, len(self.keys))
         job_id = self._next_job
         self._next_job += 1
-        job = Job(name, int(batch_size), pid, host, unique, first.astype(self.id_dtype), gids)
+        job = Job(name, int(batch_size), pid, host, unique.astype(self.id_dtype), first, gids)
         job.last_seen = time.monotonic()
         if served.size:
             job.resumed_epoch, job.served = int(epoch), np.unique(gids[served])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
+from typing import NamedTuple
 
 import numpy as np
 
@@ -158,7 +159,7 @@ class DigestColumn(_Column):
             parts.append(np.frombuffer(raw, np.uint8).reshape(-1, 16))
             done += len(part)
         self._raw = np.concatenate(parts)
-        self._order: tuple[np.ndarray, np.ndarray] | None = None  # for ``positions``
+        self._order: _HashIndex | None = None  # for ``positions`` and ``numbered``
 
     def __len__(self) -> int:
         return int(self._raw.shape[0])
@@ -192,10 +193,42 @@ class DigestColumn(_Column):
     def _values(self) -> np.ndarray:
         return self._packed()
 
+    def _index(self) -> _HashIndex:
+        """The digests in order of a 64-bit hash of each (ties in column order), built
+        once: 12 B per id beside the digests, not a dict of strings."""
+        if self._order is None:
+            hashed = _mix(self._raw.view(np.uint64))
+            order = _hash_order(hashed)
+            heads = hashed[order]
+            self._order = _HashIndex(
+                order.astype(index_dtype(len(self))), heads, not (heads[1:] == heads[:-1]).any()
+            )
+        return self._order
+
+    def numbered(self) -> tuple[np.ndarray, np.ndarray]:
+        """As ``_Column.numbered``, from the hash index (digests alike only where their
+        hashes are; a collision of two different digests takes the general path)."""
+        n = len(self)
+        index = self._index()
+        if index.distinct:
+            return np.arange(n), np.arange(n)
+        order = index.order.astype(np.int64)
+        tie = index.heads[1:] == index.heads[:-1]
+        a, b = order[:-1][tie], order[1:][tie]
+        words = self._raw.view(np.uint64)
+        if not ((words[a, 0] == words[b, 0]) & (words[a, 1] == words[b, 1])).all():
+            return super().numbered()
+        starts = np.concatenate([[True], ~tie])  # a new digest begins, in hash order
+        is_first = np.zeros(n, bool)
+        is_first[order[starts]] = True  # ties in column order: the first occurrence
+        rank = np.cumsum(is_first) - 1  # a first occurrence's number, in column order
+        number = np.empty(n, np.int64)
+        number[order] = rank[order[starts]][np.cumsum(starts) - 1]
+        return np.flatnonzero(is_first), number
+
     def positions(self, strings: Iterable[str]) -> np.ndarray:
-        """As ``_Column.positions``, by binary search on a 64-bit hash of each digest
-        (integers: fast to compare), sorted once (12 B per id beside the digests, not a
-        dict of strings); each candidate is then compared whole."""
+        """As ``_Column.positions``, by binary search on the hash index (integers: fast
+        to compare) with the queries sorted alike; each candidate is compared whole."""
         if isinstance(strings, DigestColumn):
             ok, query = np.ones(len(strings), bool), strings._raw
         else:
@@ -206,31 +239,59 @@ class DigestColumn(_Column):
         out = np.full(ok.size, -1, np.int64)
         if not ok.any() or not len(self):
             return out
+        order, heads, distinct = self._index()
         words = self._raw.view(np.uint64)  # (n, 2): a digest as two integers
-        if self._order is None:
-            hashed = _mix(words)
-            order = np.argsort(hashed, kind="stable")
-            index = order.astype(index_dtype(len(self)))
-            self._order = (index, hashed[order])
-        order, heads = self._order
         q = np.ascontiguousarray(query).view(np.uint64)
+        if distinct and ok.all() and q.shape == words.shape and np.array_equal(q, words):
+            return np.arange(len(self))  # the same digests in the same order
         qh = _mix(q)
-        ranked = np.argsort(qh, kind="stable")  # sorted queries search 25x faster
-        sq = qh[ranked]
+        ranked = _hash_order(qh)  # sorted queries search 25x faster
+        sq, qrows = qh[ranked], _rows(q)[ranked]
         at = np.searchsorted(heads, sq)
-        pending, where = np.arange(q.shape[0]), np.flatnonzero(ok)[ranked]
-        while pending.size:  # past the first candidate only where two hashes collide
+        rows, last = _rows(self._raw), len(self) - 1
+        where = ranked if ok.all() else np.flatnonzero(ok)[ranked]
+        cand = order[np.minimum(at, last)]
+        whole = _same(rows[cand], qrows)  # each candidate compared whole
+        out[where[whole]] = cand[whole]
+        pending = np.flatnonzero(~whole)  # absent, or past the first candidate: only
+        while pending.size:  # where two hashes collide
             a = at[pending]
-            live = a < len(self)
+            live = a < last
             pending, a = pending[live], a[live]
-            same = heads[a] == sq[pending]
-            pending, a = pending[same], a[same]
-            cand, qi = order[a], ranked[pending]
-            whole = (words[cand, 0] == q[qi, 0]) & (words[cand, 1] == q[qi, 1])
+            same = heads[a + 1] == sq[pending]
+            pending, a = pending[same], a[same] + 1
+            at[pending] = a
+            cand = order[a]
+            whole = _same(rows[cand], qrows[pending])
             out[where[pending[whole]]] = cand[whole]
             pending = pending[~whole]
-            at[pending] += 1
         return out
+
+
+class _HashIndex(NamedTuple):
+    order: np.ndarray  # positions in order of their hash (ties in column order)
+    heads: np.ndarray  # the hashes, sorted
+    distinct: bool  # no two hashes equal: no digest repeats
+
+
+def _rows(raw: np.ndarray) -> np.ndarray:
+    """16-byte rows as one void value each: gathered and compared whole, in one step."""
+    return np.ascontiguousarray(raw).view(np.uint8).view("V16").ravel()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether each pair of ``_rows`` is the same 16 bytes."""
+    x, y = a.view(np.uint64).reshape(-1, 2), b.view(np.uint64).reshape(-1, 2)
+    return (x[:, 0] == y[:, 0]) & (x[:, 1] == y[:, 1])
+
+
+def _hash_order(h: np.ndarray) -> np.ndarray:
+    """``np.argsort(h, kind="stable")`` for uint64 ``h``, about 1.5x faster: two radix
+    passes (numpy's stable sort of uint16) order by the top 32 bits, and timsort finishes
+    the nearly sorted rest in one pass."""
+    r = np.argsort((h >> np.uint64(32)).astype(np.uint16), kind="stable")
+    r = r[np.argsort((h >> np.uint64(48)).astype(np.uint16)[r], kind="stable")]
+    return r[np.argsort(h[r], kind="stable")]
 
 
 def _mix(words: np.ndarray) -> np.ndarray:
@@ -261,7 +322,10 @@ def key_column(keys: Iterable[str]) -> _Column:
 
 
 def concat(a: _Column, b: _Column) -> _Column:
-    """``a`` then ``b`` as one column (packed digests when both are)."""
+    """``a`` then ``b`` as one column (packed digests when both are; one of them, with
+    its index, when the other is empty)."""
+    if not len(a) or not len(b):
+        return b if not len(a) else a
     if isinstance(a, DigestColumn) and isinstance(b, DigestColumn):
         return DigestColumn.of_raw(np.concatenate([a.raw, b.raw]))
     return StringColumn(chain(a, b))
