@@ -203,3 +203,24 @@ def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path,
                  policy="lru", epochs=1)  # fmt: skip
     finally:
         wire.stop()
+
+
+def test_gcs_faults_are_retried(tmp_path, gcs):
+    """GCS through a wire that answers 30% of the sample reads with a 503 or drops the
+    connection: every sample still arrives right (gcsfs retries each itself, after 0.5 to
+    1.5 s, then hotset's reader). A shard that keeps failing is not tried here: gcsfs's
+    own six attempts, not configurable, back off for about 17 s before hotset sees it."""
+    images = _images()
+    _shards(tmp_path / "shards", images)
+    gcs.upload(tmp_path / "shards", "gs://faulty/shards")
+    hotset.open_storage("gs://faulty/shards", storage_options=gcs.storage_options)  # indexed
+    wire = DelayProxy(int(gcs.endpoint.rsplit(":", 1)[1]), latency_ms=1.0, bandwidth_mb_s=0,
+                      faults=0.3)  # fmt: skip
+    try:
+        options = {**gcs.storage_options, "endpoint_url": wire.url}
+        storage = hotset.open_storage("gs://faulty/shards", storage_options=options)
+        served = _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
+                      policy="lru", readahead_bytes=0)  # fmt: skip
+        assert served == 120 and wire.stats()["faults"] >= 3
+    finally:
+        wire.stop()
