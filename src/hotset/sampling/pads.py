@@ -32,6 +32,7 @@ from functools import partial
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, draw_weighted, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
@@ -183,5 +184,5 @@ class PADSSampler(Sampler):
             else:
                 order = self.coverage.ensure(self._draw(rng), epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = order
+            self._orders[epoch] = order.astype(index_dtype(self.num_samples), copy=False)
         return self._orders[epoch]
