@@ -175,28 +175,36 @@ def _through(s3, wire) -> dict:
     }  # fmt: skip
 
 
-def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path, s3):
-    """A wire that answers 30% of the sample reads with a 503 SlowDown or drops the
-    connection: every sample still arrives right, retried by s3fs or hotset's reader. A
-    shard whose every read fails stops the epoch with an error naming a sample of it,
-    after the retries."""
+def _faults_retried(server, tmp_path, through) -> tuple[list, str, int]:
+    """Tar shards on ``server`` read through a wire that answers 30% of the sample reads
+    with a 503 or drops the connection (``through(server, wire)``: the storage options
+    that reach it): every sample of two epochs arrives right. Returns the images, the
+    shards' URL and the server's port."""
     images = _images()
     _shards(tmp_path / "shards", images)
-    s3.upload(tmp_path / "shards", "s3://faulty/shards")
-    port = int(s3.endpoint.rsplit(":", 1)[1])
-    hotset.open_storage("s3://faulty/shards", storage_options=s3.storage_options)  # indexed
+    url = f"{server.protocol}://faulty/shards"
+    server.upload(tmp_path / "shards", url)
+    hotset.open_storage(url, storage_options=server.storage_options)  # indexed
+    port = int(server.endpoint.rsplit(":", 1)[1])
     wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, faults=0.3)
     try:
-        options = _through(s3, wire)
-        storage = hotset.open_storage("s3://faulty/shards", storage_options=options)
+        storage = hotset.open_storage(url, storage_options=through(server, wire))
         served = _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
                       policy="lru", readahead_bytes=0)  # fmt: skip
         assert served == 120 and wire.stats()["faults"] >= 3
     finally:
         wire.stop()
+    return images, url, port
+
+
+def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path, s3):
+    """Faults are retried by s3fs or hotset's reader (``_faults_retried``). A shard whose
+    every read fails stops the epoch with an error naming a sample of it, after the
+    retries."""
+    images, url, port = _faults_retried(s3, tmp_path, _through)
     wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, failing="shard-001")
     try:
-        storage = hotset.open_storage("s3://faulty/shards", storage_options=_through(s3, wire))
+        storage = hotset.open_storage(url, storage_options=_through(s3, wire))
         storage.retry = Retry(attempts=2, base_s=0.01)
         with pytest.raises(StorageError, match=r"shard-001\.tar#s000\d\d.*after 2 attempts"):
             _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
@@ -206,21 +214,8 @@ def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path,
 
 
 def test_gcs_faults_are_retried(tmp_path, gcs):
-    """GCS through a wire that answers 30% of the sample reads with a 503 or drops the
-    connection: every sample still arrives right (gcsfs retries each itself, after 0.5 to
-    1.5 s, then hotset's reader). A shard that keeps failing is not tried here: gcsfs's
+    """Faults are retried (``_faults_retried``): gcsfs retries each itself, after 0.5 to
+    1.5 s, then hotset's reader. A shard that keeps failing is not tried here: gcsfs's
     own six attempts, not configurable, back off for about 17 s before hotset sees it."""
-    images = _images()
-    _shards(tmp_path / "shards", images)
-    gcs.upload(tmp_path / "shards", "gs://faulty/shards")
-    hotset.open_storage("gs://faulty/shards", storage_options=gcs.storage_options)  # indexed
-    wire = DelayProxy(int(gcs.endpoint.rsplit(":", 1)[1]), latency_ms=1.0, bandwidth_mb_s=0,
-                      faults=0.3)  # fmt: skip
-    try:
-        options = {**gcs.storage_options, "endpoint_url": wire.url}
-        storage = hotset.open_storage("gs://faulty/shards", storage_options=options)
-        served = _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
-                      policy="lru", readahead_bytes=0)  # fmt: skip
-        assert served == 120 and wire.stats()["faults"] >= 3
-    finally:
-        wire.stop()
+    _faults_retried(gcs, tmp_path, lambda server, wire: {
+        **server.storage_options, "endpoint_url": wire.url})  # fmt: skip

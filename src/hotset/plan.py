@@ -623,7 +623,8 @@ class Planner:
         for index in range(first, self._batches(order)):
             lo = index * step
             start = time.perf_counter()
-            plan = self._plan(epoch, index, np.asarray(order[lo : lo + step], np.int64))
+            ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
+            plan = self._plan(epoch, index, ids)
             if self.ranks is not None:  # this rank's shard of the global plan
                 plan = shard(plan, self.ranks.rank, self.world)
             self.planning_s += time.perf_counter() - start
