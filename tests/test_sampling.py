@@ -128,3 +128,22 @@ def test_shard_local_shuffle_is_named_and_reaches_make_loader(tmp_path):
         batches = [ids.numpy() for _, _, ids in loader]
     assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(48))
     assert all(np.unique(b // 16).size == 1 for b in batches)  # each batch one shard
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    losses=st.lists(st.sampled_from([0.1, 0.5, 0.5, 2.0, 3.0]), min_size=1, max_size=30),
+    unseen=st.integers(0, 5),
+)
+def test_iis_percentiles_are_the_losses_stable_ranks(losses, unseen):
+    """IIS's importance: each scored loss's place in their stable order over n - 1 (ties
+    in id order), never-scored ids 1."""
+    n = len(losses) + unseen
+    s = make_sampler("iis", n)
+    s.feedback(np.arange(len(losses)), np.asarray(losses))
+    pct = s.percentiles()
+    k = len(losses)
+    if k > 1:
+        ranks = np.argsort(np.argsort(losses, kind="stable"), kind="stable")
+        assert np.allclose(pct[:k], ranks / (k - 1))
+    assert np.all(pct[k:] == 1.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import numpy as np
@@ -136,43 +135,6 @@ SAMPLERS = Registry("sampler")
 register_sampler = SAMPLERS.register
 #: the registered sampler class called ``name``
 sampler_class = SAMPLERS.lookup
-
-
-#: draws per piece of :func:`draw_weighted` (pieces run on two threads)
-DRAW_PIECE = 1 << 22
-
-
-def draw_weighted(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
-    """``n`` ids drawn with replacement, id ``i`` with probability ``p[i]``: the
-    distribution of ``rng.choice(len(p), n, p=p)`` (and ``torch.multinomial``'s), in
-    O(n) memory passes. ``rng.choice`` looks up every draw in the cumulative array at
-    random (cache misses: 24 s at 10M ids); here the uniforms come sorted (normalised
-    sums of exponentials), so the look-ups walk the array once, and a shuffle restores a
-    random order. The draws are made in pieces of ``DRAW_PIECE`` on two threads (numpy
-    releases the GIL), each with a generator of its own (``rng.spawn``, so the result
-    does not depend on the threads' timing): i.i.d. pieces make one i.i.d. draw (14M
-    ids on 2 cores: 1.2 s in one piece, 0.7 s in pieces)."""
-    cdf = np.cumsum(p, dtype=np.float64)
-    out = np.empty(n, np.int64)
-    starts = range(0, n, DRAW_PIECE)
-    rngs = rng.spawn(len(starts))
-
-    def piece(k: int) -> None:
-        lo, g = starts[k], rngs[k]
-        ids = out[lo : lo + DRAW_PIECE]
-        gaps = g.standard_exponential(ids.size + 1)
-        u = np.cumsum(gaps[:-1])
-        u *= cdf[-1] / (u[-1] + gaps[-1])
-        ids[:] = np.searchsorted(cdf, u, side="right")
-        g.shuffle(ids)
-
-    if len(starts) > 1:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(piece, range(len(starts))))
-    elif n:
-        piece(0)
-    np.minimum(out, len(p) - 1, out=out)
-    return out
 
 
 def make_sampler(name: str, num_samples: int, **options) -> Sampler:

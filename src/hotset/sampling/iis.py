@@ -31,6 +31,7 @@ from hotset.ids import index_dtype
 from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+from hotset.sampling.draw import shuffled
 
 
 @register_sampler
@@ -89,8 +90,9 @@ class IISSampler(Sampler):
         pct = np.ones(self.num_samples)
         n = int(seen.sum())
         if n > 1:
-            loss = self.board.loss[seen]
-            pct[seen] = np.argsort(np.argsort(loss, kind="stable"), kind="stable") / (n - 1)
+            rank = np.empty(n)  # each loss's place in their stable order: one sort, a scatter
+            rank[np.argsort(self.board.loss[seen], kind="stable")] = np.arange(n) / (n - 1)
+            pct[seen] = rank
         return pct
 
     def full_pass(self, epoch: int) -> bool:
@@ -118,7 +120,7 @@ class IISSampler(Sampler):
             else:
                 hot = pct >= 1.0 - self.h_fraction
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            order = rng.permutation(selected)  # two epochs kept: 4 B per id each in int32
+            order = shuffled(rng, selected)  # two epochs kept: 4 B per id each in int32
             self._orders[epoch] = order.astype(index_dtype(self.num_samples), copy=False)
             self._hints = {
                 epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}

@@ -34,8 +34,9 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
-from hotset.sampling.base import Sampler, draw_weighted, register_sampler
+from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+from hotset.sampling.draw import draw_weighted, permutation
 
 ORDERS = ("hits_first", "shuffled")
 
@@ -123,44 +124,42 @@ class PADSSampler(Sampler):
         self._cached[np.asarray(ids, np.int64)] = True
 
     # -- sampling ------------------------------------------------------------------------
-    def probabilities(self) -> np.ndarray:
-        """Sampling probability of each id for the next draw."""
+    def weights(self) -> np.ndarray:
+        """Each id's sampling weight for the next draw (proportional to its probability)."""
         w = np.maximum(self.board.score, 1e-12)  # never-scored samples hold the prior
         if self.repetition_mode == "weight":
             w[self._cached] *= self.repetition
+        return w
+
+    def probabilities(self) -> np.ndarray:
+        """Sampling probability of each id for the next draw."""
+        w = self.weights()
         return w / w.sum()
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
-        if self.repetition_mode == "weight" and self.order == "hits_first":
-            return self._draw_hits_first(rng)
-        drawn = draw_weighted(rng, self.probabilities(), self.num_samples)
-        cached = self._cached[drawn]
-        hits, misses = drawn[cached], drawn[~cached]
+        """The epoch's draw of ``num_samples`` ids, its hits (the drawn ids the cache
+        holds, in drawn order, repeated in ``repeat`` mode) before its misses, made part
+        by part: the number of hits is Binomial(n, P(cached)) and each part is an i.i.d.
+        draw from the weights restricted to it -- the distribution of one draw
+        partitioned afterwards, without a look-up of every drawn id, and only as many
+        misses drawn as the epoch keeps."""
+        w = self.weights()
+        held = np.flatnonzero(self._cached).astype(index_dtype(self.num_samples))
+        w_held = w[held]
+        w[held] = 0.0  # the weights of the misses
+        w_hit, w_miss = float(w_held.sum()), float(w.sum())
+        n = self.num_samples
+        h = n if w_miss <= 0.0 else int(rng.binomial(n, w_hit / (w_hit + w_miss)))
+        hits = held[draw_weighted(rng, w_held, h)]
         if self.repetition_mode == "repeat":
             whole = int(self.repetition)  # r copies of each hit; a fractional r: some once more
             extra = hits[: int((self.repetition - whole) * hits.size)]
-            hits = np.concatenate([np.repeat(hits, whole), extra])[: self.num_samples]
+            hits = np.concatenate([np.repeat(hits, whole), extra])[:n]
             rng.shuffle(hits)  # the copies of one id apart
-            misses = misses[: self.num_samples - hits.size]
-        order = np.concatenate([hits, misses])
+        order = np.concatenate([hits, draw_weighted(rng, w, n - hits.size)])
         if self.order == "shuffled":
             rng.shuffle(order)
         return order
-
-    def _draw_hits_first(self, rng: np.random.Generator) -> np.ndarray:
-        """The draw of ``num_samples`` split into its hits then its misses, each part in
-        drawn order, made part by part: the number of hits is Binomial(n, P(cached)) and
-        each part is an i.i.d. draw from ``p`` restricted to it -- the distribution of
-        one draw partitioned afterwards, without a look-up of every drawn id."""
-        p = self.probabilities()
-        held = np.flatnonzero(self._cached)
-        p_held = p[held]
-        p[held] = 0.0  # p of the misses
-        p_hit, p_miss = float(p_held.sum()), float(p.sum())
-        n = self.num_samples
-        h = n if p_miss <= 0.0 else int(rng.binomial(n, p_hit / (p_hit + p_miss)))
-        hits = held[draw_weighted(rng, p_held, h)]
-        return np.concatenate([hits, draw_weighted(rng, p, n - h)])
 
     def _guard(self, epoch: int) -> bool:
         means = [
@@ -177,10 +176,10 @@ class PADSSampler(Sampler):
         if epoch not in self._orders:  # drawn once per epoch: every caller sees one list
             rng = np.random.default_rng([self.seed, epoch])
             if self.prior is None:
-                order = rng.permutation(self.num_samples)
+                order = permutation(rng, self.num_samples)
             elif self._guard(epoch):
                 self.guard_epochs.append(epoch)
-                order = rng.permutation(self.num_samples)
+                order = permutation(rng, self.num_samples)
             else:
                 order = self.coverage.ensure(self._draw(rng), epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}

@@ -37,8 +37,9 @@ from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
-from hotset.sampling.base import Sampler, draw_weighted, register_sampler
+from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+from hotset.sampling.draw import draw_weighted, permutation
 
 log = logging.getLogger(__name__)
 WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wait on
@@ -261,7 +262,7 @@ class SpiderSampler(Sampler):
         if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])
             if epoch == 0 or self.prior is None:
-                order = rng.permutation(self.num_samples)
+                order = permutation(rng, self.num_samples)
             else:
                 order = draw_weighted(rng, self.probabilities(), self.num_samples)
                 order = self.coverage.ensure(order, epoch, rng)

@@ -1,0 +1,104 @@
+"""Random draws of ids at 14M-id scale, in O(n) memory passes on two threads: the
+weighted draw with replacement that SHADE and SpiderCache make each epoch, and the
+uniform permutations of every epoch order. Each result depends on the generator only
+(every piece has a generator of its own, ``rng.spawn``), never on the threads' timing.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from hotset.ids import index_dtype
+
+#: draws per piece of :func:`draw_weighted` at most (pieces run on two threads)
+DRAW_PIECE = 1 << 22
+#: queries per sorted search of :func:`sorted_search`
+SEARCH_BLOCK = 1 << 11
+
+
+def sorted_search(a: np.ndarray, v: np.ndarray, block: int = SEARCH_BLOCK) -> np.ndarray:
+    """``np.searchsorted(a, v, side="right")`` for sorted ``v``, block by block: each
+    block of ``block`` queries searches only the slice of ``a`` its first and last
+    query bound. numpy's search restarts every query from the end of ``a`` (24 steps
+    and as many cache misses at 14M ids); here the slice stays in cache (2x faster)."""
+    out = np.empty(v.size, np.intp)
+    starts = np.arange(0, v.size, block)
+    lo = np.searchsorted(a, v[starts], side="right")
+    hi = np.searchsorted(a, v[np.minimum(starts + block, v.size) - 1], side="right")
+    for s, i, j in zip(starts.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        # a[:i] <= every query of the block < a[j:]
+        np.add(np.searchsorted(a[i:j], v[s : s + block], side="right"), i, out=out[s : s + block])
+    return out
+
+
+def draw_weighted(rng: np.random.Generator, p: np.ndarray, n: int) -> np.ndarray:
+    """``n`` ids drawn with replacement, id ``i`` with probability ``p[i]`` (weights
+    need not sum to 1): the distribution of ``rng.choice(len(p), n, p=p)`` (and
+    ``torch.multinomial``'s), in O(n) memory passes, as ``index_dtype(len(p))``.
+    ``rng.choice`` looks up every draw in the cumulative array at random (cache misses:
+    24 s at 10M ids); here the uniforms come sorted (normalised sums of exponentials),
+    so the look-ups walk the array once (:func:`sorted_search`), and a shuffle restores
+    a random order. The draws are made in an even number of equal pieces of at most
+    ``DRAW_PIECE`` on two threads (numpy releases the GIL), each with a generator of its
+    own (``rng.spawn``, so the result does not depend on the threads' timing): i.i.d.
+    pieces make one i.i.d. draw."""
+    cdf = np.cumsum(p, dtype=np.float64)
+    out = np.empty(n, index_dtype(len(p)))
+    pieces = 2 * -(-n // (2 * DRAW_PIECE)) if n > DRAW_PIECE else 1
+    size = -(-n // pieces) if n else 1
+    starts = range(0, n, size)
+    rngs = rng.spawn(len(starts))
+
+    def piece(k: int) -> None:
+        lo, g = starts[k], rngs[k]
+        ids = out[lo : lo + size]
+        gaps = g.standard_exponential(ids.size + 1)
+        u = np.cumsum(gaps[:-1])
+        u *= cdf[-1] / (u[-1] + gaps[-1])
+        ids[:] = sorted_search(cdf, u)
+        g.shuffle(ids)
+
+    if len(starts) > 1:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(piece, range(len(starts))))
+    elif n:
+        piece(0)
+    np.minimum(out, len(p) - 1, out=out)
+    return out
+
+
+#: below this many ids a permutation is ``rng.permutation``'s (threads do not pay)
+PARALLEL_SHUFFLE_MIN = 1 << 20
+#: buckets of :func:`shuffled` (each shuffled on its own; small enough for the cache)
+SHUFFLE_BUCKETS = 32
+
+
+def shuffled(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    """A uniformly random permutation of ``a`` (a new array; ``rng.permutation(a)``'s
+    distribution), shuffled on two threads: each element goes to one of
+    ``SHUFFLE_BUCKETS`` buckets at random (a stable radix sort of the bucket numbers),
+    then each bucket is shuffled on its own. Uniform: given the bucket sizes, every
+    split of the elements among the buckets is equally likely and so is every order
+    within each (14M ids: 0.67 s for ``rng.permutation``, about 0.35 s here)."""
+    a = np.asarray(a)
+    if a.size < PARALLEL_SHUFFLE_MIN:
+        return rng.permutation(a)
+    rngs = rng.spawn(SHUFFLE_BUCKETS + 1)
+    bucket = rngs[0].integers(0, SHUFFLE_BUCKETS, a.size, dtype=np.uint8)
+    out = a[np.argsort(bucket, kind="stable")]
+    ends = np.cumsum(np.bincount(bucket, minlength=SHUFFLE_BUCKETS)).tolist()
+
+    def shuffle(k: int) -> None:
+        rngs[k + 1].shuffle(out[ends[k - 1] if k else 0 : ends[k]])
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(shuffle, range(SHUFFLE_BUCKETS)))
+    return out
+
+
+def permutation(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A uniformly random permutation of ``0 .. n - 1`` as ``index_dtype(n)``
+    (:func:`shuffled`)."""
+    return shuffled(rng, np.arange(n, dtype=index_dtype(n)))
