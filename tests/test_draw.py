@@ -1,15 +1,15 @@
 """The draws of :mod:`hotset.sampling.draw`: the weighted draw with replacement that
 SHADE and SpiderCache make each epoch (the distribution of ``rng.choice(n, n, p=p)``, ids
-with no weight never drawn), its sorted search, and the two-thread permutations."""
+with no weight never drawn), and the sorted search under it."""
 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hotset.sampling.draw as draw
-from hotset.sampling.draw import draw_weighted, permutation, shuffled, sorted_search
+from hotset.sampling.draw import draw_weighted, sorted_search
 
 
 @settings(max_examples=40, deadline=None)
@@ -61,33 +61,3 @@ def test_sorted_search_is_searchsorted(a, v, block):
     v.sort()
     got = sorted_search(a, v, block)
     assert np.array_equal(got, np.searchsorted(a, v, side="right"))
-
-
-def test_shuffle_is_uniform_over_all_orders(monkeypatch):
-    """Every one of the 24 orders of 4 ids equally often (chi-square), through the
-    bucketed two-thread path."""
-    monkeypatch.setattr(draw, "PARALLEL_SHUFFLE_MIN", 1)
-    monkeypatch.setattr(draw, "SHUFFLE_BUCKETS", 3)
-    rng = np.random.default_rng(11)
-    trials = 12_000
-    codes = np.empty(trials, np.int64)
-    for t in range(trials):
-        order = permutation(rng, 4)
-        codes[t] = int("".join(map(str, order)), 4)
-    counts = np.unique(codes, return_counts=True)[1]
-    assert counts.size == 24
-    expected = trials / 24
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 49.7  # 23 degrees of freedom, p = 0.001
-
-
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(a=st.lists(st.integers(-50, 50), max_size=300), seed=st.integers(0, 2**32 - 1))
-def test_shuffled_keeps_every_element_and_is_reproducible(monkeypatch, a, seed):
-    monkeypatch.setattr(draw, "PARALLEL_SHUFFLE_MIN", 1)  # the same for every input
-    a = np.asarray(a, np.int64)
-    out = shuffled(np.random.default_rng(seed), a)
-    assert np.array_equal(np.sort(out), np.sort(a))
-    assert np.array_equal(out, shuffled(np.random.default_rng(seed), a))

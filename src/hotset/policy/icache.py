@@ -33,7 +33,6 @@ from hotset.errors import ConfigError
 from hotset.ids import index_dtype
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
-from hotset.sampling.draw import shuffled
 
 SCALE = float(1 << 24)
 log = logging.getLogger(__name__)
@@ -264,7 +263,7 @@ class ICachePolicy(Policy):
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
         order = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
-        self._pool = shuffled(order, np.flatnonzero(~hot).astype(self._pool.dtype))
+        self._pool = order.permutation(np.flatnonzero(~hot).astype(self._pool.dtype))
         self._cursor, self._wrapped = 0, False
         self._queue = {i: None for i in self._queue if not hot[i]}
 

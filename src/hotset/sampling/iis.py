@@ -31,7 +31,6 @@ from hotset.ids import index_dtype
 from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
-from hotset.sampling.draw import shuffled
 
 
 @register_sampler
@@ -120,7 +119,7 @@ class IISSampler(Sampler):
             else:
                 hot = pct >= 1.0 - self.h_fraction
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            order = shuffled(rng, selected)  # two epochs kept: 4 B per id each in int32
+            order = rng.permutation(selected)  # two epochs kept: 4 B per id each in int32
             self._orders[epoch] = order.astype(index_dtype(self.num_samples), copy=False)
             self._hints = {
                 epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}

@@ -36,7 +36,7 @@ from hotset.ids import index_dtype
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
-from hotset.sampling.draw import draw_weighted, permutation
+from hotset.sampling.draw import draw_weighted
 
 ORDERS = ("hits_first", "shuffled")
 
@@ -176,10 +176,10 @@ class PADSSampler(Sampler):
         if epoch not in self._orders:  # drawn once per epoch: every caller sees one list
             rng = np.random.default_rng([self.seed, epoch])
             if self.prior is None:
-                order = permutation(rng, self.num_samples)
+                order = rng.permutation(self.num_samples)
             elif self._guard(epoch):
                 self.guard_epochs.append(epoch)
-                order = permutation(rng, self.num_samples)
+                order = rng.permutation(self.num_samples)
             else:
                 order = self.coverage.ensure(self._draw(rng), epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}

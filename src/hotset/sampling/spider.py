@@ -39,7 +39,7 @@ from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
-from hotset.sampling.draw import draw_weighted, permutation
+from hotset.sampling.draw import draw_weighted
 
 log = logging.getLogger(__name__)
 WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wait on
@@ -262,7 +262,7 @@ class SpiderSampler(Sampler):
         if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])
             if epoch == 0 or self.prior is None:
-                order = permutation(rng, self.num_samples)
+                order = rng.permutation(self.num_samples)
             else:
                 order = draw_weighted(rng, self.probabilities(), self.num_samples)
                 order = self.coverage.ensure(order, epoch, rng)

@@ -15,7 +15,6 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.sampling.base import Sampler, register_sampler
-from hotset.sampling.draw import permutation
 
 SHUFFLES = (True, False, "shards")
 
@@ -58,7 +57,7 @@ class UniformSampler(Sampler):
             return np.arange(self.num_samples, dtype=np.int64)
         if self.shuffle == "shards":
             return self._shard_local(rng)
-        return permutation(rng, self.num_samples)
+        return rng.permutation(self.num_samples)
 
     def _shard_local(self, rng: np.random.Generator) -> np.ndarray:
         """Shards in a random order, then a shuffle within each window of
