@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hotset.errors import ConfigError
 from hotset.sampling import make_sampler
-from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage, uniform_subset
 from hotset.sim.oracle import LossOracle
 from hotset.sim.simulate import simulate
 
@@ -123,3 +123,23 @@ def test_a_substituting_cache_serves_a_due_sample_as_itself(system):
     assert out["substitute_hits"] > 0  # substitution is there
     assert c["trained_distinct"] == n
     assert c["oldest_untrained_epochs"] <= DEFAULT_COVERAGE_EPOCHS
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(0, 200), m=st.integers(0, 250), seed=st.integers(0, 2**32 - 1))
+def test_uniform_subset_takes_m_distinct_elements(size, m, seed):
+    pool = np.arange(size) * 3 + 1
+    got = uniform_subset(np.random.default_rng(seed), pool, m)
+    assert got.size == min(m, size)
+    assert np.unique(got).size == got.size and np.isin(got, pool).all()
+
+
+def test_uniform_subset_makes_every_subset_equally_likely():
+    """All 10 pairs of 5 elements equally often (chi-square, 9 degrees of freedom)."""
+    rng = np.random.default_rng(5)
+    trials = 10_000
+    codes = [tuple(np.sort(uniform_subset(rng, np.arange(5), 2))) for _ in range(trials)]
+    counts = np.unique(np.asarray(codes), axis=0, return_counts=True)[1]
+    assert counts.size == 10
+    chi2 = float(((counts - trials / 10) ** 2 / (trials / 10)).sum())
+    assert chi2 < 27.9  # p = 0.001

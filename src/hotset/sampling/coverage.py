@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 
 #: every sample at least once in 4 epochs, so that SHADE's r*c >= 1 freeze ends within a
 #: short run; it costs SHADE (r = 3, 20% cache) 8 hit points in the simulator, K = 8 costs
@@ -46,29 +47,27 @@ class Coverage:
 
     def ensure(self, order: np.ndarray, epoch: int, rng: np.random.Generator) -> np.ndarray:
         """``order`` with every due id in it, at the places of repeated ids first, then of
-        ids that are not due (the list keeps its length)."""
+        ids that are not due (the list keeps its length; the places a uniform choice)."""
         due = self.due(epoch)
         if not due.size:
             return order
-        present = np.zeros(self.last.size, bool)
-        present[order] = True
-        missing = due[~present[due]]
-        if not missing.size:
-            return order
         # one place of each drawn id is its own (whichever the scatter keeps); the others
         # are repeats, taken first (a scatter, not the sort np.unique would make)
-        own = np.empty(self.last.size, np.int64)
-        own[order] = np.arange(order.size)
-        first = np.zeros(order.size, bool)
-        first[own[np.flatnonzero(present)]] = True
-        repeats = np.flatnonzero(~first)
-        places = rng.choice(repeats, min(missing.size, repeats.size), replace=False)
+        dtype = index_dtype(max(order.size, self.last.size) + 1)
+        place = np.arange(order.size, dtype=dtype)
+        own = np.full(self.last.size, -1, dtype)
+        own[order] = place
+        missing = due[own[due] < 0]
+        if not missing.size:
+            return order
+        first = own[order] == place
+        places = uniform_subset(rng, np.flatnonzero(~first), missing.size)
         if places.size < missing.size:  # too few repeats: ids that are not due make room
             spare = np.ones(self.last.size, bool)
             spare[due] = False
             others = np.flatnonzero(first & spare[order])
             places = np.concatenate(
-                [places, rng.choice(others, missing.size - places.size, replace=False)]
+                [places, uniform_subset(rng, others, missing.size - places.size)]
             )
         order = order.copy()
         order[places] = rng.permutation(missing)
@@ -82,3 +81,22 @@ class Coverage:
             "oldest_untrained_epochs": int(epoch - self.last.min()) if self.last.size else 0,
             "coverage_added": self.added,
         }
+
+
+def uniform_subset(rng: np.random.Generator, pool: np.ndarray, m: int) -> np.ndarray:
+    """``min(m, len(pool))`` elements of ``pool``, every subset of that size equally likely
+    (``rng.choice(pool, m, replace=False)``'s, as a set), without its permutation of the
+    pool: each element is taken with probability ``m / len(pool)``, then the few taken
+    too many or too few are dropped or added at random (14M ids: 0.3 s to 0.05 s)."""
+    if m >= pool.size:
+        return pool
+    taken = rng.random(pool.size) < m / pool.size
+    chosen = np.flatnonzero(taken)
+    if chosen.size > m:
+        chosen = np.delete(chosen, rng.choice(chosen.size, chosen.size - m, replace=False))
+    elif chosen.size < m:
+        rest = np.flatnonzero(~taken)
+        chosen = np.concatenate(
+            [chosen, rest[rng.choice(rest.size, m - chosen.size, replace=False)]]
+        )
+    return pool[chosen]
