@@ -317,3 +317,20 @@ def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(seed, 
     assert got <= pol.l_capacity
     if got < min(pol.package_bytes, pol.l_capacity):  # short: nothing else would fit
         assert all(got + sizes[i] > pol.l_capacity for i in left if i not in pkg)
+
+
+def test_the_l_samples_pool_is_each_once_in_a_uniform_order_then_walked_again():
+    """The pool drawn as packages take it (lazy Fisher-Yates): each L-sample once in the
+    first walk, the same order in the second, and all 6 orders of 3 equally often."""
+    hot = np.array([True, False, True, False, False])
+    counts: dict[tuple, int] = {}
+    trials = 6000
+    for seed in range(trials):
+        p = make_policy("icache", 100, num_samples=5, seed=seed)
+        p.apply_hints(hints(hot, np.arange(5) / 5))
+        walk = list(p._pool_ids())
+        assert sorted(walk[:3]) == [1, 3, 4] and walk[3:] == walk[:3]
+        counts[tuple(walk[:3])] = counts.get(tuple(walk[:3]), 0) + 1
+    assert len(counts) == 6
+    c = np.array(list(counts.values()))
+    assert float(((c - trials / 6) ** 2 / (trials / 6)).sum()) < 20.5  # 5 dof, p = 0.001

@@ -99,8 +99,10 @@ class ICachePolicy(Policy):
         self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
-        # the L-samples in a random order, and how far packages took them (``_pool_ids``)
+        # the L-samples, put in a random order as packages take them, and how far they
+        # took them (``_pool_ids``)
         self._pool = np.zeros(0, index_dtype(self.num_samples))
+        self._pool_rng = random.Random(seed)
         self._cursor, self._wrapped = 0, False
         # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
         self._hot: bytes = self.is_h.tobytes()
@@ -262,8 +264,8 @@ class ICachePolicy(Policy):
         self._served = set()
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
-        order = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
-        self._pool = order.permutation(np.flatnonzero(~hot).astype(self._pool.dtype))
+        self._pool = np.flatnonzero(~hot).astype(self._pool.dtype)
+        self._pool_rng = random.Random(self.seed << 32 | self._rng.getrandbits(32))
         self._cursor, self._wrapped = 0, False
         self._queue = {i: None for i in self._queue if not hot[i]}
 
@@ -448,15 +450,22 @@ class ICachePolicy(Policy):
         """The H-list's L-samples in a random order drawn once per H-list, from where the
         last package stopped: a package costs what it looks at, not a scan of all ids.
         The order is walked at most twice per H-list (the second time for L-samples that
-        were cached, and have left, the first time)."""
-        pool = self._pool
+        were cached, and have left, the first time). The first walk draws it as it goes
+        (Fisher-Yates, one swap per id taken), so an epoch start does not shuffle all
+        the L-samples (12.6M at 14M ids: 0.6 s)."""
+        pool, rng = self._pool, self._pool_rng
         while pool.size:
-            if self._cursor >= pool.size:
+            c = self._cursor
+            if c >= pool.size:
                 if self._wrapped:
                     return
                 self._wrapped, self._cursor = True, 0
-            self._cursor += 1
-            yield int(pool[self._cursor - 1])
+                continue
+            if not self._wrapped:
+                j = rng.randrange(c, pool.size)
+                pool[c], pool[j] = pool[j], pool[c]
+            self._cursor = c + 1
+            yield int(pool[c])
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete
