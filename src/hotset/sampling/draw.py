@@ -23,7 +23,8 @@ def sorted_search(a: np.ndarray, v: np.ndarray, block: int = SEARCH_BLOCK) -> np
     """``np.searchsorted(a, v, side="right")`` for sorted ``v``, block by block: each
     block of ``block`` queries searches only the slice of ``a`` its first and last
     query bound. numpy's search restarts every query from the end of ``a`` (24 steps
-    and as many cache misses at 14M ids); here the slice stays in cache (2x faster)."""
+    and as many cache misses at 14M ids); here the slice stays in cache (4.2M queries in
+    14M: 172 to 134 ms)."""
     out = np.empty(v.size, np.intp)
     starts = np.arange(0, v.size, block)
     lo = np.searchsorted(a, v[starts], side="right")
