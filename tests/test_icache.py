@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hotset.policy.icache as icache_module
 from hotset import make_policy
 from hotset.errors import CorruptSampleError
 from hotset.loader import make_loader
@@ -319,18 +320,23 @@ def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(seed, 
         assert all(got + sizes[i] > pol.l_capacity for i in left if i not in pkg)
 
 
-def test_the_l_samples_pool_is_each_once_in_a_uniform_order_then_walked_again():
-    """The pool drawn as packages take it (lazy Fisher-Yates): each L-sample once in the
-    first walk, the same order in the second, and all 6 orders of 3 equally often."""
-    hot = np.array([True, False, True, False, False])
+@pytest.mark.parametrize("block", [1, 2, 4096])
+def test_the_l_samples_pool_is_each_once_in_a_uniform_order_then_walked_again(
+    monkeypatch, block
+):
+    """The pool drawn block by block as packages take it: each L-sample once in the
+    first walk, the same order in the second, and all 24 orders of 4 equally often,
+    blocks of 1 and 2 (across block ends) as of 4096."""
+    monkeypatch.setattr(icache_module, "POOL_BLOCK", block)
+    hot = np.array([True, False, True, False, False, False])
     counts: dict[tuple, int] = {}
-    trials = 6000
+    trials = 4800
     for seed in range(trials):
-        p = make_policy("icache", 100, num_samples=5, seed=seed)
-        p.apply_hints(hints(hot, np.arange(5) / 5))
+        p = make_policy("icache", 100, num_samples=6, seed=seed)
+        p.apply_hints(hints(hot, np.arange(6) / 6))
         walk = list(p._pool_ids())
-        assert sorted(walk[:3]) == [1, 3, 4] and walk[3:] == walk[:3]
-        counts[tuple(walk[:3])] = counts.get(tuple(walk[:3]), 0) + 1
-    assert len(counts) == 6
+        assert sorted(walk[:4]) == [1, 3, 4, 5] and walk[4:] == walk[:4]
+        counts[tuple(walk[:4])] = counts.get(tuple(walk[:4]), 0) + 1
+    assert len(counts) == 24
     c = np.array(list(counts.values()))
-    assert float(((c - trials / 6) ** 2 / (trials / 6)).sum()) < 20.5  # 5 dof, p = 0.001
+    assert float(((c - trials / 24) ** 2 / (trials / 24)).sum()) < 49.7  # 23 dof, p = 0.001

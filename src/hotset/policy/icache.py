@@ -67,6 +67,10 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     return hot
 
 
+#: L-samples the pool puts in their random place at a time (``_draw_pool_block``)
+POOL_BLOCK = 4096
+
+
 @register_policy
 class ICachePolicy(Policy):
     name = "icache"
@@ -102,8 +106,8 @@ class ICachePolicy(Policy):
         # the L-samples, put in a random order as packages take them, and how far they
         # took them (``_pool_ids``)
         self._pool = np.zeros(0, index_dtype(self.num_samples))
-        self._pool_rng = random.Random(seed)
-        self._cursor, self._wrapped = 0, False
+        self._pool_rng = np.random.default_rng(seed)
+        self._cursor, self._wrapped, self._drawn = 0, False, 0
         # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
         self._hot: bytes = self.is_h.tobytes()
         self._level = np.full(self.num_samples, 0, np.int64)  # quantised importance
@@ -265,8 +269,8 @@ class ICachePolicy(Policy):
         self._fresh = [i for i in self._l if not hot[i]]
         self._rng.shuffle(self._fresh)
         self._pool = np.flatnonzero(~hot).astype(self._pool.dtype)
-        self._pool_rng = random.Random(self.seed << 32 | self._rng.getrandbits(32))
-        self._cursor, self._wrapped = 0, False
+        self._pool_rng = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
+        self._cursor, self._wrapped, self._drawn = 0, False, 0
         self._queue = {i: None for i in self._queue if not hot[i]}
 
     def rebuild_step(self, budget: int) -> None:
@@ -450,10 +454,10 @@ class ICachePolicy(Policy):
         """The H-list's L-samples in a random order drawn once per H-list, from where the
         last package stopped: a package costs what it looks at, not a scan of all ids.
         The order is walked at most twice per H-list (the second time for L-samples that
-        were cached, and have left, the first time). The first walk draws it as it goes
-        (Fisher-Yates, one swap per id taken), so an epoch start does not shuffle all
+        were cached, and have left, the first time). The first walk draws it block by
+        block as it goes (``_draw_pool_block``), so an epoch start does not shuffle all
         the L-samples (12.6M at 14M ids: 0.6 s)."""
-        pool, rng = self._pool, self._pool_rng
+        pool = self._pool
         while pool.size:
             c = self._cursor
             if c >= pool.size:
@@ -461,11 +465,26 @@ class ICachePolicy(Policy):
                     return
                 self._wrapped, self._cursor = True, 0
                 continue
-            if not self._wrapped:
-                j = rng.randrange(c, pool.size)
-                pool[c], pool[j] = pool[j], pool[c]
+            if c >= self._drawn:
+                self._draw_pool_block(c)
             self._cursor = c + 1
             yield int(pool[c])
+
+    def _draw_pool_block(self, c: int) -> None:
+        """Put at ``c .. c + POOL_BLOCK - 1`` of the pool a uniform ordered draw without
+        replacement from ``pool[c:]`` (what as many steps of Fisher-Yates give): the
+        drawn ids move into the block in their drawn order, the block's others into the
+        places they left."""
+        pool = self._pool
+        end = min(pool.size, c + POOL_BLOCK)
+        at = c + self._pool_rng.choice(pool.size - c, end - c, replace=False)
+        drawn = pool[at]
+        inside = at < end
+        left = np.ones(end - c, bool)
+        left[at[inside] - c] = False
+        pool[at[~inside]] = pool[c:end][left]
+        pool[c:end] = drawn
+        self._drawn = end
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete
