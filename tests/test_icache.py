@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 import hotset.policy.icache as icache_module
 from hotset import make_policy
-from hotset.errors import CorruptSampleError
+from hotset.checkpoint import from_safe, to_safe
+from hotset.errors import ConfigError, CorruptSampleError
 from hotset.loader import make_loader
 from hotset.models import TinyCNN
 from hotset.packages import read_package
@@ -49,6 +50,27 @@ def test_iis_selects_by_importance_after_warmup_and_hands_over_the_h_list():
     assert np.array_equal(h["hot"], pct >= 0.3)  # the prototype's: the top 70%
     s.set_epoch(2)
     assert len(s) == s.global_order(2).size < n  # the loader's length follows the subset
+
+
+def test_iis_keeps_its_losses_as_its_scores_once_through_a_saved_state():
+    """IIS's importance is the loss: its board holds one array for both (8 B per id), and
+    a state saved to bytes and loaded keeps it so, with the same percentiles."""
+    n = 500
+    s = make_sampler("iis", n, seed=4)
+    ids = np.arange(0, n, 3)
+    s.feedback(ids, np.cos(ids))
+    assert "score" not in vars(s.board) and s.board.score is s.board.loss
+    pct = s.percentiles()
+    assert pct.dtype == np.float32 and (pct[np.setdiff1d(np.arange(n), ids)] == 1).all()
+    assert np.array_equal(np.argsort(pct[ids], kind="stable"), np.argsort(np.cos(ids)))
+    with pytest.raises(ConfigError, match="losses"):
+        s.board.fill_unseen(0.5)  # no prior to write over the losses
+    again = make_sampler("iis", n, seed=4)
+    again.load_state_dict(from_safe(to_safe(s.state_dict())))
+    assert again.board.score is again.board.loss
+    assert np.array_equal(again.percentiles(), pct)
+    again.feedback(ids[:2], np.array([9.0, 9.0]))
+    assert (again.board.score[ids[:2]] == 9.0).all()
 
 
 @settings(max_examples=30, deadline=None)

@@ -15,30 +15,38 @@ from hotset.errors import ConfigError
 class ScoreBoard:
     """``score[i]``: latest importance of sample ``i`` (``initial`` until it gets one);
     ``loss[i]``: its latest per-sample loss; ``updated[i]``: the feedback step of its
-    latest score (-1: never scored); ``count[i]``: how many scores it received."""
+    latest score (-1: never scored). ``scores=False``: the score is the loss itself
+    (iCACHE's IIS), one array instead of two (8 B per id)."""
 
-    def __init__(self, num_samples: int, initial: float = 1.0) -> None:
+    def __init__(self, num_samples: int, initial: float = 1.0, scores: bool = True) -> None:
         if num_samples <= 0:
             raise ConfigError(f"num_samples must be > 0, got {num_samples}")
         self.num_samples = int(num_samples)
-        self.score = np.full(self.num_samples, float(initial))
+        if scores:
+            self.score = np.full(self.num_samples, float(initial))
         self.loss = np.full(self.num_samples, np.nan)
         self.updated = np.full(self.num_samples, -1, np.int32)  # 4 B per id: 2^31 steps
-        self.count = np.full(self.num_samples, 0, np.int32)
         self.step = 0
         self.scores_given = 0  # ids scored over all steps (with repeats)
         self.given_at = np.full(self.num_samples, 0, np.int64)  # scores_given at i's latest
+
+    def __getattr__(self, name: str):
+        """``score`` of a board without scores of its own: the losses (looked up only
+        where ``score`` is not an attribute)."""
+        if name == "score" and "loss" in self.__dict__:
+            return self.loss
+        raise AttributeError(name)
 
     def update(self, ids: np.ndarray, scores: np.ndarray, losses: np.ndarray) -> None:
         """Record one batch's scores (later entries win for a repeated id)."""
         ids = np.asarray(ids, np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
             raise ConfigError(f"feedback ids out of range [0, {self.num_samples})")
-        self.score[ids] = scores
+        if "score" in self.__dict__:
+            self.score[ids] = scores
         self.loss[ids] = losses
         self.updated[ids] = self.step
         self.given_at[ids] = self.scores_given
-        np.add.at(self.count, ids, 1)
         self.step += 1
         self.scores_given += int(ids.size)
 
@@ -48,6 +56,8 @@ class ScoreBoard:
 
     def fill_unseen(self, value: float) -> None:
         """Give every never-scored sample the score ``value`` (a sampler's prior)."""
+        if "score" not in self.__dict__:
+            raise ConfigError("this score board's scores are its losses: no prior to fill")
         self.score[self.updated < 0] = value
 
     @property

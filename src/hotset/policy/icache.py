@@ -110,7 +110,7 @@ class ICachePolicy(Policy):
         self._cursor, self._wrapped, self._drawn = 0, False, 0
         # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
         self._hot: bytes = self.is_h.tobytes()
-        self._level = np.full(self.num_samples, 0, np.int64)  # quantised importance
+        self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
         self._h: dict[int, None] = {}  # H-cache residents
         self.heap = KeyedHeap(self._bits)
         self.shadow: KeyedHeap | None = None  # being rebuilt from ``_rebuild``
@@ -257,7 +257,7 @@ class ICachePolicy(Policy):
         self.is_h = hot
         self._all_h = bool(hot.all())
         self._hot = hot.tobytes()
-        self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int64)
+        self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int32)
         if self._h:  # the heap turns read-only; the shadow gets the new values
             self.shadow = KeyedHeap(self._bits)
             self._rebuild = list(self._h)
