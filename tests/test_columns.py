@@ -50,17 +50,22 @@ def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
         assert col.positions(key_column(same)).tolist() == [first[k] for k in same]
 
 
-halves = st.sampled_from([b"\0" * 8, b"\1" * 8, b"\xff" * 8, bytes(range(8))])
+nan = b"\1\0\0\0\0\0\xf0\x7f"  # a signalling NaN as a float64: its bits are kept
+halves = st.sampled_from([b"\0" * 8, b"\1" * 8, b"\xff" * 8, bytes(range(8)), nan])
 colliding = st.lists(st.tuples(halves, halves).map(lambda t: (t[0] + t[1]).hex()), max_size=40)
 
 
+@pytest.mark.parametrize("bucket", ["buckets", "crowded: equal hashes"])
 @pytest.mark.parametrize("hashed", ["mixed", "first half only"])
-def test_digests_whose_hashes_collide_are_told_apart(hashed, monkeypatch):
+def test_digests_whose_hashes_collide_are_told_apart(hashed, bucket, monkeypatch):
     """The look-up searches on a 64-bit hash of each digest, then compares the whole:
     with a hash that collides for every key sharing a first half, keys (and repeated
-    keys) still map to their first position."""
+    keys) still map to their first position, walking the hash's bucket or (a bucket
+    crowded by repeats) the heads equal to it."""
     from hotset.storage import columns
 
+    if bucket != "buckets":
+        monkeypatch.setattr(columns, "MAX_BUCKET", 0)
     if hashed != "mixed":
         monkeypatch.setattr(columns, "_mix", lambda words: words[:, 0].copy())
 
