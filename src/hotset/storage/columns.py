@@ -313,11 +313,12 @@ def _hash_order(h: np.ndarray) -> np.ndarray:
 def _mix(words: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each row of ``(n, 2)`` uint64 (both halves mixed, so keys alike
     in one half, e.g. a counter's digits, still spread)."""
-    with np.errstate(over="ignore"):
-        h = words[:, 0] * np.uint64(0x9E3779B97F4A7C15) ^ words[:, 1] * np.uint64(
-            0xC2B2AE3D27D4EB4F
-        )
-        return h ^ (h >> np.uint64(31))
+    with np.errstate(over="ignore"):  # in place: two arrays of n, not five
+        h = words[:, 0] * np.uint64(0x9E3779B97F4A7C15)
+        t = np.multiply(words[:, 1], np.uint64(0xC2B2AE3D27D4EB4F))
+        h ^= t
+        h ^= np.right_shift(h, np.uint64(31), out=t)
+        return h
 
 
 def _is_digest(s: str) -> bool:
