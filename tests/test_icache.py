@@ -60,6 +60,7 @@ def test_iis_keeps_its_losses_as_its_scores_once_through_a_saved_state():
     ids = np.arange(0, n, 3)
     s.feedback(ids, np.cos(ids))
     assert "score" not in vars(s.board) and s.board.score is s.board.loss
+    assert (s.board.score[np.setdiff1d(np.arange(n), ids)] == 1.0).all()  # a number to key
     pct = s.percentiles()
     assert pct.dtype == np.float32 and (pct[np.setdiff1d(np.arange(n), ids)] == 1).all()
     assert np.array_equal(np.argsort(pct[ids], kind="stable"), np.argsort(np.cos(ids)))

@@ -16,7 +16,8 @@ class ScoreBoard:
     """``score[i]``: latest importance of sample ``i`` (``initial`` until it gets one);
     ``loss[i]``: its latest per-sample loss; ``updated[i]``: the feedback step of its
     latest score (-1: never scored). ``scores=False``: the score is the loss itself
-    (iCACHE's IIS), one array instead of two (8 B per id)."""
+    (iCACHE's IIS), one array instead of two (8 B per id); a never-scored sample's loss
+    is then ``initial``, not NaN, so that a policy keyed by scores reads a number."""
 
     def __init__(self, num_samples: int, initial: float = 1.0, scores: bool = True) -> None:
         if num_samples <= 0:
@@ -24,7 +25,7 @@ class ScoreBoard:
         self.num_samples = int(num_samples)
         if scores:
             self.score = np.full(self.num_samples, float(initial))
-        self.loss = np.full(self.num_samples, np.nan)
+        self.loss = np.full(self.num_samples, np.nan if scores else float(initial))
         self.updated = np.full(self.num_samples, -1, np.int32)  # 4 B per id: 2^31 steps
         self.step = 0
         self.scores_given = 0  # ids scored over all steps (with repeats)
