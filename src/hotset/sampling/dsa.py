@@ -133,7 +133,8 @@ class DependentSampling:
         if not live.size:
             return
         masks = self.mask[live]
-        order = np.argsort(masks, kind="stable")
+        narrow = masks.max() < 1 << 16  # up to 16 jobs: numpy's radix sort, 3x faster
+        order = np.argsort(masks.astype(np.uint16) if narrow else masks, kind="stable")
         live, masks = live[order], masks[order]
         cuts = np.flatnonzero(np.diff(masks)) + 1
         for seg_ids, m in zip(np.split(live, cuts), masks[np.r_[0, cuts]], strict=True):
