@@ -86,20 +86,26 @@ def test_each_job_reads_its_dataset_once_per_epoch_and_the_tree_is_definition_1(
 
 def test_more_than_sixteen_jobs_regroup_by_their_wide_masks():
     """Up to 16 jobs the masks are sorted as uint16 (a radix sort); beyond, as uint64:
-    the tree stays Definition 1's either way."""
+    the tree stays Definition 1's, and each of 20 jobs reads every sample of its dataset
+    once in an epoch, one restarting its epoch midway (a regroup with bit 19 set)."""
     rng = np.random.default_rng(5)
     dsa = DependentSampling(60, seed=1)
     data = {j: set(rng.choice(60, 12 + j, replace=False).tolist()) for j in range(20)}
     for j, d in data.items():
         dsa.add_job(j, sorted(d))
     remaining = {j: set(d) for j, d in data.items()}
-    for _ in range(10):
+    read: dict[int, list[int]] = {j: [] for j in data}
+    for k in range(45):
+        if k == 10:
+            dsa.start_epoch(19)
+            remaining[19], read[19] = set(data[19]), []
         for j, e in dsa.round().items():
+            assert e in remaining[j]
             remaining[j].discard(e)
+            read[j].append(e)
         check_tree(dsa, remaining)
-    dsa.start_epoch(19)  # a regroup with bit 19 in the masks
-    remaining[19] = set(data[19])
-    check_tree(dsa, remaining)
+    for j, d in data.items():  # 31 samples at most, 35 rounds after the restart
+        assert sorted(read[j]) == sorted(d)
 
 
 def test_picks_stay_uniform_for_every_job_theorem_2():

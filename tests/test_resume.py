@@ -41,7 +41,7 @@ def run(loader, epochs, cut=None, abandon=None):
     return served, None
 
 
-@pytest.mark.parametrize("name", ["lru", "shade"])
+@pytest.mark.parametrize("name", ["lru", "shade", "icache"])
 @pytest.mark.parametrize(
     "where",
     ["before the first batch", "between batches", "after the last batch", "after set_epoch",
@@ -51,7 +51,8 @@ def test_a_state_taken_anywhere_resumes_to_what_is_left(fmnist_dir, name, where)
     """The run stops at the cut with its store intact (as a killed job leaves a named
     store); a new loader on that store loads the state and serves exactly what the
     uninterrupted run served from there, epoch after epoch (SHADE's orders included,
-    which depend on its scores and on what the cache holds)."""
+    which depend on its scores and on what the cache holds, and iCACHE's, whose IIS
+    selects from the losses its board keeps as its scores)."""
     storage = FileStorage(str(fmnist_dir / "train"))
     abandon = (1, 4) if where == "after an abandoned epoch" else None
     cut = {

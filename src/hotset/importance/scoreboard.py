@@ -31,6 +31,11 @@ class ScoreBoard:
         self.scores_given = 0  # ids scored over all steps (with repeats)
         self.given_at = np.full(self.num_samples, 0, np.int64)  # scores_given at i's latest
 
+    @property
+    def own_scores(self) -> bool:
+        """Whether the board keeps scores apart from its losses."""
+        return "score" in self.__dict__
+
     def __getattr__(self, name: str):
         """``score`` of a board without scores of its own: the losses (looked up only
         where ``score`` is not an attribute)."""
@@ -43,7 +48,7 @@ class ScoreBoard:
         ids = np.asarray(ids, np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
             raise ConfigError(f"feedback ids out of range [0, {self.num_samples})")
-        if "score" in self.__dict__:
+        if self.own_scores:
             self.score[ids] = scores
         self.loss[ids] = losses
         self.updated[ids] = self.step
@@ -57,7 +62,7 @@ class ScoreBoard:
 
     def fill_unseen(self, value: float) -> None:
         """Give every never-scored sample the score ``value`` (a sampler's prior)."""
-        if "score" not in self.__dict__:
+        if not self.own_scores:
             raise ConfigError("this score board's scores are its losses: no prior to fill")
         self.score[self.updated < 0] = value
 
