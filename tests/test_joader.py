@@ -245,6 +245,58 @@ def test_refcnt_capacity_and_counts(seq, sizes, capacity):
             assert future[i] > 0 or ids.count(i) > 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["access", "refs", "pin", "unpin"]),
+            st.lists(st.integers(0, 29), min_size=1, max_size=12),
+            st.integers(0, 1),  # which partition
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.lists(st.integers(1, 5), min_size=30, max_size=30),
+    st.integers(0, 30),
+)
+def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
+    """RefCnt's one-loop miss path against the base loop driven by its steps (``_on_hit``,
+    ``_wants``, ``_victim``, ``_level``): the same hits, admissions, evictions, counts
+    and residents, with pins held and released and two partitions sharing the counts."""
+    from hotset.policy.base import Policy
+
+    def family():
+        first = make_policy("refcnt", capacity, sizes=sizes)
+        return [first, first.new_partition(capacity // 2, np.asarray(sizes))]
+
+    fast, slow = family(), family()
+    for part in slow:  # the generic loop calling the steps one by one
+        part._access = Policy._access.__get__(part)
+    held: list[list[int]] = []
+    for op, ids, k in ops:
+        for parts in (fast, slow):
+            if op == "refs":
+                parts[0].add_references(ids)
+            elif op == "pin":
+                parts[0].pin(ids)
+            elif op == "unpin" and held:
+                parts[0].pin(held[0], -1)
+        if op == "pin":
+            held.append(ids)
+        elif op == "unpin" and held:
+            held.pop(0)
+        if op == "access":
+            a, b = fast[k].access(ids), slow[k].access(ids)
+            assert a.hits.tolist() == b.hits.tolist()
+            assert a.admitted.tolist() == b.admitted.tolist()
+            assert a.evicted.tolist() == b.evicted.tolist()
+            assert not fast[0].pinned[a.evicted].any()  # a plan in flight keeps its ids
+        assert np.array_equal(fast[0].refs, slow[0].refs)
+        for f, s in zip(fast, slow, strict=True):
+            assert f.used == s.used <= f.capacity_bytes
+            assert sorted(f.cached_ids().tolist()) == sorted(s.cached_ids().tolist())
+
+
 def test_refcnt_has_ten_percent_fewer_misses_than_lru_fifo_random_with_four_jobs():
     cases = table2_cases()
     for case in ("overlap-random-x4", "size-x4"):

@@ -14,6 +14,8 @@ worker reads it.
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
+
 import numpy as np
 
 from hotset.policy.base import register_policy
@@ -86,6 +88,61 @@ class RefCntPolicy(HeapPolicy):
             self.used -= self._sizes[j]
             out.append(j)
         return out
+
+    def _access(
+        self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
+    ) -> None:
+        """The base miss path (``Policy._access`` with this class's steps, which stay the
+        reference) in one loop: counts and pins read through memoryviews, the heap's
+        entries handled in place; a pinned resident is never a victim since its key
+        outranks every count. The same decisions, about 2x fewer microseconds."""
+        sizes, cap, used = self._sizes, self.capacity_bytes, self.used
+        refs, pins = memoryview(self.refs), memoryview(self.pinned)
+        heap = self._heap
+        live, h, bits, mask = heap.live, heap.heap, heap.bits, heap.mask
+        for i in ids:
+            r = refs[i]
+            if r > 0:
+                r -= 1  # this read consumes one reference
+                refs[i] = r
+            if i in live:
+                k = (r + PINNED if pins[i] else r) << bits | i
+                if live[i] != k:
+                    live[i] = k
+                    heappush(h, k)
+                hits.append(True)
+                continue
+            hits.append(False)
+            s = sizes[i]
+            if s > cap or r <= 0:  # too big, or nobody reads it again
+                continue
+            if used + s > cap:
+                victims = []
+                while used + s > cap:
+                    while h and live.get(h[0] & mask) != h[0]:
+                        heappop(h)  # stale entry
+                    if not h or h[0] >> bits > r:  # ties go to the newcomer
+                        break
+                    k = heappop(h)
+                    j = k & mask
+                    del live[j]
+                    victims.append(k)
+                    used -= sizes[j]
+                if used + s > cap:  # the rest is worth more than i: put the victims back
+                    for k in victims:
+                        j = k & mask
+                        live[j] = k
+                        heappush(h, k)
+                        used += sizes[j]
+                    continue
+                evicted.extend(k & mask for k in victims)
+            k = (r + PINNED if pins[i] else r) << bits | i
+            live[i] = k
+            heappush(h, k)
+            used += s
+            admitted.append(i)
+        self.used = used
+        heap.compact()
 
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs

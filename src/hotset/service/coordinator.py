@@ -327,7 +327,7 @@ class JobCoordinator:
             "gids": gids,
             "hit": hit,
             "admit": admitted,
-            "evict_keys": [self.keys[g] for g in evicted],
+            "evict_keys": list(self.keys.take(evicted)),
         }
 
     def _forget(self, job: Job, local_ids: np.ndarray) -> None:
