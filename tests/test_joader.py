@@ -245,11 +245,28 @@ def test_refcnt_capacity_and_counts(seq, sizes, capacity):
             assert future[i] > 0 or ids.count(i) > 1
 
 
+def test_refcnt_evicts_by_counts_raised_after_admission():
+    """A job's epoch start and a pin raise keys without touching the heap: the victim is
+    still the resident with the fewest references now, and never a pinned one."""
+    p = make_policy("refcnt", 3, num_samples=10)
+    p.add_references([1, 1, 2, 2, 3, 3])
+    p.access([1, 2, 3])  # each admitted with one read left
+    p.add_references([1])  # 1: two reads left
+    p.pin([2])  # 2: a plan in flight reads it
+    p.add_references([5, 5, 5])
+    assert p.access([5]).evicted.tolist() == [3]  # the one left with the fewest
+    p.add_references([6, 6])
+    assert not p.access([6]).admitted.size  # 1 has more reads left, 2 and 5 pinned or more
+    p.pin([2], -1)
+    p.add_references([7, 7])
+    assert p.access([7]).evicted.tolist() == [2]  # released: one read left, as 7
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["access", "refs", "pin", "unpin"]),
+            st.sampled_from(["access", "refs", "leave", "pin", "unpin"]),
             st.lists(st.integers(0, 29), min_size=1, max_size=12),
             st.integers(0, 1),  # which partition
         ),
@@ -262,8 +279,21 @@ def test_refcnt_capacity_and_counts(seq, sizes, capacity):
 def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     """RefCnt's one-loop miss path against the base loop driven by its steps (``_on_hit``,
     ``_wants``, ``_victim``, ``_level``): the same hits, admissions, evictions, counts
-    and residents, with pins held and released and two partitions sharing the counts."""
+    and residents, with references added and taken back, pins held and released, and
+    two partitions sharing the counts. Keys raised lazily: the residents still leave in
+    the order of their current counts (pinned last), ties to the lower id."""
+    import copy
+
     from hotset.policy.base import Policy
+    from hotset.policy.refcnt import PINNED
+
+    def leaving_order(policy):
+        q = copy.deepcopy(policy)
+        out = []
+        while (top := q._top()) is not None:
+            out.append(top)
+            q._heap.pop()
+        return out
 
     def family():
         first = make_policy("refcnt", capacity, sizes=sizes)
@@ -277,6 +307,8 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
         for parts in (fast, slow):
             if op == "refs":
                 parts[0].add_references(ids)
+            elif op == "leave":
+                parts[0].add_references(ids, -1)
             elif op == "pin":
                 parts[0].pin(ids)
             elif op == "unpin" and held:
@@ -295,6 +327,8 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
         for f, s in zip(fast, slow, strict=True):
             assert f.used == s.used <= f.capacity_bytes
             assert sorted(f.cached_ids().tolist()) == sorted(s.cached_ids().tolist())
+            keys = [(int(f.refs[i]) + (PINNED if f.pinned[i] else 0), i) for i in f.cached_ids()]
+            assert leaving_order(f) == [(i, key) for key, i in sorted(keys)]
 
 
 def test_refcnt_has_ten_percent_fewer_misses_than_lru_fifo_random_with_four_jobs():

@@ -201,3 +201,25 @@ def test_priority_policies_keep_invariants_while_scores_move(name, steps, sizes,
             p.scores_updated(ids)
         if resident:  # the heap's minimum is the lowest current score of a resident
             assert p.min_score() == pytest.approx(min(board.score[list(resident)]), abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 200), st.integers(0, 50), min_size=1, max_size=60),
+    st.lists(st.integers(0, 1 << 40), min_size=60, max_size=60),
+    st.sampled_from([8, 30]),
+)
+def test_keyed_heap_rekeys_all_members_as_pushes_would(members, levels, bits):
+    """``rekey_all`` (one dict update and a heapify) leaves the heap as a push per member
+    would: the same keys, popped in the same order; levels beyond int64 once shifted
+    (``bits=30``, a level near 2^40) take Python ints."""
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    a, b = KeyedHeap(bits), KeyedHeap(bits)
+    for h in (a, b):
+        h.push_many(list(members), list(members.values()))
+    new = np.asarray(levels[: len(members)], np.int64)
+    a.rekey_all(new)
+    b.push_many(list(b.live), new.tolist())
+    assert a.live == b.live
+    assert [a.pop() for _ in range(len(members))] == [b.pop() for _ in range(len(members))]

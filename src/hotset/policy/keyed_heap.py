@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from hotset.policy.base import Policy
 
 
@@ -51,6 +53,19 @@ class KeyedHeap:
                 live[i] = k
                 heappush(heap, k)
         self.compact()
+
+    def rekey_all(self, levels: np.ndarray) -> None:
+        """Re-key every member at once, ``levels`` in the order ``live`` lists them (most
+        of them changed, e.g. a job's epoch start counted references to all): one dict
+        update and one heapify instead of a push per member."""
+        ids = np.fromiter(self.live, np.int64, len(self.live)).tolist()
+        if int(levels.max(initial=0)).bit_length() + self.bits > 62:  # beyond int64
+            keys = [level << self.bits | i for i, level in zip(ids, levels.tolist(), strict=True)]
+        else:
+            keys = (levels.astype(np.int64) << self.bits | np.asarray(ids, np.int64)).tolist()
+        self.live.update(zip(ids, keys, strict=True))
+        self.heap = keys
+        heapq.heapify(self.heap)
 
     def drop(self, i: int) -> None:
         """Remove ``i`` (its entries turn stale)."""

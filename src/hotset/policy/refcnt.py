@@ -14,21 +14,24 @@ worker reads it.
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
 from hotset.policy.base import register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
-PINNED = 1 << 40  # a pinned resident outranks any reference count
+PINNED = 1 << 32  # a pinned resident outranks any reference count
 
 
 @register_policy
 class RefCntPolicy(HeapPolicy):
     """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
-    pinned), so an eviction costs O(log n); a count or a pin that changes re-keys the
-    residents concerned, in every partition sharing the counts."""
+    pinned), so an eviction costs O(log n). A key that goes down (a read, a job that
+    leaves, a pin released) re-keys the residents concerned at once, in every partition
+    sharing the counts; one that goes up (a job's epoch start, a pin) is re-keyed when it
+    reaches the top (``_top``): a resident's key in the heap is never above its count,
+    so the top, once checked, is the minimum, ties to the lower id as before."""
 
     name = "refcnt"
 
@@ -46,34 +49,57 @@ class RefCntPolicy(HeapPolicy):
         self.share_pins(part)
         return part
 
-    def _keys(self, ids: np.ndarray) -> list[int]:
+    def _keys(self, ids: np.ndarray) -> np.ndarray:
         """``_key`` of each of ``ids``, in numpy."""
-        return (self.refs[ids] + np.where(self.pinned[ids] > 0, PINNED, 0)).tolist()
+        return self.refs[ids] + np.where(self.pinned[ids] > 0, PINNED, 0)
 
     def _key(self, i: int) -> int:
         return int(self.refs[i]) + (PINNED if self.pinned[i] else 0)
 
     def _rekey(self, ids: np.ndarray) -> None:
-        """Every family member re-keys its residents among ``ids`` (repeats allowed: a
-        key that did not change pushes nothing)."""
+        """Every family member re-keys its residents among ``ids`` whose keys went down
+        (repeats allowed: a key that did not change pushes nothing)."""
         for member in self._family:
-            live = member._heap.live
-            if not live:
+            heap = member._heap
+            if not heap.live:
                 continue
-            mine = [i for i in ids.tolist() if i in live] if ids.size < len(live) else list(live)
+            if ids.size >= len(heap.live):  # most residents: all of them at once
+                heap.rekey_all(member._keys(np.fromiter(heap.live, np.int64, len(heap.live))))
+                continue
+            mine = [i for i in ids.tolist() if i in heap.live]
             if mine:
-                member._heap.push_many(mine, member._keys(np.asarray(mine, np.int64)))
+                heap.push_many(mine, member._keys(np.asarray(mine, np.int64)).tolist())
+
+    def _top(self) -> tuple[int, int] | None:
+        """(id, key) of the resident with the lowest key, re-keying on the way those whose
+        count or pin went up since they were keyed; ``None`` when empty."""
+        heap, refs, pinned = self._heap, self.refs, self.pinned
+        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
+        while h:
+            k = h[0]
+            j = k & mask
+            if live.get(j) != k:
+                heappop(h)  # stale entry
+                continue
+            key = int(refs[j]) + (PINNED if pinned[j] else 0)
+            if k >> bits == key:
+                return j, key
+            live[j] = key << bits | j
+            heapreplace(h, live[j])
+        return None
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
         ids = np.asarray(ids, np.int64)
         np.add.at(self.refs, ids, int(delta))
-        np.maximum(self.refs, 0, out=self.refs)
-        self._rekey(ids)
+        if delta < 0:
+            np.maximum(self.refs, 0, out=self.refs)
+            self._rekey(ids)
 
     def pin(self, ids, delta: int = 1) -> None:
         super().pin(ids, delta)
-        self._rekey(np.asarray(ids, np.int64))
+        if delta < 0:
+            self._rekey(np.asarray(ids, np.int64))
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Evict the unpinned residents with the fewest references until the rest fit (a
@@ -81,7 +107,7 @@ class RefCntPolicy(HeapPolicy):
         self.capacity_bytes = int(capacity_bytes)
         out = []
         while self.used > self.capacity_bytes:
-            top = self._heap.peek()
+            top = self._top()
             if top is None or top[1] >= PINNED:
                 break
             j = self._heap.pop()
@@ -96,6 +122,7 @@ class RefCntPolicy(HeapPolicy):
         reference) in one loop: counts and pins read through memoryviews, the heap's
         entries handled in place; a pinned resident is never a victim since its key
         outranks every count. The same decisions, about 2x fewer microseconds."""
+        top = self._top
         sizes, cap, used = self._sizes, self.capacity_bytes, self.used
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
         heap = self._heap
@@ -119,9 +146,7 @@ class RefCntPolicy(HeapPolicy):
             if used + s > cap:
                 victims = []
                 while used + s > cap:
-                    while h and live.get(h[0] & mask) != h[0]:
-                        heappop(h)  # stale entry
-                    if not h or h[0] >> bits > r:  # ties go to the newcomer
+                    if top() is None or h[0] >> bits > r:  # ties go to the newcomer
                         break
                     k = heappop(h)
                     j = k & mask
@@ -158,7 +183,7 @@ class RefCntPolicy(HeapPolicy):
     def _victim(self, p: int, i: int) -> int:
         """The unpinned resident with the fewest references, if it has no more than the
         newcomer (ties go to the newcomer, the more recent)."""
-        top = self._heap.peek()
+        top = self._top()
         if top is None or top[1] > self.refs[i]:  # a pinned top outranks every count
             return -1
         return self._heap.take()
