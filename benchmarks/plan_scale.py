@@ -162,12 +162,10 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
         timed = not (warm and epoch == 0)
         numbers = batch_numbers(epoch, batches, n, batch_size, warm, policy)
         for k, plan in zip(numbers, it, strict=False):
-            now = time.perf_counter()
             if k == 0:  # the epoch's start: lazily, with its first batch
-                starts.append(now - t0)
-                t0 = now
+                starts.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
             else:
-                longest = max(longest, now - last)
                 planned += plan.ids.size if timed else 0
             emb = (
                 embeddings_of(plan.ids, manifest.labels, centers)
@@ -175,7 +173,10 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
                 else None
             )
             planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / batches), emb)
-            last = time.perf_counter()
+            now = time.perf_counter()
+            if k > 0:  # from the last batch's feedback to this one's
+                longest = max(longest, now - last)
+            last = now
         if timed:
             busy += time.perf_counter() - t0
         it.close()
@@ -191,6 +192,11 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
     }
 
 
+#: the service's second epoch is also reported per this many batches (µs per sample, the
+#: longest batch in ms): a start whose work is spread over the first batches shows there
+BLOCK = 50
+
+
 def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool,
                 warm: bool = False) -> dict:  # fmt: skip
     from hotset.service.coordinator import JobCoordinator
@@ -199,6 +205,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
     co = JobCoordinator(int(0.1 * manifest.total_bytes), max_samples=n, sampling=mode, seed=0)
     jobs = [co.register(f"job{j}", manifest.keys, manifest.sizes, batch_size) for j in (0, 1)]
     starts, planned, busy, longest = [], 0, 0.0, 0.0
+    blocks: list[tuple[float, float]] = []  # the second epoch's, per BLOCK batches
     for epoch in range(2):
         t0 = time.perf_counter()
         for j in jobs:  # the epoch's start, with the first batch
@@ -206,15 +213,22 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
         starts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         timed = not (warm and epoch == 0)
-        for _ in batch_numbers(epoch, batches, n, batch_size, warm, co.policy):
+        block = [0, 0.0, 0.0]  # samples, seconds, longest
+        for k in batch_numbers(epoch, batches, n, batch_size, warm, co.policy):
             for j in jobs:
                 last = time.perf_counter()
                 size = co.plan(j, epoch)["gids"].size
-                longest = max(longest, time.perf_counter() - last)
+                took = time.perf_counter() - last
+                longest = max(longest, took)
                 planned += size if timed else 0
+                block = [block[0] + size, block[1] + took, max(block[2], took)]
+            if epoch and (k + 1) % BLOCK == 0:
+                blocks.append((1e6 * block[1] / max(1, block[0]), 1e3 * block[2]))
+                block = [0, 0.0, 0.0]
         if timed:
             busy += time.perf_counter() - t0
     return {
+        "blocks": blocks,
         "epoch_start_s": starts[-1],
         "planned": planned,
         "busy_s": busy,
@@ -261,6 +275,7 @@ def _one(system, n, batches, batch_size, memory, scored, warm, columns: Path):
         "planned": r["planned"],
         "package_ms": r["package_ms"],
         "longest_batch_ms": 1e3 * r["longest_s"],
+        "blocks": r.get("blocks", []),
         "cache_full": r["full"],
     }
 

@@ -1,10 +1,12 @@
 """The draws of :mod:`hotset.sampling.draw`: the weighted draw with replacement that
 SHADE and SpiderCache make each epoch (the distribution of ``rng.choice(n, n, p=p)``, ids
-with no weight never drawn), and the sorted search under it."""
+with no weight never drawn), the sorted search under it, and the shuffle drawn block by
+block as ids are taken."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,3 +63,31 @@ def test_sorted_search_is_searchsorted(a, v, block):
     v.sort()
     got = sorted_search(a, v, block)
     assert np.array_equal(got, np.searchsorted(a, v, side="right"))
+
+
+@pytest.mark.parametrize("block", [1, 2, 4096])
+def test_a_job_order_shuffled_as_it_is_taken_is_uniform_and_whole(monkeypatch, block):
+    """The service's independent orders (``Unsampled`` with a generator) are drawn block
+    by block as a job takes ids, Quiver putting back what it looked at and did not
+    serve: every id served once, and all 24 orders of 4 equally often, blocks of 1 and 2
+    (across block ends) as of 4096."""
+    from functools import partial
+
+    from hotset.service import modes
+
+    monkeypatch.setattr(modes, "shuffle_next", partial(draw.shuffle_next, block=block))
+    counts: dict[tuple, int] = {}
+    trials = 4800
+    for seed in range(trials):
+        order = modes.Unsampled(np.array([10, 11, 12, 13]), np.random.default_rng(seed))
+        served = order.take(1).tolist()
+        window = order.take(2).copy()  # looked at two, serves the first
+        served.append(int(window[0]))
+        order.put_back(window[1:])
+        while len(order):
+            served += order.take(1).tolist()
+        assert sorted(served) == [10, 11, 12, 13]
+        counts[tuple(served)] = counts.get(tuple(served), 0) + 1
+    assert len(counts) == 24
+    c = np.array(list(counts.values()))
+    assert float(((c - trials / 24) ** 2 / (trials / 24)).sum()) < 49.7  # 23 dof, p = 0.001

@@ -33,6 +33,7 @@ from hotset.errors import ConfigError
 from hotset.ids import index_dtype
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
+from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next
 
 SCALE = float(1 << 24)
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
 
 
 #: L-samples the pool puts in their random place at a time (``_draw_pool_block``)
-POOL_BLOCK = 4096
+POOL_BLOCK = SHUFFLE_BLOCK
 
 
 @register_policy
@@ -471,20 +472,8 @@ class ICachePolicy(Policy):
             yield int(pool[c])
 
     def _draw_pool_block(self, c: int) -> None:
-        """Put at ``c .. c + POOL_BLOCK - 1`` of the pool a uniform ordered draw without
-        replacement from ``pool[c:]`` (what as many steps of Fisher-Yates give): the
-        drawn ids move into the block in their drawn order, the block's others into the
-        places they left."""
-        pool = self._pool
-        end = min(pool.size, c + POOL_BLOCK)
-        at = c + self._pool_rng.choice(pool.size - c, end - c, replace=False)
-        drawn = pool[at]
-        inside = at < end
-        left = np.ones(end - c, bool)
-        left[at[inside] - c] = False
-        pool[at[~inside]] = pool[c:end][left]
-        pool[c:end] = drawn
-        self._drawn = end
+        """The pool's next ``POOL_BLOCK`` in their random place (``shuffle_next``)."""
+        self._drawn = shuffle_next(self._pool, c, self._pool_rng, POOL_BLOCK)
 
     def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete

@@ -17,6 +17,28 @@ from hotset.ids import index_dtype
 DRAW_PIECE = 1 << 22
 #: queries per sorted search of :func:`sorted_search`
 SEARCH_BLOCK = 1 << 11
+#: ids a lazy shuffle (:func:`shuffle_next`) puts in their random place at a time
+SHUFFLE_BLOCK = 4096
+
+
+def shuffle_next(
+    pool: np.ndarray, c: int, rng: np.random.Generator, block: int = SHUFFLE_BLOCK
+) -> int:
+    """Put at ``pool[c : c + block]`` a uniform ordered draw without replacement from
+    ``pool[c:]`` (what as many steps of Fisher-Yates give): the drawn ids move into the
+    block in their drawn order, the block's others into the places they left. Returns
+    where the drawn prefix now ends. Called block by block as a reader takes ids, it
+    shuffles the whole pool without a permutation of it up front (14M ids: 0.6-1.2 s
+    at an epoch start)."""
+    end = min(pool.size, c + block)
+    at = c + rng.choice(pool.size - c, end - c, replace=False)
+    drawn = pool[at]
+    inside = at < end
+    left = np.ones(end - c, bool)
+    left[at[inside] - c] = False
+    pool[at[~inside]] = pool[c:end][left]
+    pool[c:end] = drawn
+    return end
 
 
 def sorted_search(a: np.ndarray, v: np.ndarray, block: int = SEARCH_BLOCK) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
 from hotset.policy.icache import h_list_to_fit
+from hotset.sampling.draw import shuffle_next
 from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sampling.iis import IISSampler
 from hotset.service.allocation import split_budget
@@ -107,11 +108,17 @@ class IndependentSampling(SamplingMode):
         self.orders: dict[int, Unsampled] = {}  # job -> its epoch's ids not yet sampled
 
     def _order(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.co.seed, job_id, epoch]).permutation(job.unique)
+        """The job's ids of ``epoch`` in reading order, or as a set ``_shuffle`` orders."""
+        return job.unique
+
+    def _shuffle(self, job_id: int, epoch: int) -> np.random.Generator | None:
+        """The generator of the job's shuffle of ``epoch`` (drawn as it is read), or
+        ``None``: ``_order`` is the order."""
+        return np.random.default_rng([self.co.seed, job_id, epoch])
 
     def start_epoch(self, job_id: int, job: Job, epoch: int) -> np.ndarray:
         order = job.keep(epoch, self._order(job_id, job, epoch))
-        self.orders[job_id] = Unsampled(order)
+        self.orders[job_id] = Unsampled(order, self._shuffle(job_id, epoch))
         return order
 
     def fill(self, job_id: int, job: Job, queue: deque) -> None:
@@ -151,13 +158,17 @@ class SubstitutableHits(IndependentSampling):
 
 class Unsampled:
     """A job's epoch order not yet sampled, in reading order: ``ids[pos:]`` of one numpy
-    array (no Python object per id)."""
+    array (no Python object per id). With ``rng``, a uniform shuffle of ``ids`` drawn
+    block by block as ids are taken (``shuffle_next``), so that an epoch start does not
+    permute 14M ids."""
 
-    __slots__ = ("ids", "pos")
+    __slots__ = ("drawn", "ids", "pos", "rng")
 
-    def __init__(self, ids: np.ndarray) -> None:
+    def __init__(self, ids: np.ndarray, rng: np.random.Generator | None = None) -> None:
         self.ids = np.array(ids)  # its own copy (of the job's id dtype): put_back writes
         self.pos = 0
+        self.rng = rng
+        self.drawn = 0 if rng is not None else self.ids.size  # ids[:drawn] are in order
 
     def __len__(self) -> int:
         return self.ids.size - self.pos
@@ -168,8 +179,11 @@ class Unsampled:
     def take(self, n: int) -> np.ndarray:
         """The next ``n`` ids (fewer at the end), consumed: a view, valid until the next
         ``put_back``."""
-        out = self.ids[self.pos : self.pos + max(0, n)]
-        self.pos += out.size
+        end = min(self.ids.size, self.pos + max(0, n))
+        while self.drawn < end:
+            self.drawn = shuffle_next(self.ids, self.drawn, self.rng)
+        out = self.ids[self.pos : end]
+        self.pos = end
         return out
 
     def put_back(self, kept: np.ndarray) -> None:
@@ -207,6 +221,9 @@ class ImportanceSampling(IndependentSampling):
         order = job.unique[self.samplers[job_id].global_order(epoch)]
         self.refresh_importance()
         return order
+
+    def _shuffle(self, job_id: int, epoch: int) -> None:
+        return None  # IIS's order, as drawn
 
     def release(self, job_id: int, job: Job, leaving: bool) -> np.ndarray:
         if leaving:
