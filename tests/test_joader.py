@@ -108,6 +108,33 @@ def test_more_than_sixteen_jobs_regroup_by_their_wide_masks():
         assert sorted(read[j]) == sorted(d)
 
 
+@pytest.mark.parametrize("jobs", [2, 6])
+def test_regroup_by_scans_builds_the_buckets_the_sort_does(monkeypatch, jobs):
+    """Few distinct need masks are regrouped by one pass per mask, many by a sort of the
+    ids by mask: the same buckets, ids in the same (increasing) order, the same places."""
+    import hotset.sampling.dsa as dsa_module
+
+    rng = np.random.default_rng(jobs)
+
+    def built(scan: int) -> DependentSampling:
+        monkeypatch.setattr(dsa_module, "SCAN_MASKS", scan)
+        dsa = DependentSampling(500, seed=3)
+        for j in range(jobs):
+            dsa.add_job(j, np.sort(rng.choice(500, 300, replace=False)))
+        dsa.round()
+        dsa.start_epoch(0)  # a regroup with every job's bit in play
+        return dsa
+
+    scans = built(64)  # 2 jobs: 3 masks, 6 jobs: up to 63
+    rng = np.random.default_rng(jobs)
+    sort = built(0)
+    assert {m: list(b) for m, b in scans.buckets.items()} == {
+        m: list(b) for m, b in sort.buckets.items()
+    }
+    assert np.array_equal(scans.pos[scans.mask > 0], sort.pos[sort.mask > 0])
+    assert all(list(b) == sorted(b) for b in scans.buckets.values())
+
+
 def test_picks_stay_uniform_for_every_job_theorem_2():
     """Chi-square of the first and the fifth pick of each job over many epochs."""
     rng = np.random.default_rng(0)
