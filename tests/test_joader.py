@@ -111,28 +111,33 @@ def test_more_than_sixteen_jobs_regroup_by_their_wide_masks():
 @pytest.mark.parametrize("jobs", [2, 6])
 def test_regroup_by_scans_builds_the_buckets_the_sort_does(monkeypatch, jobs):
     """Few distinct need masks are regrouped by one pass per mask, many by a sort of the
-    ids by mask: the same buckets, ids in the same (increasing) order, the same places."""
+    ids by mask: the same buckets, ids in the same (increasing) order, the same places,
+    so every job is handed the same samples, each of its dataset once in the epoch."""
     import hotset.sampling.dsa as dsa_module
 
-    rng = np.random.default_rng(jobs)
-
-    def built(scan: int) -> DependentSampling:
+    def run(scan: int):
         monkeypatch.setattr(dsa_module, "SCAN_MASKS", scan)
+        rng = np.random.default_rng(jobs)
         dsa = DependentSampling(500, seed=3)
         for j in range(jobs):
             dsa.add_job(j, np.sort(rng.choice(500, 300, replace=False)))
-        dsa.round()
-        dsa.start_epoch(0)  # a regroup with every job's bit in play
-        return dsa
+        served = {j: [e] for j, e in dsa.round().items()}
+        dsa.start_epoch(0)  # a regroup with every job's bit in play; job 0 starts over
+        served[0] = []
+        buckets = {m: list(b) for m, b in dsa.buckets.items()}
+        pos = dsa.pos[dsa.mask > 0].copy()
+        while picks := dsa.round():
+            for j, e in picks.items():
+                served[j].append(e)
+        return dsa, buckets, pos, served
 
-    scans = built(64)  # 2 jobs: 3 masks, 6 jobs: up to 63
-    rng = np.random.default_rng(jobs)
-    sort = built(0)
-    assert {m: list(b) for m, b in scans.buckets.items()} == {
-        m: list(b) for m, b in sort.buckets.items()
-    }
-    assert np.array_equal(scans.pos[scans.mask > 0], sort.pos[sort.mask > 0])
-    assert all(list(b) == sorted(b) for b in scans.buckets.values())
+    scans, buckets, pos, served = run(64)  # 2 jobs: 3 masks, 6 jobs: up to 63
+    _, sort_buckets, sort_pos, sort_served = run(0)
+    assert buckets == sort_buckets and np.array_equal(pos, sort_pos)
+    assert all(b == sorted(b) for b in buckets.values())
+    assert served == sort_served
+    for j, d in scans.datasets.items():
+        assert sorted(served[j]) == d.tolist()  # each once
 
 
 def test_picks_stay_uniform_for_every_job_theorem_2():

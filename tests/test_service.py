@@ -94,7 +94,15 @@ def digests(ids) -> DigestColumn:
     ("sampling", "keys"),
     [("dsa", keys), ("isa", keys), ("quiver", keys), ("chunks", keys), ("dsa", digests)],
 )
-def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling, keys):
+def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling, keys, monkeypatch):
+    """Quiver's and isa's orders shuffled 5 ids at a time as the jobs take them (across
+    many block ends, as 14M ids are)."""
+    from functools import partial
+
+    from hotset.sampling import draw
+    from hotset.service import modes
+
+    monkeypatch.setattr(modes, "shuffle_next", partial(draw.shuffle_next, block=5))
     co = JobCoordinator(capacity_bytes=50, max_samples=1000, seed=3, sampling=sampling)
     a = co.register("a", keys(range(200)), np.ones(200), batch_size=16)
     b = co.register("b", keys(range(100, 400)), np.ones(300), batch_size=7)
@@ -119,6 +127,50 @@ def test_each_job_reads_its_dataset_once_per_epoch_at_any_pace(sampling, keys):
     assert len(set(co.keys)) == len(co.keys) == 400
     assert isinstance(co.keys, DigestColumn) == (keys is digests)  # packed when digests
     assert refs(co) == unread(co)  # every read consumed its reference
+
+
+@pytest.mark.parametrize("sampling", ["dsa", "quiver"])
+def test_a_planned_hit_is_in_the_store_when_its_batch_is_read(sampling):
+    """Two jobs at different paces, as workers: job a reads its batches four plans after
+    asking for them, job b at once. A batch read, the store deletes its plan's evictions
+    and puts its admissions (the loader's step 3). Every planned hit is then in the
+    store, or on its way from a plan not yet read (the worker waits for it): the other
+    job's evictions never take what a plan in flight reads (RefCnt's pins, raised
+    lazily), over two epochs each; the store keeps to the capacity."""
+    from collections import Counter, deque
+
+    co = JobCoordinator(capacity_bytes=40, max_samples=1000, seed=2, sampling=sampling)
+    jobs = [co.register("a", keys(range(150)), np.ones(150), batch_size=8),
+            co.register("b", keys(range(60, 210)), np.ones(150), batch_size=6)]  # fmt: skip
+    lag = dict(zip(jobs, (4, 0), strict=True))
+    store: set[str] = set()
+    coming: Counter = Counter()  # keys that plans not yet read will put
+    flight = {j: deque() for j in jobs}
+    epoch, read, hits = dict.fromkeys(jobs, 0), dict.fromkeys(jobs, 0), 0
+
+    def read_one(j: int) -> None:
+        nonlocal hits
+        p = flight[j].popleft()
+        for g in p["gids"][p["hit"]].tolist():
+            assert co.keys[g] in store or coming[co.keys[g]], f"planned hit {co.keys[g]} gone"
+        hits += int(p["hit"].sum())
+        store.difference_update(p["evict_keys"])
+        admitted = [co.keys[g] for g in np.asarray(p["admit"]).tolist()]
+        store.update(admitted)
+        coming.subtract(admitted)
+        assert len(store) <= 40
+        read[j] += bool(p["gids"].size)
+
+    while any(e < 2 for e in epoch.values()):
+        for j in jobs:
+            if epoch[j] < 2:
+                p = co.plan(j, epoch[j], done=read[j])
+                flight[j].append(p)  # an epoch's empty last plan may still evict
+                coming.update(co.keys[g] for g in np.asarray(p["admit"]).tolist())
+                epoch[j] += not p["gids"].size
+            while len(flight[j]) > (lag[j] if epoch[j] < 2 else 0):
+                read_one(j)
+    assert hits > 0
 
 
 def test_quiver_serves_cached_candidates_first():

@@ -11,6 +11,7 @@ the live ones (one compaction rule for all).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -71,12 +72,22 @@ class KeyedHeap:
         """Remove ``i`` (its entries turn stale)."""
         self.live.pop(i, None)
 
-    def peek(self) -> tuple[int, int] | None:
-        """(id, level) of the minimum, or ``None`` when empty."""
-        heap, live, mask = self.heap, self.live, self.mask
-        while heap and live.get(heap[0] & mask) != heap[0]:
-            heapq.heappop(heap)  # stale entry
-        return (heap[0] & mask, heap[0] >> self.bits) if heap else None
+    def peek(self, level_of: Callable[[int], int] | None = None) -> tuple[int, int] | None:
+        """(id, level) of the minimum, or ``None`` when empty. ``level_of``: members'
+        levels may have gone up since they were keyed (never down): the top is re-keyed
+        with ``level_of(id)`` until one is current, which is then the minimum."""
+        heap, live, bits, mask = self.heap, self.live, self.bits, self.mask
+        while heap:
+            k = heap[0]
+            i = k & mask
+            if live.get(i) != k:
+                heapq.heappop(heap)  # stale entry
+                continue
+            if level_of is None or (level := level_of(i)) == k >> bits:
+                return i, k >> bits
+            live[i] = level << bits | i
+            heapq.heapreplace(heap, live[i])
+        return None
 
     def pop(self) -> int:
         """Remove and return the minimum's id (the heap must not be empty)."""

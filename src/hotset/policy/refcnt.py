@@ -14,7 +14,7 @@ worker reads it.
 
 from __future__ import annotations
 
-from heapq import heappop, heappush, heapreplace
+from heapq import heappop, heappush
 
 import numpy as np
 
@@ -30,8 +30,9 @@ class RefCntPolicy(HeapPolicy):
     pinned), so an eviction costs O(log n). A key that goes down (a read, a job that
     leaves, a pin released) re-keys the residents concerned at once, in every partition
     sharing the counts; one that goes up (a job's epoch start, a pin) is re-keyed when it
-    reaches the top (``_top``): a resident's key in the heap is never above its count,
-    so the top, once checked, is the minimum, ties to the lower id as before."""
+    reaches the top (``KeyedHeap.peek`` with the current key): a resident's key in the
+    heap is never above its count, so the top, once checked, is the minimum, ties to the
+    lower id as before."""
 
     name = "refcnt"
 
@@ -73,20 +74,7 @@ class RefCntPolicy(HeapPolicy):
     def _top(self) -> tuple[int, int] | None:
         """(id, key) of the resident with the lowest key, re-keying on the way those whose
         count or pin went up since they were keyed; ``None`` when empty."""
-        heap, refs, pinned = self._heap, self.refs, self.pinned
-        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
-        while h:
-            k = h[0]
-            j = k & mask
-            if live.get(j) != k:
-                heappop(h)  # stale entry
-                continue
-            key = int(refs[j]) + (PINNED if pinned[j] else 0)
-            if k >> bits == key:
-                return j, key
-            live[j] = key << bits | j
-            heapreplace(h, live[j])
-        return None
+        return self._heap.peek(self._key)
 
     def add_references(self, ids, delta: int = 1) -> None:
         """``delta`` future reads of each of ``ids`` (negative: a job left)."""
