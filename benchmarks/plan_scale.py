@@ -140,7 +140,7 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
     planner = Planner(sampler, policy, batch_size, feed_future=False)
     composed: list[float] = []  # iCACHE: seconds per package composition
     if hasattr(policy, "l_next_package"):
-        compose = policy.l_next_package
+        compose = policy._compose  # what a package's ids cost to choose
 
         def timed(*args, **kwargs):
             t = time.perf_counter()
@@ -148,7 +148,7 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
             composed.append(time.perf_counter() - t)
             return out
 
-        policy.l_next_package = timed
+        policy._compose = timed
     if policy.needs_future:  # Belady: the windows' accesses, known in advance
         window = batches * batch_size
         policy.set_future(np.concatenate([sampler.epoch_order(e)[:window] for e in range(2)]))

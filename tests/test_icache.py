@@ -165,11 +165,65 @@ def test_a_resident_in_both_heaps_during_a_rebuild_is_evicted_once():
     p.apply_hints(hints(np.ones(10), imp))
     p.access([1, 2])
     p.apply_hints(hints(np.ones(10), imp))  # a rebuild starts: the old heap is read-only
-    r = p.access([5])  # admitted into the shadow; one resident (2) re-inserted there too
+    r = p.access([5])  # admitted into the shadow, which holds every resident
     assert list(r.admitted) == [5] and 2 in p.heap.live and 2 in p.shadow.live
-    r = p.access([9])  # drains the old heap (1, 2), then the shadow (2 again, then 5)
+    r = p.access([9])  # drains the old heap (1, 2), then the shadow (1 and 2 again, then 5)
     assert sorted(r.evicted.tolist()) == [1, 2, 5] and list(r.admitted) == [9]
     assert p.h_used == 3 and set(p.h_residents().tolist()) == {9}
+
+
+class _ShadowBuiltAsInThePaper(icache_module.ICachePolicy):
+    """The shadow heap rebuilt as III-B describes: the residents re-inserted
+    ``rebuild_per_batch`` per batch (those still resident and not admitted meanwhile)."""
+
+    def apply_hints(self, hints):
+        super().apply_hints(hints)
+        if self.shadow is not None:
+            self.shadow = icache_module.KeyedHeap(self._bits)
+            self._todo = list(self._h)
+
+    def rebuild_step(self, budget):
+        if self.shadow is None:
+            return
+        while self._todo and budget > 0:
+            i, budget = self._todo.pop(), budget - 1
+            if i in self._h and i not in self.shadow.live:
+                self.shadow.push(i, int(self._level[i]))
+        if not self._todo:
+            self.heap, self.shadow = self.shadow, None
+            self.swaps += 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.integers(4, 40), st.integers(1, 6))
+def test_the_shadow_filled_at_once_evicts_as_the_one_rebuilt_per_batch(seed, cap, per_batch):
+    """Filled with every resident at the H-list's arrival and swapped after as many
+    batches, the shadow heap makes the decisions of the paper's rebuild (H-cache only,
+    pins held across batches, several H-lists with a rebuild still running)."""
+    n = 40
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n)
+    kw = dict(sizes=sizes, h_share=1.0, package_bytes=1, rebuild_per_batch=per_batch)
+    ours = make_policy("icache", cap, **kw)
+    paper = _ShadowBuiltAsInThePaper(cap, **kw)
+    for _ in range(5):
+        importance = rng.random(n).round(1)  # ties too
+        for p in (ours, paper):
+            p.apply_hints(hints(np.ones(n), importance))
+        for _ in range(rng.integers(1, 6)):
+            pins = rng.integers(0, n, rng.integers(0, 4))
+            ids = rng.integers(0, n, 6)
+            results = []
+            for p in (ours, paper):
+                p.pin(pins)
+                results.append(p.access(ids))
+                p.pin(pins, -1)
+            a, b = results
+            assert a.hits.tolist() == b.hits.tolist()
+            assert a.admitted.tolist() == b.admitted.tolist()
+            assert a.evicted.tolist() == b.evicted.tolist()
+            assert (ours.shadow is None) == (paper.shadow is None) and ours.swaps == paper.swaps
+            assert ours.h_used == paper.h_used <= ours.h_capacity
 
 
 def test_l_misses_are_substituted_by_unused_l_samples_never_for_h_requests():
@@ -232,6 +286,48 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
             assert set(r.admitted.tolist()) <= set(p.h_residents().tolist())
             feeder.poll()
             assert p.used <= p.capacity_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.integers(5, 60),
+    st.integers(1, 12),
+    st.floats(0.0, 1.0),
+)
+def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg, h_frac):
+    """The simulator's feeder loads a package in one step (``l_load_now``: no reservation,
+    no arrays); the package threads compose it, make room and commit it. Driven the same
+    way, both serve the same ids with the same hits and hold the same residents."""
+    n = 80
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 4, n)
+    kw = dict(sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
+    instant, stepped = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw)
+    feeder = instant.make_feeder(lock=None)
+
+    def poll_in_steps():
+        while stepped.l_wants_package():
+            ids = stepped.l_next_package()
+            if not ids.size:
+                return
+            _, accepted = stepped.l_make_room(ids)
+            stepped.l_commit(accepted)
+
+    for _ in range(4):
+        hot, importance = rng.random(n) < h_frac, rng.random(n)
+        for p in (instant, stepped):
+            p.apply_hints(hints(hot, importance))
+        feeder.epoch_started()
+        poll_in_steps()
+        for _ in range(5):
+            ids = rng.integers(0, n, 16)
+            a, b = instant.access(ids), stepped.access(ids)
+            assert a.served.tolist() == b.served.tolist() and a.hits.tolist() == b.hits.tolist()
+            feeder.poll()
+            poll_in_steps()
+            assert instant.l_residents().tolist() == stepped.l_residents().tolist()
+            assert instant.used == stepped.used and not stepped.writing_ids().size
 
 
 def test_a_package_file_holds_the_samples_it_claims(fmnist_dir, tmp_path):

@@ -1,4 +1,5 @@
-"""Arrays of ids (``hotset.ids``): registration's first occurrences without a sort."""
+"""Arrays of ids (``hotset.ids``): registration's first occurrences without a sort, IIS's
+stable order of losses by one integer sort."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hotset.ids import first_seen, index_dtype
+from hotset.ids import first_seen, index_dtype, stable_order
 
 
 @settings(max_examples=100, deadline=None)
@@ -22,3 +23,29 @@ def test_first_seen_is_np_unique_with_first_positions(case):
 
 def test_ids_fit_the_smallest_dtype_that_holds_them():
     assert index_dtype(2**31) is np.int32 and index_dtype(2**31 + 1) is np.int64
+
+
+FLOAT32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+#: NaNs of both signs and two payloads
+NANS = np.array([0x7FC00000, 0xFFC00000, 0x7FC00123], np.uint32).view(np.float32).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(FLOAT32, st.sampled_from([0.0, -0.0, 1.5, -1.5, *NANS])), max_size=300))
+def test_stable_order_is_the_stable_argsort_of_float32_values(values):
+    """Losses come as float32: ties (repeats, -0.0 and 0.0, NaNs of any sign) keep their
+    positions' order, as numpy's stable argsort leaves them."""
+    values = np.asarray(values, np.float32).astype(np.float64)
+    assert stable_order(values).tolist() == np.argsort(values, kind="stable").tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=300))
+def test_stable_order_of_float64_values_differs_only_between_near_ties(values):
+    """float64 values: where the order differs from the stable argsort, the values differ
+    by less than ``2**(b - 52)`` of their size (``b``: the bits of the positions)."""
+    values = np.asarray(values, np.float64)
+    got = values[stable_order(values).astype(np.int64)]
+    want = values[np.argsort(values, kind="stable")]
+    b = max(1, (values.size - 1).bit_length())
+    assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** (b - 52) * 2)

@@ -213,9 +213,24 @@ def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path,
         wire.stop()
 
 
-def test_gcs_faults_are_retried(tmp_path, gcs):
+def test_gcs_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path, gcs):
     """Faults are retried (``_faults_retried``): gcsfs retries each itself, after 0.5 to
-    1.5 s, then hotset's reader. A shard that keeps failing is not tried here: gcsfs's
-    own six attempts, not configurable, back off for about 17 s before hotset sees it."""
-    _faults_retried(gcs, tmp_path, lambda server, wire: {
-        **server.storage_options, "endpoint_url": wire.url})  # fmt: skip
+    1.5 s, then hotset's reader. A shard whose every read fails stops the epoch with an
+    error naming a sample of it once gcsfs's own six attempts (not configurable, about
+    31-36 s of backoff) are spent; hotset's reader is left one attempt so that the test
+    waits for gcsfs's backoff once."""
+
+    def through(server, wire):
+        return {**server.storage_options, "endpoint_url": wire.url}
+
+    images, url, port = _faults_retried(gcs, tmp_path, through)
+    wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, failing="shard-001")
+    try:
+        storage = hotset.open_storage(url, storage_options=through(gcs, wire))
+        storage.retry = Retry(attempts=1)
+        with pytest.raises(StorageError, match=r"shard-001\.tar#s000\d\d.*after 1 attempt"):
+            _run(storage, lambda i: (_chw(images[i]), i % 3), sampler="uniform",
+                 policy="lru", epochs=1)  # fmt: skip
+        assert wire.stats()["faults"] >= 6  # gcsfs's attempts, each answered with a fault
+    finally:
+        wire.stop()

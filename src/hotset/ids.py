@@ -20,3 +20,31 @@ def first_seen(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     np.minimum.at(first, ids, np.arange(ids.size, dtype=dtype))
     unique = np.flatnonzero(first < ids.size)
     return unique, first[unique]
+
+
+def stable_order(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` for float ``values`` (as uint64), about 4x
+    faster at 14M: each value's bits, turned to order as the floats do, keep their top
+    ``64 - b`` bits above the value's position (``b`` bits, enough for ``n``), and numpy
+    sorts these keys as plain integers (a vectorised sort, not a merge sort of positions
+    compared by look-up). Values equal in those top bits tie, in position order: exact
+    for values that come from float32 (a training loss); float64 values closer than
+    ``2**(b - 52)`` relative tie (``2**-28`` at 14M). -0.0 equals 0.0 and NaNs go last,
+    as in numpy's sort. Beyond ``2**29`` values: ``np.argsort``."""
+    n = values.size
+    b = max(1, (n - 1).bit_length())
+    if b > 29:  # fewer than 35 bits left: float32's sign, exponent and fraction
+        return np.argsort(values, kind="stable").astype(np.uint64)
+    keys = np.asarray(values, np.float64) + 0.0  # a copy; -0.0 becomes 0.0
+    keys[np.isnan(keys)] = np.nan  # one NaN, positive: above +inf
+    u = keys.view(np.uint64)
+    flip = u >> np.uint64(63)  # negatives: every bit flipped; the rest: the sign bit set
+    np.negative(flip, out=flip)
+    flip |= np.uint64(1 << 63)
+    u ^= flip
+    u >>= np.uint64(b)
+    u <<= np.uint64(b)
+    u |= np.arange(n, dtype=np.uint64)
+    u.sort()
+    u &= np.uint64((1 << b) - 1)
+    return u

@@ -7,7 +7,12 @@ samples of the H-list and an L-cache of packaged L-samples served by substitutio
 * **Shadow heap** (III-B, last paragraph): when a new H-list arrives the heap becomes
   read-only and keeps serving evictions, new admissions go into a shadow heap with the
   new values, and the resident ids are re-inserted into the shadow ``rebuild_per_batch``
-  per batch, off the critical path; once complete the shadow becomes the heap.
+  per batch, off the critical path; once complete the shadow becomes the heap. Here the
+  shadow gets every resident at once (one heapify: cheaper than the pushes it spares)
+  and swaps after as many batches as the re-insertion would take: the old heap serves
+  the same evictions for as long, and the shadow holds what it would hold whenever it
+  is used (it serves evictions only once the old heap is empty, when every resident it
+  lacked has left).
 * **L-cache** (lines 19-24, III-C): a missed L-sample is served by a cached L-sample not
   yet used this epoch and its id is queued for the next packages; the feeder (package
   thread) loads packages that ``l_next_package`` composes: queued misses first, then
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import ChainMap
+from collections import ChainMap, OrderedDict
 
 import numpy as np
 
@@ -114,13 +119,15 @@ class ICachePolicy(Policy):
         self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
         self._h: dict[int, None] = {}  # H-cache residents
         self.heap = KeyedHeap(self._bits)
-        self.shadow: KeyedHeap | None = None  # being rebuilt from ``_rebuild``
-        self._rebuild: list[int] = []
+        self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
+        self._rebuild = 0  # residents the paper's rebuild has left to re-insert
         self.h_used = 0
         self._l: dict[int, bool] = {}  # L-cache residents -> used this epoch
-        self._l_used: dict[int, None] = {}  # those used, the longest-used first
+        # those used, the longest-used first: an OrderedDict, whose walk from the front
+        # does not pass the entries deleted there (a dict's does, until it resizes)
+        self._l_used: OrderedDict[int, None] = OrderedDict()
         self._fresh: list[int] = []  # L residents unused this epoch (lazily cleaned)
-        self._queue: dict[int, None] = {}  # missed L ids, for the next packages
+        self._queue: OrderedDict[int, None] = OrderedDict()  # missed L ids, for packages
         self._served: set[int] = set()  # L residents served this epoch
         self.l_used = 0  # bytes of L residents plus those reserved for a loading package
         self.loading = 0
@@ -175,14 +182,17 @@ class ICachePolicy(Policy):
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), until
         ``need`` more bytes fit the L-cache; returns them."""
-        out, sizes, pinned, l_res = [], self._sizes, self.pinned, self._l
+        out, sizes, l_res, cap = [], self._sizes, self._l, self.l_capacity
+        pinned = memoryview(self.pinned)
         for order in (self._l_used, l_res):  # walks stop at the first ids that make room
+            if self.l_used + need <= cap:
+                break  # (a walk of ``l_res`` from its start passes what it deleted)
             for i in order:
-                if self.l_used + need <= self.l_capacity:
-                    break
                 if not pinned[i] and (order is self._l_used or not l_res[i]):
                     self.l_used -= sizes[i]
                     out.append(i)
+                    if self.l_used + need <= cap:
+                        break
             for i in out:
                 l_res.pop(i, None)
                 self._l_used.pop(i, None)
@@ -254,14 +264,16 @@ class ICachePolicy(Policy):
             # III-A: split by the last epoch's access frequencies (once there was an H-list)
             self.set_split(self.freq_h / (self.freq_h + self.freq_l))
         self.freq_h = self.freq_l = 0
-        self.rebuild_step(len(self._rebuild) + 1)  # finish a rebuild still in progress
+        self.rebuild_step(self._rebuild)  # finish a rebuild still in progress
         self.is_h = hot
         self._all_h = bool(hot.all())
         self._hot = hot.tobytes()
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int32)
         if self._h:  # the heap turns read-only; the shadow gets the new values
+            ids = np.fromiter(self._h, np.int64, len(self._h))
             self.shadow = KeyedHeap(self._bits)
-            self._rebuild = list(self._h)
+            self.shadow.rekey_all(self._level[ids], ids)
+            self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
         for i in self._l:
             self._l[i] = False
@@ -272,20 +284,15 @@ class ICachePolicy(Policy):
         self._pool = np.flatnonzero(~hot).astype(self._pool.dtype)
         self._pool_rng = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
         self._cursor, self._wrapped, self._drawn = 0, False, 0
-        self._queue = {i: None for i in self._queue if not hot[i]}
+        self._queue = OrderedDict((i, None) for i in self._queue if not hot[i])
 
     def rebuild_step(self, budget: int) -> None:
-        """Insert up to ``budget`` residents into the shadow heap; swap when complete."""
+        """``budget`` more residents re-inserted into the shadow heap; swap when all are."""
         if self.shadow is None:
             return
-        shadow, level, h = self.shadow, self._level, self._h
-        while self._rebuild and budget > 0:
-            i = self._rebuild.pop()
-            budget -= 1
-            if i in h and i not in shadow.live:
-                shadow.push(i, int(level[i]))
-        if not self._rebuild:
-            self.heap, self.shadow = shadow, None
+        self._rebuild -= budget
+        if self._rebuild <= 0:
+            self.heap, self.shadow = self.shadow, None
             self.swaps += 1
 
     def _src(self) -> KeyedHeap:
@@ -420,15 +427,19 @@ class ICachePolicy(Policy):
         """Ids for the next package, >= ``package_bytes`` when there are enough
         L-samples: the queued misses, then random L-samples (from ``prefer``, the ids
         already in package files, first)."""
+        return np.array(self._compose(exclude, prefer), np.int64)
+
+    def _compose(self, exclude=(), prefer=None) -> list[int]:
+        """``l_next_package``'s ids, as a list."""
         skip = set(exclude)
-        out, nbytes, sizes = [], 0, self._sizes
+        out, nbytes, sizes, is_h, l_res = [], 0, self._sizes, self._hot, self._l
         limit = min(self.package_bytes, self.l_capacity)
-        for i in list(self._queue):
+        for i in self._queue:
             if nbytes >= limit:
                 break
             if nbytes + sizes[i] > self.l_capacity:
                 continue
-            if i not in self._l and i not in skip and not self.is_h[i]:
+            if i not in l_res and i not in skip and not is_h[i]:
                 out.append(i)
                 nbytes += sizes[i]
                 skip.add(i)
@@ -449,7 +460,7 @@ class ICachePolicy(Policy):
                             break
                 if nbytes >= limit:
                     break
-        return np.array(out, np.int64)
+        return out
 
     def _pool_ids(self):
         """The H-list's L-samples in a random order drawn once per H-list, from where the
@@ -479,20 +490,25 @@ class ICachePolicy(Policy):
         """Reserve L space for a package of ``ids``: returns the L residents to delete
         from the store first (used ones first, the longest-used first) and the ids that
         fit (all, unless the L-cache shrank since the package was composed)."""
-        sizes, need, fit = self._sizes, 0, []
-        for i in np.asarray(ids, np.int64).tolist():  # the prefix that fits
-            if need + sizes[i] > self.l_capacity:
-                break
-            need += sizes[i]
-            fit.append(i)
-        accepted = np.array(fit, np.int64)
-        victims = self._free_l(need)
-        self.l_used += need
+        victims, fit = self._reserve(np.asarray(ids, np.int64).tolist())
         self.loading += 1
         for i in fit:
             self._writing[i] = self._writing.get(i, 0) + 1
         self.used = self.h_used + self.l_used
-        return np.array(victims, np.int64), accepted
+        return np.array(victims, np.int64), np.array(fit, np.int64)
+
+    def _reserve(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """Room in the L-cache for the prefix of ``ids`` that fits: (the residents removed
+        for it, that prefix)."""
+        sizes, need, fit = self._sizes, 0, []
+        for i in ids:
+            if need + sizes[i] > self.l_capacity:
+                break
+            need += sizes[i]
+            fit.append(i)
+        victims = self._free_l(need)
+        self.l_used += need
+        return victims, fit
 
     def l_commit(self, ids, loaded=None) -> None:
         """The package is in the store: ``loaded`` lists the ids that made it (default:
@@ -504,19 +520,34 @@ class ICachePolicy(Policy):
                 self._writing.pop(i, None)
             else:
                 self._writing[i] -= 1
-        ok = set(ids) if loaded is None else set(np.asarray(loaded, np.int64).tolist())
+        self._settle(ids, None if loaded is None else np.asarray(loaded, np.int64).tolist())
+
+    def _settle(self, ids: list[int], loaded: list[int] | None) -> None:
+        """The reserved ``ids`` that were ``loaded`` (``None``: all) are L residents; the
+        others' bytes are released."""
+        ok = None if loaded is None else set(loaded)
+        l_res, h, served, queue, is_h = self._l, self._h, self._served, self._queue, self._hot
         for i in ids:
-            if i in ok and i not in self._l and i not in self._h:
-                used = i in self._served  # served this epoch already: not a substitute
-                self._l[i] = used
+            if (ok is None or i in ok) and i not in l_res and i not in h:
+                used = i in served  # served this epoch already: not a substitute
+                l_res[i] = used
                 if used:
                     self._l_used[i] = None
-                self._queue.pop(i, None)
-                if not used and not self.is_h[i]:
+                queue.pop(i, None)
+                if not used and not is_h[i]:
                     self._fresh.append(i)
             else:
                 self.l_used -= self._sizes[i]
         self.used = self.h_used + self.l_used
+
+    def l_load_now(self) -> bool:
+        """Compose the next package and load it at once (the simulator's feeder: nothing
+        runs between making room and committing, so nothing is reserved); whether there
+        was one to load."""
+        ids = self._compose()
+        if ids:
+            self._settle(self._reserve(ids)[1], None)
+        return bool(ids)
 
 
 class InstantPackages:
@@ -528,12 +559,7 @@ class InstantPackages:
 
     def poll(self) -> None:
         p = self.policy
-        while p.l_wants_package():
-            ids = p.l_next_package()
-            if not ids.size:
-                return
-            _, accepted = p.l_make_room(ids)
-            p.l_commit(accepted)
+        while p.l_wants_package() and p.l_load_now():
             self.packages_loaded += 1
 
     def epoch_started(self) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype
+from hotset.ids import index_dtype, stable_order
 from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
@@ -91,7 +91,7 @@ class IISSampler(Sampler):
         n = int(seen.sum())
         if n > 1:
             rank = np.empty(n, np.float32)  # places in the stable order: a sort, a scatter
-            rank[np.argsort(self.board.loss[seen], kind="stable")] = np.arange(n) / (n - 1)
+            rank[stable_order(self.board.loss[seen])] = np.arange(n) / (n - 1)
             pct[seen] = rank
         return pct
 
