@@ -444,12 +444,14 @@ class ICachePolicy(Policy):
                 nbytes += sizes[i]
                 skip.add(i)
         if nbytes < limit:
-            rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
-            pools = [] if prefer is None else [rng.permutation(np.asarray(prefer, np.int64))]
+            pools = []
+            if prefer is not None:  # (a generator costs 20-50 us: made only for this)
+                rng = np.random.default_rng([self.seed, self.loading, len(self._l), nbytes])
+                pools.append(rng.permutation(np.asarray(prefer, np.int64)))
             pools.append(self._pool_ids())
             for pool in pools:
                 for i in pool:  # stop right after the last taken: the walk goes on from there
-                    if nbytes + sizes[i] > self.l_capacity or self.is_h[i]:
+                    if nbytes + sizes[i] > self.l_capacity or is_h[i]:
                         continue
                     taken = i in self._l or i in self._h or i in self._served
                     if not taken and i not in skip:

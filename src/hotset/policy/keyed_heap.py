@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from itertools import repeat
 
 import numpy as np
 
@@ -46,37 +45,15 @@ class KeyedHeap:
             if len(self.heap) > 2 * len(live) + 1024:
                 self.compact()
 
-    def push_many(self, ids, levels) -> None:
-        """``push`` each ``(id, level)`` in turn, compacting once at the end. As arrays
-        (levels ``>= 0``) the keys are made and compared as columns: an id that repeats
-        is keyed by its last level, as the pushes in turn leave it (only the stale
-        entries left behind differ, and those decide nothing)."""
+    def push_many(self, ids: list[int], levels: list[int]) -> None:
+        """``push`` each ``(id, level)`` in turn, compacting once at the end."""
         heap, live, bits, heappush = self.heap, self.live, self.bits, heapq.heappush
-        if isinstance(levels, np.ndarray) and self._fits(levels):
-            ids = np.asarray(ids, np.int64)
-            if ids.size > 1 and np.unique(ids).size < ids.size:  # the last of each id
-                last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
-                ids, levels = ids[last], levels[last]
-            keys = levels.astype(np.int64) << bits | ids
-            now = np.fromiter(map(live.get, ids.tolist(), repeat(-1)), np.int64, ids.size)
-            changed = keys != now
-            ids, levels = ids[changed].tolist(), keys[changed].tolist()
-            live.update(zip(ids, levels, strict=True))
-            for k in levels:
+        for i, level in zip(ids, levels, strict=True):
+            k = level << bits | i
+            if live.get(i) != k:
+                live[i] = k
                 heappush(heap, k)
-        else:
-            for i, level in zip(ids, levels, strict=True):
-                k = level << bits | i
-                if live.get(i) != k:
-                    live[i] = k
-                    heappush(heap, k)
         self.compact()
-
-    def _fits(self, levels: np.ndarray) -> bool:
-        """Whether keys of ``levels`` (>= 0) fit int64."""
-        return not levels.size or (
-            int(levels.min()) >= 0 and int(levels.max()).bit_length() + self.bits <= 62
-        )
 
     def rekey_all(self, levels: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Re-key every member at once, ``levels`` in the order ``live`` lists them (most
@@ -88,10 +65,10 @@ class KeyedHeap:
         elif self.live:
             raise ValueError("rekey_all(ids=) fills an empty heap")
         ids = np.asarray(ids, np.int64).tolist()
-        if self._fits(levels):
-            keys = (levels.astype(np.int64) << self.bits | np.asarray(ids, np.int64)).tolist()
-        else:  # beyond int64
+        if int(levels.max(initial=0)).bit_length() + self.bits > 62:  # beyond int64
             keys = [level << self.bits | i for i, level in zip(ids, levels.tolist(), strict=True)]
+        else:
+            keys = (levels.astype(np.int64) << self.bits | np.asarray(ids, np.int64)).tolist()
         self.live.update(zip(ids, keys, strict=True))
         self.heap = keys
         heapq.heapify(self.heap)

@@ -67,9 +67,9 @@ class RefCntPolicy(HeapPolicy):
             if ids.size >= len(heap.live):  # most residents: all of them at once
                 heap.rekey_all(member._keys(np.fromiter(heap.live, np.int64, len(heap.live))))
                 continue
-            mine = ids[np.fromiter(map(heap.live.__contains__, ids.tolist()), bool, ids.size)]
-            if mine.size:
-                heap.push_many(mine, member._keys(mine))
+            mine = [i for i in ids.tolist() if i in heap.live]
+            if mine:
+                heap.push_many(mine, member._keys(np.asarray(mine, np.int64)).tolist())
 
     def _top(self) -> tuple[int, int] | None:
         """(id, key) of the resident with the lowest key, re-keying on the way those whose
