@@ -9,8 +9,9 @@ training step does not wait while the worker keeps up. When it falls behind by
 ``max_pending`` batches, ``feedback`` waits for room (``when_behind="wait"``, the default:
 every batch is scored, the wait counted in ``graph_wait_s``); ``when_behind="drop"``
 (ours) drops the oldest instead (counted in ``graph_dropped``: a sample keeps its last
-score). The worker queries hnswlib with ``threads`` threads (default: a quarter of the
-cores, 1 to 4). ``background=False`` scores inline (the simulator, for a deterministic replay).
+score). The worker queries hnswlib with ``threads`` threads (default: three quarters of
+the cores, ``graph_threads``). ``background=False`` scores inline (the simulator, for a
+deterministic replay).
 
 The sampler also runs the elastic cache manager (section 4.3) once per batch (Algorithm 1
 line 23: the ratio of Eq. 8 at the batch's training time, in epochs; the scores' spread
@@ -46,9 +47,11 @@ WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wa
 
 
 def graph_threads() -> int:
-    """hnswlib's threads for a batch's queries: a quarter of the cores, 1 to 4 (the rest
-    load and train)."""
-    return min(4, max(1, (os.cpu_count() or 1) // 4))
+    """hnswlib's threads for a batch's queries: three quarters of the cores (at least
+    one). They run at the worker's niceness (19: training threads come first); on a GPU
+    machine of 16 cores, 4 threads made the step wait 5 s per epoch for the graph and 12
+    none (docs/benchmarks.md, "On a GPU")."""
+    return max(1, 3 * (os.cpu_count() or 1) // 4)
 
 
 @register_sampler
