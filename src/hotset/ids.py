@@ -29,7 +29,8 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     sorts these keys as plain integers (a vectorised sort, not a merge sort of positions
     compared by look-up). Values equal in those top bits tie, in position order: exact
     for values that come from float32 (a training loss); float64 values closer than
-    ``2**(b - 52)`` relative tie (``2**-28`` at 14M). -0.0 equals 0.0 and NaNs go last,
+    ``2**(b - 52)`` relative tie (``2**-28`` at 14M; near zero, subnormals within
+    ``2**b`` of the smallest one). -0.0 equals 0.0 and NaNs go last,
     as in numpy's sort. Beyond ``2**29`` values: ``np.argsort``."""
     n = values.size
     b = max(1, (n - 1).bit_length())
