@@ -263,18 +263,22 @@ def test_h_l_split_follows_access_frequencies():
     assert p.l_capacity == 6 and p.h_capacity == 94
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.integers(0, 10**6),
-    st.integers(5, 60),
-    st.integers(1, 12),
-    st.floats(0.0, 1.0),
-)
-def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, pkg, h_frac):
-    n = 80
+#: seed, capacity, package bytes, share of H-samples: a small iCACHE driven at random
+SMALL_CACHES = (st.integers(0, 10**6), st.integers(5, 60), st.integers(1, 12), st.floats(0.0, 1.0))
+
+
+def _small_cache(seed: int, pkg: int):
+    """80 ids of 1-3 bytes: (n, the generator that drives them, the policy's options)."""
     rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 4, n)
-    p = make_policy("icache", cap, sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
+    sizes = rng.integers(1, 4, 80)
+    return 80, rng, dict(sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(*SMALL_CACHES)
+def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, pkg, h_frac):
+    n, rng, kw = _small_cache(seed, pkg)
+    p = make_policy("icache", cap, **kw)
     feeder = p.make_feeder(lock=None)  # no storage, no store: the simulator's feeder
     for _ in range(4):
         p.apply_hints(hints(rng.random(n) < h_frac, rng.random(n)))
@@ -289,20 +293,12 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.integers(0, 10**6),
-    st.integers(5, 60),
-    st.integers(1, 12),
-    st.floats(0.0, 1.0),
-)
+@given(*SMALL_CACHES)
 def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg, h_frac):
     """The simulator's feeder loads a package in one step (``l_load_now``: no reservation,
     no arrays); the package threads compose it, make room and commit it. Driven the same
     way, both serve the same ids with the same hits and hold the same residents."""
-    n = 80
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 4, n)
-    kw = dict(sizes=sizes, package_bytes=pkg, seed=seed, rebuild_per_batch=3)
+    n, rng, kw = _small_cache(seed, pkg)
     instant, stepped = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw)
     feeder = instant.make_feeder(lock=None)
 
