@@ -166,7 +166,7 @@ def test_a_resident_in_both_heaps_during_a_rebuild_is_evicted_once():
     p.access([1, 2])
     p.apply_hints(hints(np.ones(10), imp))  # a rebuild starts: the old heap is read-only
     r = p.access([5])  # admitted into the shadow, which holds every resident
-    assert list(r.admitted) == [5] and 2 in p.heap.live and 2 in p.shadow.live
+    assert list(r.admitted) == [5] and 2 in p.heap and 2 in p.shadow
     r = p.access([9])  # drains the old heap (1, 2), then the shadow (1 and 2 again, then 5)
     assert sorted(r.evicted.tolist()) == [1, 2, 5] and list(r.admitted) == [9]
     assert p.h_used == 3 and set(p.h_residents().tolist()) == {9}
@@ -179,7 +179,7 @@ class _ShadowBuiltAsInThePaper(icache_module.ICachePolicy):
     def apply_hints(self, hints):
         super().apply_hints(hints)
         if self.shadow is not None:
-            self.shadow = icache_module.KeyedHeap(self._bits)
+            self.shadow = icache_module.KeyedHeap(self.num_samples)
             self._todo = list(self._h)
 
     def rebuild_step(self, budget):
@@ -187,7 +187,7 @@ class _ShadowBuiltAsInThePaper(icache_module.ICachePolicy):
             return
         while self._todo and budget > 0:
             i, budget = self._todo.pop(), budget - 1
-            if i in self._h and i not in self.shadow.live:
+            if i in self._h and i not in self.shadow:
                 self.shadow.push(i, int(self._level[i]))
         if not self._todo:
             self.heap, self.shadow = self.shadow, None

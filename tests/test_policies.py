@@ -206,20 +206,102 @@ def test_priority_policies_keep_invariants_while_scores_move(name, steps, sizes,
 @settings(max_examples=60, deadline=None)
 @given(
     st.dictionaries(st.integers(0, 200), st.integers(0, 50), min_size=1, max_size=60),
-    st.lists(st.integers(0, 1 << 40), min_size=60, max_size=60),
-    st.sampled_from([8, 30]),
+    st.lists(st.integers(0, 1 << 60), min_size=60, max_size=60),
+    st.sampled_from([8, 12]),
 )
 def test_keyed_heap_rekeys_all_members_as_pushes_would(members, levels, bits):
-    """``rekey_all`` (one dict update and a heapify) leaves the heap as a push per member
-    would: the same keys, popped in the same order; levels beyond int64 once shifted
-    (``bits=30``, a level near 2^40) take Python ints."""
+    """``rekey_all`` (one array write and a heapify) and ``rekey`` (the batch at once)
+    leave the heap as a push per member would: the same members and levels, popped in
+    the same order; keys beyond int64 (a level near 2^60 above 8 or 12 bits of id) take
+    Python ints."""
     from hotset.policy.keyed_heap import KeyedHeap
 
-    a, b = KeyedHeap(bits), KeyedHeap(bits)
-    for h in (a, b):
-        h.push_many(list(members), list(members.values()))
+    a, b, c = (KeyedHeap(1 << bits) for _ in range(3))
+    for h in (a, b, c):
+        for i, level in members.items():
+            h.push(i, level)
+    ids = np.array(sorted(members), np.int64)
     new = np.asarray(levels[: len(members)], np.int64)
     a.rekey_all(new)
-    b.push_many(list(b.live), new.tolist())
-    assert a.live == b.live
-    assert [a.pop() for _ in range(len(members))] == [b.pop() for _ in range(len(members))]
+    for i, level in zip(ids.tolist(), new.tolist(), strict=True):
+        b.push(i, level)
+    outsiders = np.setdiff1d(np.arange(300), ids)[:5]  # not members: left out
+    c.rekey(np.concatenate([ids, outsiders]), np.concatenate([new, np.zeros(5, np.int64)]))
+    for h in (a, c):
+        assert np.array_equal(h.levels, b.levels) and len(h) == len(b) == len(members)
+    popped = [b.pop() for _ in range(len(members))]
+    assert [a.pop() for _ in range(len(members))] == popped == [c.pop() for _ in popped]
+    assert len(a) == len(c) == 0 and (a.levels < 0).all()
+
+
+HEAP_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(0, 63), st.integers(0, 1 << 58)),
+        st.tuples(st.just("push"), st.integers(0, 63), st.integers(0, 3)),  # ties
+        st.tuples(st.just("drop"), st.integers(0, 63)),
+        st.tuples(st.just("pop")),
+        st.tuples(st.sampled_from(["put back", "settle"]), st.integers(1, 4)),
+        st.tuples(st.just("rekey"), st.sets(st.integers(0, 63), max_size=12), st.integers(0, 9)),
+        st.tuples(st.just("rekey all"), st.integers(0, 9)),
+        st.tuples(st.just("copy")),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    HEAP_OPS,
+    st.sampled_from([64, 1 << 14]),
+    st.sampled_from([-(1 << 20), 3, 1024]),
+    st.sampled_from([np.int64, np.int32]),
+)
+def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype):
+    """Every operation leaves the heap's members and levels those of a plain dict, and
+    pops come out by (level, id); with a negative slack every push compacts, by a scan
+    of the levels (64 ids) or by testing the heap's entries (16,384 ids, a few entries),
+    and a copy (as a checkpoint makes) holds the same; int32 levels (iCACHE's) too."""
+    import copy
+
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    h, ref = KeyedHeap(num_ids, dtype), {}
+    h.slack = slack
+    top = np.iinfo(dtype).max
+    for op in ops:
+        if op[0] == "push":
+            h.push(op[1], op[2] % top)
+            ref[op[1]] = op[2] % top
+        elif op[0] == "drop":
+            h.drop(op[1])
+            ref.pop(op[1], None)
+        elif op[0] == "pop" and ref:
+            low = min(ref, key=lambda i: (ref[i], i))
+            assert h.pop() == low
+            del ref[low]
+        elif op[0] in ("put back", "settle"):
+            taken = [h.take() for _ in range(op[1])]
+            taken = [i for i in taken if i >= 0]
+            assert taken == sorted(ref, key=lambda i: (ref[i], i))[: len(taken)]
+            if op[0] == "put back":
+                h.put_back(taken)
+            else:
+                h.settle()
+                for i in taken:
+                    del ref[i]
+        elif op[0] == "rekey":
+            ids = np.array(sorted(op[1]), np.int64)
+            h.rekey(ids, ids % 5 + op[2])
+            ref.update({i: i % 5 + op[2] for i in op[1] if i in ref})
+        elif op[0] == "rekey all":
+            h.rekey_all(h.members() % 3 + op[1])
+            ref = {i: i % 3 + op[1] for i in ref}
+        elif op[0] == "copy":
+            h = copy.deepcopy(h)
+        assert len(h) == len(ref) and h.members().tolist() == sorted(ref)
+        assert [h.live[i] for i in sorted(ref)] == [ref[i] for i in sorted(ref)]
+        if slack < 0 and op[0] in ("push", "rekey"):  # compacted: no stale entry left
+            assert sorted(h.heap) == sorted(h.key(i, level) for i, level in ref.items())
+        assert all((i in h) == (i in ref) for i in range(64))
+    assert [h.pop() for _ in range(len(ref))] == sorted(ref, key=lambda i: (ref[i], i))
+    assert h.peek() is None

@@ -152,10 +152,33 @@ def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
     assert np.array_equal(back["a"], state["a"]) and back["a"].dtype == np.uint32
     assert back["a"].flags.writeable and back["b"] == state["b"] and back["c"] == {1, 2}
     assert back["d"].random() == random.Random(4).random()
-    assert back["e"].live == {3: heap.key(3, 5)} and back[7] == (1, "x") and back["f"].size == 0
+    assert back["e"].members().tolist() == [3] and back["e"].live[3] == 5 and len(back["e"]) == 1
+    assert back[7] == (1, "x") and back["f"].size == 0
     assert back["g"] == [b"", b"ab"]
     with pytest.raises(ConfigError, match=r"state\.g: a builtins.object cannot be saved"):
         to_safe({"g": object()})
     crafted = {"x": {"__hotset__": "object", "class": "Popen", "vars": {}}}
     with pytest.raises(ConfigError, match="not one hotset writes"):
         from_safe(crafted)
+
+
+def test_a_heap_saved_as_a_dict_of_keys_loads_and_a_crafted_one_is_refused():
+    """A ``KeyedHeap`` saved before its levels were an array (``live``: id -> key) loads
+    with the same members and order; one whose members or levels are not ids and an int64
+    column gets a ``ConfigError``, not a crash later."""
+    from hotset.checkpoint import TAG, from_safe, to_safe
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    def saved(**vars_):
+        return {TAG: "object", "class": "KeyedHeap", "vars": to_safe(vars_)}
+
+    keys = {5: 7 << 4 | 5, 2: 9 << 4 | 2, 11: 7 << 4 | 11}
+    old = saved(bits=4, mask=15, heap=sorted(keys.values()), live=keys, _taken={})
+    heap = from_safe(old)
+    assert heap.members().tolist() == [2, 5, 11] and len(heap) == 3
+    assert [heap.pop() for _ in range(3)] == [5, 11, 2]
+    with pytest.raises(ConfigError, match="not ids below 2\\^4"):
+        from_safe(saved(bits=4, mask=15, heap=[], live={99: 99}, _taken={}))
+    with pytest.raises(ConfigError, match="levels are not a 1-D int32 or int64 array"):
+        from_safe(saved(bits=4, mask=15, heap=[], levels=[1, 2], count=0, _taken={}))
+    assert isinstance(from_safe(to_safe(KeyedHeap(9))), KeyedHeap)

@@ -27,7 +27,8 @@ _REGISTERED: dict[str, type] = {}
 
 def register_state_class(cls: type) -> type:
     """Let a state hold instances of ``cls`` (a class of your own sampler or policy):
-    saved as its ``vars``, rebuilt without ``__init__``. Usable as a decorator."""
+    saved as its ``vars`` (or what its ``__getstate__`` gives), rebuilt without
+    ``__init__`` (by its ``__setstate__``, if it has one). Usable as a decorator."""
     _REGISTERED[cls.__name__] = cls
     return cls
 
@@ -86,7 +87,9 @@ def to_safe(obj: Any, path: str = "state") -> Any:
         return {TAG: "hnswlib", "state": to_safe(obj.__getstate__()[0], f"{path}.index")}
     name = type(obj).__name__
     if _classes().get(name) is type(obj):
-        return {TAG: "object", "class": name, "vars": to_safe(vars(obj), path)}
+        own = type(obj).__getstate__ is not object.__getstate__
+        return {TAG: "object", "class": name,
+                "vars": to_safe(obj.__getstate__() if own else vars(obj), path)}  # fmt: skip
     raise ConfigError(f"{path}: a {type(obj).__module__}.{name} cannot be saved in a state")
 
 
@@ -132,5 +135,11 @@ def from_safe(obj: Any) -> Any:
         raise ConfigError(f"a saved state names {kind!r} {obj.get('class', '')}: not one "
                           "hotset writes; was this state saved by hotset?")  # fmt: skip
     out = cls.__new__(cls)
-    vars(out).update(from_safe(obj["vars"]))
+    state = from_safe(obj["vars"])
+    if not isinstance(state, dict):
+        raise ConfigError(f"a saved {cls.__name__} holds a {type(state).__name__}, not its vars")
+    if hasattr(out, "__setstate__"):
+        out.__setstate__(state)
+    else:
+        vars(out).update(state)
     return out

@@ -565,7 +565,7 @@ class Planner:
 
     def _resident(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` the cache holds (lock held)."""
-        return np.fromiter((i in self.policy for i in ids.tolist()), bool, ids.size)
+        return self.policy.resident_mask(ids)
 
     def _track(
         self, reads: np.ndarray, admitted: np.ndarray, fetch: np.ndarray, deletes: np.ndarray

@@ -102,7 +102,13 @@ class Policy(ABC):
     @property
     @abstractmethod
     def _resident(self) -> Container[int]:
-        """The resident ids, as a container with fast ``in`` and ``len``."""
+        """The resident ids, as a container with fast ``in`` and ``len`` (or a
+        ``KeyedHeap``, whose ``live`` levels the miss path reads instead)."""
+
+    def resident_mask(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` is resident."""
+        resident = self._resident
+        return np.fromiter((i in resident for i in np.asarray(ids).tolist()), bool, len(ids))
 
     # -- the miss path, once -------------------------------------------------------------
     def _prepare(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
@@ -138,13 +144,14 @@ class Policy(ABC):
         Steps a policy does not override cost no call."""
         sizes, cap, used = self._sizes, self.capacity_bytes, self.used
         resident, insert = self._resident, self._insert
+        live = getattr(resident, "live", None)  # a KeyedHeap's levels: -1, not a member
         cls, base = type(self), Policy
         on_hit = self._on_hit if cls._on_hit is not base._on_hit else None
         wants = self._wants if cls._wants is not base._wants else None
         victim = self._victim if cls._victim is not base._victim else None
         pinned = self.pinned if self._holds[0] else None
         for p, i in enumerate(ids):
-            if on_hit(p, i) if on_hit else i in resident:
+            if on_hit(p, i) if on_hit else (live[i] >= 0 if live is not None else i in resident):
                 hits.append(True)
                 continue
             hits.append(False)
@@ -185,11 +192,12 @@ class Policy(ABC):
         admitted: list[int] = []
         evicted: list[int] = []
         self._access(arr.tolist(), hits, admitted, evicted)
-        resident = self._resident
+        admitted = np.fromiter(dict.fromkeys(admitted), np.int64)
+        evicted = np.fromiter(dict.fromkeys(evicted), np.int64)
         return AccessResult(
             hits=np.array(hits, dtype=bool),
-            admitted=np.array([i for i in dict.fromkeys(admitted) if i in resident], np.int64),
-            evicted=np.array([i for i in dict.fromkeys(evicted) if i not in resident], np.int64),
+            admitted=admitted[self.resident_mask(admitted)],
+            evicted=evicted[~self.resident_mask(evicted)],
         )
 
     # -- residents ---------------------------------------------------------------------

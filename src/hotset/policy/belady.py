@@ -44,12 +44,12 @@ class BeladyPolicy(HeapPolicy):
         seq = np.asarray(sequence, dtype=np.int64)
         never = seq.size + 1
         self._seq, self._next, self._pos = seq.tolist(), next_use(seq, never).tolist(), 0
-        resident = np.fromiter(self._heap.live, dtype=np.int64, count=len(self._heap))
+        resident = self._heap.members()
         uniq, first = np.unique(seq, return_index=True)
         where = np.searchsorted(uniq, resident)
         found = (where < uniq.size) & (uniq[np.minimum(where, uniq.size - 1)] == resident)
         nxt = np.where(found, first[np.minimum(where, uniq.size - 1)], never)
-        self._heap = KeyedHeap(self._heap.bits)
+        self._heap = KeyedHeap(self.num_samples)
         for i, n in zip(resident.tolist(), nxt.tolist(), strict=True):
             self._heap.push(i, FAR - n)
 
@@ -65,7 +65,7 @@ class BeladyPolicy(HeapPolicy):
         return FAR - self._next[self._pos + p]  # its next use from here
 
     def _on_hit(self, p: int, i: int) -> bool:
-        if i in self._heap.live:
+        if i in self._heap:
             self._heap.push(i, self._level(p, i))
             return True
         return False

@@ -106,7 +106,6 @@ class ICachePolicy(Policy):
         self.package_bytes = int(package_bytes)
         self.rebuild_per_batch = int(rebuild_per_batch)
         self.package_threads = bool(package_threads)
-        self._bits = max(1, (self.num_samples - 1).bit_length())
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
         # the L-samples, put in a random order as packages take them, and how far they
@@ -118,7 +117,7 @@ class ICachePolicy(Policy):
         self._hot: bytes = self.is_h.tobytes()
         self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
         self._h: dict[int, None] = {}  # H-cache residents
-        self.heap = KeyedHeap(self._bits)
+        self.heap = KeyedHeap(self.num_samples, np.int32)
         self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
         self._rebuild = 0  # residents the paper's rebuild has left to re-insert
         self.h_used = 0
@@ -271,7 +270,7 @@ class ICachePolicy(Policy):
         self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int32)
         if self._h:  # the heap turns read-only; the shadow gets the new values
             ids = np.fromiter(self._h, np.int64, len(self._h))
-            self.shadow = KeyedHeap(self._bits)
+            self.shadow = KeyedHeap(self.num_samples, np.int32)
             self.shadow.rekey_all(self._level[ids], ids)
             self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped

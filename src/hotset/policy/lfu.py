@@ -25,7 +25,7 @@ class LFUPolicy(HeapPolicy):
         self._freq[i] = f
         self._tick += 1
         self._count = f << TICK_BITS | self._tick
-        if i in self._heap.live:
+        if i in self._heap:
             self._heap.push(i, self._count)
             return True
         return False

@@ -39,19 +39,14 @@ class PriorityPolicy(HeapPolicy):
             )
         self.board = board
 
-    def _levels(self, ids: np.ndarray) -> list[int]:
+    def _levels(self, ids: np.ndarray) -> np.ndarray:
         """Quantised scores of ``ids`` (what the heap orders by)."""
-        return (np.maximum(self.board.score[ids], 0.0) * SCALE).astype(np.int64).tolist()
+        return (np.maximum(self.board.score[ids], 0.0) * SCALE).astype(np.int64)
 
     def scores_updated(self, ids: np.ndarray) -> None:
         """Re-key the residents among ``ids`` with their new scores (the 'adaptive' part)."""
         ids = np.asarray(ids, np.int64)
-        heap = self._heap
-        live = heap.live
-        mine = [p for p, i in enumerate(ids.tolist()) if i in live]
-        if mine:
-            ids = ids[mine]
-            heap.push_many(ids.tolist(), self._levels(ids))
+        self._heap.rekey(ids, self._levels(ids))
 
     def min_score(self) -> float | None:
         """The lowest (quantised) score among residents (``None`` when empty)."""
@@ -86,7 +81,7 @@ class PriorityPolicy(HeapPolicy):
                 f"policy {self.name!r} needs importance scores: use an importance "
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
-        self._q, self._may = self._levels(ids), self._may_replace(ids).tolist()
+        self._q, self._may = self._levels(ids).tolist(), self._may_replace(ids).tolist()
 
     def _victim(self, p: int, i: int) -> int:
         top = self._heap.peek()

@@ -14,7 +14,7 @@ worker reads it.
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
@@ -62,14 +62,12 @@ class RefCntPolicy(HeapPolicy):
         (repeats allowed: a key that did not change pushes nothing)."""
         for member in self._family:
             heap = member._heap
-            if not heap.live:
+            if not heap.count:
                 continue
-            if ids.size >= len(heap.live):  # most residents: all of them at once
-                heap.rekey_all(member._keys(np.fromiter(heap.live, np.int64, len(heap.live))))
-                continue
-            mine = [i for i in ids.tolist() if i in heap.live]
-            if mine:
-                heap.push_many(mine, member._keys(np.asarray(mine, np.int64)).tolist())
+            if ids.size >= heap.count:  # most residents: all of them at once
+                heap.rekey_all(member._keys(heap.members()))
+            else:
+                heap.rekey(ids, member._keys(ids))
 
     def _top(self) -> tuple[int, int] | None:
         """(id, key) of the resident with the lowest key, re-keying on the way those whose
@@ -110,21 +108,22 @@ class RefCntPolicy(HeapPolicy):
         reference) in one loop: counts and pins read through memoryviews, the heap's
         entries handled in place; a pinned resident is never a victim since its key
         outranks every count. The same decisions, without a method call per step."""
-        top = self._top
         sizes, cap, used = self._sizes, self.capacity_bytes, self.used
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
         heap = self._heap
         live, h, bits, mask = heap.live, heap.heap, heap.bits, heap.mask
+        members = heap.count
         for i in ids:
             r = refs[i]
             if r > 0:
                 r -= 1  # this read consumes one reference
                 refs[i] = r
-            if i in live:
-                k = (r + PINNED if pins[i] else r) << bits | i
-                if live[i] != k:
-                    live[i] = k
-                    heappush(h, k)
+            level = r + PINNED if pins[i] else r
+            was = live[i]
+            if was >= 0:
+                if was != level:
+                    live[i] = level
+                    heappush(h, level << bits | i)
                 hits.append(True)
                 continue
             hits.append(False)
@@ -134,33 +133,46 @@ class RefCntPolicy(HeapPolicy):
             if used + s > cap:
                 victims = []
                 while used + s > cap:
-                    if top() is None or h[0] >> bits > r:  # ties go to the newcomer
+                    while h:  # ``_top``: the top re-keyed while its count or pin went up
+                        k = h[0]
+                        j = k & mask
+                        keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
+                        if live[j] != keyed:
+                            heappop(h)  # stale entry
+                        elif now != keyed:
+                            live[j] = now
+                            heapreplace(h, now << bits | j)
+                        else:
+                            break
+                    if not h or h[0] >> bits > r:  # ties go to the newcomer
                         break
                     k = heappop(h)
                     j = k & mask
-                    del live[j]
+                    live[j] = -1
                     victims.append(k)
                     used -= sizes[j]
                 if used + s > cap:  # the rest is worth more than i: put the victims back
                     for k in victims:
                         j = k & mask
-                        live[j] = k
+                        live[j] = k >> bits
                         heappush(h, k)
                         used += sizes[j]
                     continue
                 evicted.extend(k & mask for k in victims)
-            k = (r + PINNED if pins[i] else r) << bits | i
-            live[i] = k
-            heappush(h, k)
+                members -= len(victims)
+            live[i] = level
+            heappush(h, level << bits | i)
+            members += 1
             used += s
             admitted.append(i)
         self.used = used
+        heap.count = members
         heap.compact()
 
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs
         refs[i] = refs[i] - 1 if refs[i] > 0 else 0  # this read consumes one reference
-        if i in self._heap.live:
+        if i in self._heap:
             self._heap.push(i, self._key(i))
             return True
         return False
