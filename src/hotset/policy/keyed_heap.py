@@ -15,7 +15,7 @@ all). Levels are >= 0.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -197,9 +197,6 @@ class KeyedHeap:
 
     def __contains__(self, i: int) -> bool:
         return self.live[i] >= 0
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.members().tolist())
 
     def __len__(self) -> int:
         return self.count
