@@ -37,7 +37,9 @@ def test_stable_order_is_the_stable_argsort_of_float32_values(values):
     """Losses come as float32: ties (repeats, -0.0 and 0.0, NaNs of any sign) keep their
     positions' order, as numpy's stable argsort leaves them."""
     values = np.asarray(values, np.float32).astype(np.float64)
-    assert stable_order(values).tolist() == np.argsort(values, kind="stable").tolist()
+    want = np.argsort(values, kind="stable").tolist()
+    assert stable_order(values).tolist() == want
+    assert stable_order(values, block=7).tolist() == want  # keys made 7 at a time
 
 
 @settings(max_examples=100, deadline=None)
@@ -49,7 +51,7 @@ def test_stable_order_of_float64_values_differs_only_between_near_ties(values):
     in their last ``b`` bits only (``b``: the bits of the positions): by less than
     ``2**(b - 52)`` of their size, or ``2**b`` of the smallest subnormal near zero."""
     values = np.asarray(values, np.float64)
-    got = values[stable_order(values).astype(np.int64)]
+    got = values[stable_order(values, block=5).astype(np.int64)]
     want = values[np.argsort(values, kind="stable")]
     b = max(1, (values.size - 1).bit_length())
     bound = np.maximum(np.abs(got), np.abs(want)) * 2.0 ** (b - 51) + 2.0 ** (b - 1074)

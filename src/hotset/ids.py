@@ -22,7 +22,7 @@ def first_seen(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     return unique, first[unique]
 
 
-def stable_order(values: np.ndarray) -> np.ndarray:
+def stable_order(values: np.ndarray, block: int = 1 << 18) -> np.ndarray:
     """``np.argsort(values, kind="stable")`` for float ``values`` (as uint64), about 4x
     faster at 14M: each value's bits, turned to order as the floats do, keep their top
     ``64 - b`` bits above the value's position (``b`` bits, enough for ``n``), and numpy
@@ -31,21 +31,33 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     for values that come from float32 (a training loss); float64 values closer than
     ``2**(b - 52)`` relative tie (``2**-28`` at 14M; near zero, subnormals within
     ``2**b`` of the smallest one). -0.0 equals 0.0 and NaNs go last,
-    as in numpy's sort. Beyond ``2**29`` values: ``np.argsort``."""
+    as in numpy's sort. Beyond ``2**29`` values: ``np.argsort``. The keys are made
+    ``block`` values at a time in buffers of that size: the only array of ``n`` is the
+    result (14M values: no 112 MB temporaries to fault in)."""
     n = values.size
     b = max(1, (n - 1).bit_length())
     if b > 29:  # fewer than 35 bits left: float32's sign, exponent and fraction
         return np.argsort(values, kind="stable").astype(np.uint64)
-    keys = np.asarray(values, np.float64) + 0.0  # a copy; -0.0 becomes 0.0
-    keys[np.isnan(keys)] = np.nan  # one NaN, positive: above +inf
-    u = keys.view(np.uint64)
-    flip = u >> np.uint64(63)  # negatives: every bit flipped; the rest: the sign bit set
-    np.negative(flip, out=flip)
-    flip |= np.uint64(1 << 63)
-    u ^= flip
-    u >>= np.uint64(b)
-    u <<= np.uint64(b)
-    u |= np.arange(n, dtype=np.uint64)
-    u.sort()
-    u &= np.uint64((1 << b) - 1)
-    return u
+    out = np.empty(n, np.uint64)
+    block = max(1, min(int(block), n))
+    keys, flip = np.empty(block), np.empty(block, np.uint64)
+    nan = np.empty(block, bool)
+    place = np.arange(block, dtype=np.uint64)
+    shift, sign = np.uint64(b), np.uint64(1 << 63)
+    for start in range(0, n, block):
+        m = min(block, n - start)
+        k, f, u = keys[:m], flip[:m], out[start : start + m]
+        np.add(values[start : start + m], 0.0, out=k)  # -0.0 becomes 0.0
+        k[np.isnan(k, out=nan[:m])] = np.nan  # one NaN, positive: above +inf
+        bits = k.view(np.uint64)
+        np.right_shift(bits, np.uint64(63), out=f)
+        np.negative(f, out=f)  # negatives: every bit flipped; the rest: the sign bit set
+        f |= sign
+        np.bitwise_xor(bits, f, out=u)
+        u >>= shift
+        u <<= shift
+        np.add(place[:m], np.uint64(start), out=f)
+        u |= f
+    out.sort()
+    out &= np.uint64((1 << b) - 1)
+    return out

@@ -48,7 +48,9 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     """The H-list a cache of ``capacity`` bytes holds (III-A's overhead example: a 20%
     cache, 20% of the samples): the most important samples whose bytes together fit,
     equal importance in a random order."""
-    importance = np.asarray(importance, np.float64)
+    importance = np.asarray(importance)
+    if importance.dtype.kind != "f":  # float32 stays: the same order, half the bytes
+        importance = importance.astype(np.float64)
     sizes = np.asarray(sizes, np.int64)
     n = importance.size
     tie = np.random.default_rng(seed).random(n)
@@ -58,7 +60,7 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     # smallest tie-breaks (a partition, not a sort: at the start most ids tie, unscored);
     # the full sort when they do not fill the capacity
     k = int(1.25 * capacity / max(1.0, float(sizes.mean()))) + 1 if n else 0
-    ids = np.arange(n)
+    ids = None
     if k < n:
         cut = np.partition(importance, n - k)[n - k]
         above, at = np.flatnonzero(importance > cut), np.flatnonzero(importance == cut)
@@ -67,8 +69,13 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
             at = at[np.argpartition(tie[at], m)[:m]]
         ids = np.concatenate([above, at])
         if sizes[ids].sum() <= capacity:
-            ids = np.arange(n)
-    order = ids[np.lexsort((tie[ids], -importance[ids]))]
+            ids = None
+    if ids is None:
+        ids = np.arange(n)
+    # by importance, down, then by tie-break: ``np.lexsort((tie, -importance))``'s order
+    # as two stable sorts (about 3x faster)
+    ids = ids[np.argsort(tie[ids], kind="stable")]
+    order = ids[np.argsort(-importance[ids], kind="stable")]
     hot[order[np.cumsum(sizes[order]) <= capacity]] = True
     return hot
 
@@ -252,7 +259,9 @@ class ICachePolicy(Policy):
             self._due = set(np.asarray(hints["due"], np.int64).tolist())
         if "hot" not in hints:
             return
-        imp = np.asarray(hints["importance"], np.float64)
+        imp = np.asarray(hints["importance"])
+        if imp.dtype.kind != "f":  # float32 (IIS's percentiles) stays: quantised alike
+            imp = imp.astype(np.float64)
         if hints["hot"] is None and imp.shape == (self.num_samples,):
             hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, self._rng.getrandbits(32))
         else:

@@ -62,6 +62,9 @@ class DependentSampling:
         self.dtype = index_dtype(self.universe)
         self._code = "i" if self.dtype == np.int32 else "q"  # the buckets' array type
         self.pos = np.zeros(self.universe, self.dtype)  # index in its bucket
+        # the same columns, read and written one element at a time by a round (a
+        # memoryview's item is a Python int: no numpy scalar per access)
+        self._mask_mv, self._pos_mv = memoryview(self.mask), memoryview(self.pos)
         # need mask -> its ids (no empty buckets), each an ``array``: 4 B per id, and
         # Python-speed swap-remove and append in a round
         self.buckets: dict[int, array] = {}
@@ -175,24 +178,25 @@ class DependentSampling:
 
     def _clear(self, e: int, bits: int) -> None:
         """Element ``e`` was read by the jobs of ``bits``: move it to its new bucket."""
-        old = int(self.mask[e])
-        lst = self.buckets[old]
-        k = int(self.pos[e])
+        mask, pos, buckets = self._mask_mv, self._pos_mv, self.buckets
+        old = mask[e]
+        lst = buckets[old]
+        k = pos[e]
         last = lst.pop()
         if last != e:
             lst[k] = last
-            self.pos[last] = k
+            pos[last] = k
         if not lst:
-            del self.buckets[old]
+            del buckets[old]
             self._version += 1
         new = old & ~bits
-        self.mask[e] = new
+        mask[e] = new
         if new:
-            dst = self.buckets.get(new)
+            dst = buckets.get(new)
             if dst is None:
-                dst = self.buckets[new] = array(self._code)
+                dst = buckets[new] = array(self._code)
                 self._version += 1
-            self.pos[e] = len(dst)
+            pos[e] = len(dst)
             dst.append(e)
 
     # -- the tree ------------------------------------------------------------------------
@@ -203,9 +207,11 @@ class DependentSampling:
         live = (j for j in names if self.left[j] > 0)
         return sorted(live, key=lambda j: (self.left[j], self.bit[j]))
 
-    def _levels(self, order: list[Hashable]) -> tuple[list[int], list[list[int]], list[list[int]]]:
-        """For jobs in ``order``: the job bits, and per level l the buckets of vertex V_l
-        and of J_l's leaf (bucket masks). Kept while the order and the buckets stay."""
+    def _levels(self, order: list[Hashable]) -> tuple[list[int], list[list[array]], ...]:
+        """For jobs in ``order``: the job bits, and per level l the buckets (their id
+        arrays) of vertex V_l and of J_l's leaf. Kept while the order and the set of
+        buckets stay (a bucket's array changes in place; one made or dropped bumps
+        ``_version``)."""
         key, version, levels = self._cached_levels
         if version == self._version and key == tuple(order):
             return levels
@@ -215,9 +221,9 @@ class DependentSampling:
         for k in range(m - 1, -1, -1):
             suffix[k] = suffix[k + 1] | bits[k]
         part = suffix[0]
-        vertex: list[list[int]] = [[] for _ in range(m)]
-        leaf: list[list[int]] = [[] for _ in range(m)]
-        for mask in self.buckets:
+        vertex: list[list[array]] = [[] for _ in range(m)]
+        leaf: list[list[array]] = [[] for _ in range(m)]
+        for mask, ids in self.buckets.items():
             c = mask & part
             if not c:
                 continue
@@ -227,10 +233,10 @@ class DependentSampling:
                     t = k
                     break
             if t < m:
-                vertex[t].append(mask)
+                vertex[t].append(ids)
             for k in range(min(t, m)):  # J_k needs it but does not share it with all of G_k
                 if c & bits[k]:
-                    leaf[k].append(mask)
+                    leaf[k].append(ids)
         self._cached_levels = (tuple(order), self._version, (bits, vertex, leaf))
         return bits, vertex, leaf
 
@@ -241,24 +247,26 @@ class DependentSampling:
         _, vertex, leaf = self._levels(order)
         out = []
         for kind, groups in (("intersection", vertex), ("difference", leaf)):
-            for k, masks in enumerate(groups):
-                ids = [np.frombuffer(self.buckets[mk], self.dtype) for mk in masks]
+            for k, buckets in enumerate(groups):
+                ids = [np.frombuffer(b, self.dtype) for b in buckets]
                 ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
                 jobs_k = tuple(order[k:]) if kind == "intersection" else (order[k],)
                 out.append(Vertex(kind, jobs_k, np.sort(ids)))
         return out
 
-    def _pick(self, masks: list[int], total: int | None = None) -> int:
-        """A uniform element of the union of the buckets ``masks`` (``total`` ids)."""
-        buckets = self.buckets
+    def _pick(self, buckets: list[array], total: int | None = None) -> int:
+        """A uniform element of the union of ``buckets`` (``total`` ids)."""
         if total is None:
-            total = sum(len(buckets[m]) for m in masks)
-        r = self._rng.randrange(total)
-        for m in masks:
-            lst = buckets[m]
-            if r < len(lst):
-                return lst[r]
-            r -= len(lst)
+            total = sum(map(len, buckets))
+        # ``randrange(total)``'s draw (rejection from ``getrandbits``), without its calls
+        bits, below = total.bit_length(), self._rng.getrandbits
+        r = below(bits)
+        while r >= total:
+            r = below(bits)
+        for ids in buckets:
+            if r < len(ids):
+                return ids[r]
+            r -= len(ids)
         raise AssertionError("unreachable")
 
     # -- sampling ------------------------------------------------------------------------
@@ -280,8 +288,8 @@ class DependentSampling:
     def _round(self, order: list[Hashable]) -> dict[Hashable, int]:
         """A round over ``order`` (``_sorted``'s: jobs with something left)."""
         bits, vertex, leaf = self._levels(order)
-        buckets, left, rand = self.buckets, self.left, self._rng.random
-        sizes = [sum(len(buckets[mk]) for mk in ms) for ms in vertex]
+        left, rand = self.left, self._rng.random
+        sizes = [sum(map(len, v)) for v in vertex]
         out: dict[Hashable, int] = {}
         reads: list[tuple[int, int]] = []  # (element, bits of the jobs that took it)
         k, s, s_level, m = 0, 0, 0, len(order)  # first undecided job; S = V_0..V_{s_level-1}
@@ -295,7 +303,8 @@ class DependentSampling:
                 c = denom  # line 13
                 took += 1
             if took > k:  # J_k .. J_{took-1} share one element of I (Algorithm 2)
-                e = self._pick([mk for ms in vertex[s_level : k + 1] for mk in ms], inter)
+                i_buckets = vertex[k] if s_level == k else sum(vertex[s_level : k + 1], [])
+                e = self._pick(i_buckets, inter)
                 group = 0
                 for q in range(k, took):
                     out[order[q]] = e
@@ -306,7 +315,7 @@ class DependentSampling:
                 out[order[k]] = e
                 reads.append((e, bits[k]))
                 took = k + 1
-            s = sum(sizes[: k + 1])  # line 20: S = S + I
+            s += inter  # line 20: S = S + I
             s_level, k = k + 1, took
         for e, group in reads:  # after the round: the tree stays fixed while it is walked
             self._clear(e, group)

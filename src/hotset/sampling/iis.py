@@ -89,10 +89,16 @@ class IISSampler(Sampler):
         seen = self.board.seen
         pct = np.ones(self.num_samples, np.float32)
         n = int(seen.sum())
-        if n > 1:
-            rank = np.empty(n, np.float32)  # places in the stable order: a sort, a scatter
-            rank[stable_order(self.board.loss[seen])] = np.arange(n) / (n - 1)
-            pct[seen] = rank
+        if n > 1:  # places in the stable order: a sort, a scatter (in blocks: no temporaries
+            every = n == self.num_samples  # of n); every id seen: straight into ``pct``
+            rank = pct if every else np.empty(n, np.float32)
+            order = stable_order(self.board.loss if every else self.board.loss[seen])
+            block = 1 << 18
+            for start in range(0, n, block):
+                places = np.arange(start, min(n, start + block), dtype=np.float64)
+                rank[order[start : start + block]] = places / (n - 1)
+            if not every:
+                pct[seen] = rank
         return pct
 
     def full_pass(self, epoch: int) -> bool:
@@ -107,12 +113,13 @@ class IISSampler(Sampler):
             rng = np.random.default_rng([self.seed, epoch])
             pct = self.percentiles()
             due = self.coverage.due(epoch)
+            dtype = index_dtype(self.num_samples)  # the order's: permuted as it is kept
             if self.full_pass(epoch):
-                selected = np.arange(self.num_samples)
+                selected = np.arange(self.num_samples, dtype=dtype)
             else:
                 keep = rng.random(self.num_samples) < pct**self.keep_exponent
                 keep[due] = True
-                selected = np.flatnonzero(keep)
+                selected = np.flatnonzero(keep).astype(dtype)
             if not self.board.seen.any():  # nothing known yet: every sample is an H-sample
                 hot = np.ones(self.num_samples, bool)
             elif self.h_fraction is None:
@@ -120,8 +127,7 @@ class IISSampler(Sampler):
             else:
                 hot = pct >= 1.0 - self.h_fraction
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            order = rng.permutation(selected)  # two epochs kept: 4 B per id each in int32
-            self._orders[epoch] = order.astype(index_dtype(self.num_samples), copy=False)
+            self._orders[epoch] = rng.permutation(selected)  # two kept: 4 B per id each
             self._hints = {
                 epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}
             }
