@@ -354,9 +354,12 @@ class ICachePolicy(Policy):
     # -- accesses --------------------------------------------------------------------
     def _pop_fresh(self) -> int | None:
         """A random L-cache resident not used this epoch that is still an L-sample."""
-        fresh, l_res, is_h, rng = self._fresh, self._l, self._hot, self._rng
+        fresh, l_res, is_h, below = self._fresh, self._l, self._hot, self._rng.getrandbits
         while fresh:
-            k = rng.randrange(len(fresh))
+            n = len(fresh)  # k: ``randrange(n)``'s draw (rejection from ``getrandbits``)
+            k, bits = n, n.bit_length()
+            while k >= n:
+                k = below(bits)
             fresh[k], fresh[-1] = fresh[-1], fresh[k]
             j = fresh.pop()
             if l_res.get(j) is False and not is_h[j]:
@@ -371,12 +374,10 @@ class ICachePolicy(Policy):
         ids_list = np.asarray(ids, np.int64).tolist()
         served, hits, sub, admitted = [], [], [], []
         h, l_res, is_h = self._h, self._l, self._hot
+        freq_h = 0
         for i in ids_list:
             hot = is_h[i]
-            if hot:
-                self.freq_h += 1
-            else:
-                self.freq_l += 1
+            freq_h += hot
             if i in h or i in l_res:
                 served.append(i)
                 hits.append(True)
@@ -405,6 +406,8 @@ class ICachePolicy(Policy):
             served.append(i if j is None else j)
             hits.append(j is not None)
             sub.append(j is not None)
+        self.freq_h += freq_h
+        self.freq_l += len(ids_list) - freq_h
         self.rebuild_step(self.rebuild_per_batch)
         self.used = self.h_used + self.l_used
         evicted = [i for i in dict.fromkeys(self._evict_next) if i not in h and i not in l_res]
