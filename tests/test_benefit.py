@@ -131,6 +131,36 @@ def test_partitions_keep_within_their_bytes_and_one_copy(kind, batches, resize_t
             assert sorted(policy.cached_ids().tolist()) == np.flatnonzero(pp.owner == p).tolist()
 
 
+@pytest.mark.parametrize("kind", ["refcnt", "lfu"])
+def test_the_template_keeps_no_heap_of_its_own(kind):
+    """The partitions' template (capacity 0) never holds a sample, so a heap policy's
+    template keeps no levels array: one partition over n ids costs the columns (sizes 8,
+    owner 4, pins 4, RefCnt's references 8 B per id) and the partition's heap (8), not
+    a second heap (8 more). The template refuses to be made from a policy with bytes."""
+    import tracemalloc
+
+    from hotset.policy.base import make_policy
+
+    n = 200_000
+    tracemalloc.start()
+    try:
+        pp = PartitionedPolicy(kind, n)
+        pp.add_partition(100)
+        per_id = tracemalloc.get_traced_memory()[0] / n
+    finally:
+        tracemalloc.stop()
+    assert per_id < {"refcnt": 34, "lfu": 42}[kind]  # 32.5 and 40.5 B; with it 40.5, 48.5
+    pp.set_sizes(np.arange(n), np.full(n, 10))
+    pp.add_references(np.arange(20), 2)  # the template's counts, its partition's heap
+    pp.pin(np.arange(5), 1)
+    assert pp.access(np.arange(20), 0).admitted.size == 10  # 100 bytes of 10-byte samples
+    pp.pin(np.arange(5), -1)
+    pp.add_references(np.arange(20), -2)
+    assert len(pp) == 10 and len(pp.template) == 0
+    with pytest.raises(ConfigError, match="holds samples"):
+        make_policy(kind, 100, sizes=np.ones(10, np.int64)).hold_nothing()
+
+
 # -- benefit-aware allocation in the coordinator -------------------------------------------
 def test_the_service_divides_its_cache_by_measured_benefit():
     co = JobCoordinator(

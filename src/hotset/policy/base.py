@@ -345,6 +345,13 @@ class Policy(ABC):
         every rank commits the same outcome."""
         return None
 
+    def hold_nothing(self) -> None:
+        """This policy, of capacity 0, will never hold a sample (the template a
+        partitioned cache makes its partitions from): what only residents need is
+        dropped (a heap policy's levels, 8 B per id); an admission then fails loudly."""
+        if self.capacity_bytes or len(self):
+            raise ConfigError(f"policy {self.name!r} holds samples: it cannot hold nothing")
+
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> Policy:
         """Another policy of this kind for a partition of the same cache (a multi-job
         service's per-dataset share); it shares what the kind keeps cache-wide."""

@@ -27,13 +27,18 @@ class KeyedHeap:
     """Members ``id -> level`` over ids ``0 .. num_ids - 1``, the minimum level (then id)
     on top."""
 
-    def __init__(self, num_ids: int, dtype: type = np.int64) -> None:
-        """``dtype``: of the levels; ``np.int32`` halves the array where levels fit it."""
+    def __init__(self, num_ids: int, dtype: type = np.int64, empty: bool = False) -> None:
+        """``dtype``: of the levels; ``np.int32`` halves the array where levels fit it.
+        ``empty``: the heap never holds a member (a partitioned cache's template): its
+        levels are one read-only -1 seen at every id, not an array of ``num_ids``."""
         num_ids = max(1, int(num_ids))
         self.bits = max(1, (num_ids - 1).bit_length())
         self.mask = (1 << self.bits) - 1
         self.heap: list[int] = []
-        self.levels = np.full(num_ids, -1, dtype)  # id -> its live level, -1: none
+        if empty:
+            self.levels = np.broadcast_to(np.array(-1, dtype), (num_ids,))
+        else:
+            self.levels = np.full(num_ids, -1, dtype)  # id -> its live level, -1: none
         self.live = memoryview(self.levels)  # the same, a Python int per read
         self.count = 0  # members
         self._taken: dict[int, int] = {}  # id -> key, popped for an admission not decided
@@ -83,6 +88,8 @@ class KeyedHeap:
     def rekey(self, ids: np.ndarray, levels: np.ndarray) -> None:
         """Re-key the members among ``ids`` (the others are left out) with ``levels``, at
         once: one gather, one write, a push per level that changed, one compaction."""
+        if not self.count:  # no member to re-key (and an ``empty`` heap writes nothing)
+            return
         ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
         old = self.levels[ids]
         changed = (old >= 0) & (old != levels)
@@ -118,6 +125,9 @@ class KeyedHeap:
         array write and one sort instead of a push per member. ``ids`` (distinct):
         fill an empty heap with these members instead."""
         if ids is None:
+            if not self.count:  # no member (and an ``empty`` heap writes nothing)
+                self.heap = []
+                return
             ids = self.members()
         elif self.count:
             raise ValueError("rekey_all(ids=) fills an empty heap")
@@ -214,6 +224,10 @@ class HeapPolicy(Policy):
     @property
     def _resident(self):
         return self._heap
+
+    def hold_nothing(self) -> None:
+        super().hold_nothing()
+        self._heap = KeyedHeap(self.num_samples, self._heap.levels.dtype, empty=True)
 
     def resident_mask(self, ids: np.ndarray) -> np.ndarray:
         return self._heap.contains(ids)

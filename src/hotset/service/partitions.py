@@ -30,6 +30,7 @@ class PartitionedPolicy:
         self.board = None
         # holds nothing (capacity 0); its partitions share its cache-wide state
         self.template = make_policy(kind, 0, sizes=self._sizes, seed=seed)
+        self.template.hold_nothing()
 
     def add_partition(self, capacity_bytes: int) -> int:
         part = self.template.new_partition(capacity_bytes, self._sizes)
