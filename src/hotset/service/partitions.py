@@ -78,9 +78,15 @@ class PartitionedPolicy:
 
     def set_sizes(self, ids: np.ndarray, sizes: np.ndarray) -> None:
         """Sizes of newly registered ids (checked here: the parts share one column, so
-        after the first writes it the others see no change to check)."""
+        after the first writes it the others see no change to check). Only the ids
+        whose size changes go on to the parts: a job on samples already known (a 14M-id
+        column read once, not once per part) writes nothing."""
         ids, sizes = np.asarray(ids, np.int64), np.asarray(sizes, np.int64)
-        bad = np.flatnonzero((self.sizes[ids] != sizes) & (self.owner[ids] >= 0))
+        if ids.shape != sizes.shape:
+            raise ConfigError(f"set_sizes: {ids.size} ids but {sizes.size} sizes")
+        changed = np.flatnonzero(self.sizes[ids] != sizes)
+        ids, sizes = ids[changed], sizes[changed]
+        bad = np.flatnonzero(self.owner[ids] >= 0)
         if bad.size:
             i, s = int(ids[bad[0]]), int(sizes[bad[0]])
             raise ConfigError(f"sample {i} is cached with {self.sizes[i]} bytes, not {s}")
