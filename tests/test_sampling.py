@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import hotset
 from hotset import ConfigError, make_sampler
+from hotset.sampling import iis
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sources import _images, _write_tar  # noqa: E402
@@ -147,3 +148,8 @@ def test_iis_percentiles_are_the_losses_stable_ranks(losses, unseen):
         ranks = np.argsort(np.argsort(losses, kind="stable"), kind="stable")
         assert np.allclose(pct[:k], ranks / (k - 1))
     assert np.all(pct[k:] == 1.0)
+    block, iis.RANK_BLOCK = iis.RANK_BLOCK, 3  # ranked three at a time: the same
+    try:
+        assert np.array_equal(s.percentiles(), pct)
+    finally:
+        iis.RANK_BLOCK = block

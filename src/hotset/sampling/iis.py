@@ -32,6 +32,9 @@ from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 
+#: losses ranked at a time: the sort keys and the ranks' scatter (``percentiles``)
+RANK_BLOCK = 1 << 18
+
 
 @register_sampler
 class IISSampler(Sampler):
@@ -89,11 +92,12 @@ class IISSampler(Sampler):
         seen = self.board.seen
         pct = np.ones(self.num_samples, np.float32)
         n = int(seen.sum())
-        if n > 1:  # places in the stable order: a sort, a scatter (in blocks: no temporaries
-            every = n == self.num_samples  # of n); every id seen: straight into ``pct``
+        if n > 1:  # places in the stable order: a sort, then a scatter block by block (no
+            # temporaries of n); every id seen: the ranks go straight into ``pct``
+            every = n == self.num_samples
             rank = pct if every else np.empty(n, np.float32)
-            order = stable_order(self.board.loss if every else self.board.loss[seen])
-            block = 1 << 18
+            loss = self.board.loss if every else self.board.loss[seen]
+            order, block = stable_order(loss, RANK_BLOCK), RANK_BLOCK
             for start in range(0, n, block):
                 places = np.arange(start, min(n, start + block), dtype=np.float64)
                 rank[order[start : start + block]] = places / (n - 1)
