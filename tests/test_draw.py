@@ -38,6 +38,11 @@ def test_draw_is_in_random_order_and_reproducible():
     assert np.array_equal(a, draw_weighted(np.random.default_rng(7), p, 1000))
     assert not np.all(np.diff(a) >= 0)  # shuffled, not the sorted walk
     assert draw_weighted(np.random.default_rng(0), p, 0).size == 0
+    # into a slice of the caller's array, the weights' own array holding the sums: the same
+    out, q = np.full(1010, -1, a.dtype), p.copy()
+    draw_weighted(np.random.default_rng(7), q, 1000, out=out[10:], overwrite=True)
+    assert np.array_equal(out[10:], a) and np.all(out[:10] == -1)
+    assert np.allclose(q, np.cumsum(p))
 
 
 def test_draw_in_pieces_follows_the_weights(monkeypatch):

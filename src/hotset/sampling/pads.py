@@ -156,7 +156,9 @@ class PADSSampler(Sampler):
             extra = hits[: int((self.repetition - whole) * hits.size)]
             hits = np.concatenate([np.repeat(hits, whole), extra])[:n]
             rng.shuffle(hits)  # the copies of one id apart
-        order = np.concatenate([hits, draw_weighted(rng, w, n - hits.size)])
+        order = np.empty(n, index_dtype(n))  # the hits, then the misses drawn after them
+        order[: hits.size] = hits
+        draw_weighted(rng, w, n - hits.size, out=order[hits.size :], overwrite=True)
         if self.order == "shuffled":
             rng.shuffle(order)
         return order

@@ -267,7 +267,7 @@ class SpiderSampler(Sampler):
             if epoch == 0 or self.prior is None:
                 order = rng.permutation(self.num_samples)
             else:
-                order = draw_weighted(rng, self.probabilities(), self.num_samples)
+                order = draw_weighted(rng, self.probabilities(), self.num_samples, overwrite=True)
                 order = self.coverage.ensure(order, epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = order
