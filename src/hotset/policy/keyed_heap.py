@@ -88,8 +88,6 @@ class KeyedHeap:
     def rekey(self, ids: np.ndarray, levels: np.ndarray) -> None:
         """Re-key the members among ``ids`` (the others are left out) with ``levels``, at
         once: one gather, one write, a push per level that changed, one compaction."""
-        if not self.count:  # no member to re-key (and an ``empty`` heap writes nothing)
-            return
         ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
         old = self.levels[ids]
         changed = (old >= 0) & (old != levels)
@@ -125,9 +123,6 @@ class KeyedHeap:
         array write and one sort instead of a push per member. ``ids`` (distinct):
         fill an empty heap with these members instead."""
         if ids is None:
-            if not self.count:  # no member (and an ``empty`` heap writes nothing)
-                self.heap = []
-                return
             ids = self.members()
         elif self.count:
             raise ValueError("rekey_all(ids=) fills an empty heap")

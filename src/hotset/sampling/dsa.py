@@ -40,6 +40,9 @@ MAX_JOBS = 64  # one bit of a uint64 need mask per job
 #: up to this many distinct need masks (and 16 jobs), a regroup scans the masks once per
 #: mask instead of sorting the ids by mask (sequential passes, no random gathers)
 SCAN_MASKS = 32
+#: the tree for an order of jobs: their bits, and per level the buckets (id arrays) of
+#: the vertex and of the leaf (``DependentSampling._levels``)
+Levels = tuple[list[int], list[list[array]], list[list[array]]]
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class DependentSampling:
         live = (j for j in names if self.left[j] > 0)
         return sorted(live, key=lambda j: (self.left[j], self.bit[j]))
 
-    def _levels(self, order: list[Hashable]) -> tuple[list[int], list[list[array]], ...]:
+    def _levels(self, order: list[Hashable]) -> Levels:
         """For jobs in ``order``: the job bits, and per level l the buckets (their id
         arrays) of vertex V_l and of J_l's leaf. Kept while the order and the set of
         buckets stay (a bucket's array changes in place; one made or dropped bumps
