@@ -259,8 +259,9 @@ HEAP_OPS = st.lists(
 def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype):
     """Every operation leaves the heap's members and levels those of a plain dict, and
     pops come out by (level, id); with a negative slack every push compacts, by a scan
-    of the levels (64 ids) or by testing the heap's entries (16,384 ids, a few entries),
-    and a copy (as a checkpoint makes) holds the same; int32 levels (iCACHE's) too."""
+    of the levels (64 ids) or by testing the heap's entries (16,384 ids, a few entries:
+    at once, or one at a time where keys pass int64), and a copy (as a checkpoint makes)
+    holds the same; int32 levels (iCACHE's) too."""
     import copy
 
     from hotset.policy.keyed_heap import KeyedHeap

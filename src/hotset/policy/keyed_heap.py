@@ -189,16 +189,24 @@ class KeyedHeap:
     def compact(self) -> None:
         """Drop the stale entries once they outnumber the live ones: the members' keys in
         order, found by a scan of ``levels`` or, where the heap is small beside it, by
-        testing each entry."""
+        testing its entries at once (a scan of 14M levels costs about 15 ms, testing
+        costs about 0.2 us an entry)."""
         heap = self.heap
         if len(heap) <= 2 * self.count + self.slack:
             return
-        if self.levels.size <= 32 * len(heap):
+        if self.levels.size <= 128 * len(heap):
             ids = self.members()
             self.heap = self._keys(ids, self.levels[ids], ordered=True)
-        else:
-            live, bits, mask = self.live, self.bits, self.mask
+            return
+        bits, mask = self.bits, self.mask
+        try:
+            keys = np.array(heap, np.int64)
+        except OverflowError:  # keys beyond int64: one at a time
+            live = self.live
             self.heap = sorted({k for k in heap if live[k & mask] == k >> bits})
+            return
+        # live entries, each once (a level left and come back to pushes a key twice)
+        self.heap = np.unique(keys[self.levels[keys & mask] == keys >> bits]).tolist()
 
     def __contains__(self, i: int) -> bool:
         return self.live[i] >= 0
