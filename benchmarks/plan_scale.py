@@ -4,9 +4,9 @@ and the service's Quiver and JOADER (two jobs on one dataset), 10% cache.
 
 Each (system, size) runs in a fresh process: the manifest (content keys, paths, sizes,
 labels, as ``Manifest`` holds them), then the control plane (sampler + policy + planner,
-or the service's coordinator) is built, and two epoch starts each followed by ``--batches``
-batches are planned with feedback (synthetic per-sample losses, class-clustered 16-d
-embeddings for SpiderCache), as a training loop would. Reported:
+or the service's coordinator) is built, and two (``--epochs``) epoch starts each followed
+by ``--batches`` batches are planned with feedback (synthetic per-sample losses,
+class-clustered 16-d embeddings for SpiderCache), as a training loop would. Reported:
 
 * ``manifest_B_per_id``: memory the manifest keeps in each process, per id
   (``tracemalloc``): it is mapped from its columns file, as a node's ranks and workers
@@ -16,7 +16,10 @@ embeddings for SpiderCache), as a training loop would. Reported:
 * ``epoch_start_ms``: the second epoch's start up to its first batch (per-epoch work: new
   orders, importance distributions, H-lists), and ``us_per_sample``: planning + feedback
   per planned sample in the windows' other batches; ``amortised_us`` adds the epoch start
-  spread over an epoch of n samples; ``package_ms``: iCACHE's composition of a package;
+  spread over an epoch of n samples; ``later_start_ms`` (``--epochs 3`` or more): the
+  longest start of the epochs after the second (the second epoch's start is the first in
+  the process to make its arrays of n, and on some machines pays their first page faults,
+  0.3-0.7 s at 14M ids here); ``package_ms``: iCACHE's composition of a package;
   ``longest_batch_ms``: the longest a batch took to plan (and feed back), every batch
   but the epochs' first (the ``--warm`` fill included).
 
@@ -28,7 +31,7 @@ timed: a window of 100 batches fills 2% of a 10% cache at 1.28M ids, so without 
 policy evicts while it is timed.
 
     python benchmarks/plan_scale.py [--sizes 60000,1281167,10000000] [--systems ...]
-        [--scored] [--warm]
+        [--scored] [--warm] [--epochs 2]
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ def batch_numbers(epoch: int, batches: int, n: int, batch_size: int, warm: bool,
 
 
 def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bool,
-                warm: bool = False) -> dict:  # fmt: skip
+                warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
     from hotset.plan import Planner
     from hotset.policy.base import make_policy
     from hotset.sampling.base import make_sampler
@@ -155,7 +158,7 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
     if scored:
         score_all(sampler, n)
     starts, planned, busy, longest, last = [], 0, 0.0, 0.0, 0.0
-    for epoch in range(2):
+    for epoch in range(epochs):
         t0 = time.perf_counter()
         planner.set_epoch(epoch)
         it = iter(planner)
@@ -182,7 +185,7 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
         it.close()
     package_ms = 1e3 * float(np.mean(composed)) if composed else float("nan")
     return {
-        "epoch_start_s": starts[-1],
+        "starts_s": starts,
         "planned": planned,
         "busy_s": busy,
         "package_ms": package_ms,
@@ -198,7 +201,7 @@ BLOCK = 50
 
 
 def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool,
-                warm: bool = False) -> dict:  # fmt: skip
+                warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
     from hotset.service.coordinator import JobCoordinator
 
     n = len(manifest)
@@ -206,7 +209,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
     jobs = [co.register(f"job{j}", manifest.keys, manifest.sizes, batch_size) for j in (0, 1)]
     starts, planned, busy, longest = [], 0, 0.0, 0.0
     blocks: list[tuple[float, float]] = []  # the second epoch's, per BLOCK batches
-    for epoch in range(2):
+    for epoch in range(epochs):
         t0 = time.perf_counter()
         for j in jobs:  # the epoch's start, with the first batch
             co.plan(j, epoch)
@@ -229,7 +232,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
             busy += time.perf_counter() - t0
     return {
         "blocks": blocks,
-        "epoch_start_s": starts[-1],
+        "starts_s": starts,
         "planned": planned,
         "busy_s": busy,
         "package_ms": float("nan"),
@@ -240,15 +243,16 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
 
 
 def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored: bool,
-        warm: bool = False) -> dict:  # fmt: skip
+        warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
     """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
     slows allocations, so the times come from a run without it."""
     make_manifest(10)  # imports are not the manifest's memory
     with tempfile.TemporaryDirectory() as tmp:
-        return _one(system, n, batches, batch_size, memory, scored, warm, Path(tmp) / "columns")
+        columns = Path(tmp) / "columns"
+        return _one(system, n, batches, batch_size, memory, scored, warm, epochs, columns)
 
 
-def _one(system, n, batches, batch_size, memory, scored, warm, columns: Path):
+def _one(system, n, batches, batch_size, memory, scored, warm, epochs, columns: Path):
     if memory:
         tracemalloc.start()
     manifest = mapped_manifest(n, columns)
@@ -256,7 +260,8 @@ def _one(system, n, batches, batch_size, memory, scored, warm, columns: Path):
         manifest_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
     run = run_service if system in SERVICE_SYSTEMS else run_planner
-    r = run(SERVICE_SYSTEMS.get(system, system), manifest, batches, batch_size, scored, warm)
+    r = run(SERVICE_SYSTEMS.get(system, system), manifest, batches, batch_size, scored, warm,
+            epochs)  # fmt: skip
     if memory:
         top = tracemalloc.get_traced_memory()[1]
         return {
@@ -269,9 +274,10 @@ def _one(system, n, batches, batch_size, memory, scored, warm, columns: Path):
     return {
         "system": system,
         "ids": n,
-        "epoch_start_ms": 1e3 * r["epoch_start_s"],
+        "epoch_start_ms": 1e3 * r["starts_s"][1],
+        "later_start_ms": 1e3 * max(r["starts_s"][2:], default=float("nan")),
         "us_per_sample": us,
-        "amortised_us": us + 1e6 * r["epoch_start_s"] / n,
+        "amortised_us": us + 1e6 * r["starts_s"][1] / n,
         "planned": r["planned"],
         "package_ms": r["package_ms"],
         "longest_batch_ms": 1e3 * r["longest_s"],
@@ -300,13 +306,19 @@ def main() -> None:
                     help="every id scored before the windows, as after a first epoch")  # fmt: skip
     ap.add_argument("--warm", action="store_true",
                     help="the first epoch fills the cache; the second's is timed")  # fmt: skip
+    ap.add_argument("--epochs", type=int, default=2,
+                    help="epochs run (3 or more: later_start_ms, the longest start after "
+                         "the second epoch's)")  # fmt: skip
     args = ap.parse_args()
+    if args.epochs < 2:
+        ap.error("--epochs must be >= 2 (the second epoch's start is the one reported)")
     sizes = ["--batches", str(args.batches), "--batch-size", str(args.batch_size)]
+    sizes += ["--epochs", str(args.epochs)]
     sizes += ["--scored"] if args.scored else []
     sizes += ["--warm"] if args.warm else []
     if args.one:
         r = one(args.one[0], int(args.one[1]), args.batches, args.batch_size, args.memory,
-                args.scored, args.warm)  # fmt: skip
+                args.scored, args.warm, args.epochs)  # fmt: skip
         print(json.dumps(r))
         return
     rows = []
@@ -328,6 +340,7 @@ def main() -> None:
             ("state_B_per_id", ".0f"),
             ("peak_B_per_id", ".0f"),
             ("epoch_start_ms", ".1f"),
+            ("later_start_ms", ".1f"),
             ("us_per_sample", ".2f"),
             ("amortised_us", ".2f"),
             ("package_ms", ".2f"),
@@ -335,7 +348,7 @@ def main() -> None:
             ("cache_full", ".2f"),
         ],
         meta={"batches": args.batches, "batch_size": args.batch_size, "cache_fraction": 0.1,
-              "scored": args.scored, "warm": args.warm},  # fmt: skip
+              "scored": args.scored, "warm": args.warm, "epochs": args.epochs},  # fmt: skip
     )
 
 

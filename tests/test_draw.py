@@ -96,3 +96,66 @@ def test_a_job_order_shuffled_as_it_is_taken_is_uniform_and_whole(monkeypatch, b
     assert len(counts) == 24
     c = np.array(list(counts.values()))
     assert float(((c - trials / 24) ** 2 / (trials / 24)).sum()) < 49.7  # 23 dof, p = 0.001
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 40),
+    cut=st.integers(0, 40),
+    steps=st.lists(st.integers(1, 9), min_size=1, max_size=12),
+    block=st.integers(1, 5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_an_order_shuffled_as_read_is_one_order_however_it_is_read(size, cut, steps, block, seed):
+    """``ShuffledAsRead``: read a few ids at a time, copied (as a checkpoint does) or
+    saved with ``to_safe`` halfway, it ends as the order ``whole()`` gives at once; each
+    part holds its own ids, and what was final stays as it was."""
+    import copy
+
+    from hotset.checkpoint import from_safe, to_safe
+    from hotset.sampling.draw import ShuffledAsRead
+
+    ids = np.arange(100, 100 + size, dtype=np.int32)
+    ends = [min(cut, size)]
+    at_once = ShuffledAsRead(ids.copy(), np.random.default_rng(seed), ends, block).whole()
+    order = ShuffledAsRead(ids.copy(), np.random.default_rng(seed), ends, block)
+    stop, seen = 0, []
+    for k, step in enumerate(steps):
+        stop += step
+        got = order.ready(stop)[: min(stop, size)].copy()
+        assert np.array_equal(got[: len(seen)], seen)  # what was final stays
+        seen = got
+        if k == 1:
+            order = copy.deepcopy(order)
+        if k == 2:
+            order = from_safe(to_safe(order))
+    assert np.array_equal(order.whole(), at_once)
+    for lo, hi in ((0, ends[0]), (ends[0], size)):
+        assert sorted(at_once[lo:hi]) == ids[lo:hi].tolist()
+
+
+@pytest.mark.parametrize("block", [1, 3, 4096])
+def test_an_order_shuffled_as_read_is_uniform_within_each_part(block):
+    """All 24 orders of a part of 4 equally often (blocks within and across the part),
+    the part before it (2 ids) untouched by it and shuffled too; a saved state that does
+    not fit together is refused."""
+    from hotset.errors import ConfigError
+    from hotset.sampling.draw import ShuffledAsRead
+
+    counts: dict[tuple, int] = {}
+    firsts = np.zeros(2)
+    trials = 4800
+    for seed in range(trials):
+        order = ShuffledAsRead(np.arange(6), np.random.default_rng(seed), [2], block)
+        got = [int(order.ready(k)[k - 1]) for k in range(1, 7)]  # one id at a time
+        assert sorted(got[:2]) == [0, 1] and sorted(got[2:]) == [2, 3, 4, 5]
+        firsts[got[0]] += 1
+        counts[tuple(got[2:])] = counts.get(tuple(got[2:]), 0) + 1
+    assert len(counts) == 24
+    c = np.array(list(counts.values()))
+    assert float(((c - trials / 24) ** 2 / (trials / 24)).sum()) < 49.7  # 23 dof, p = 0.001
+    assert abs(firsts[0] - trials / 2) < 4 * np.sqrt(trials / 4)
+    state = order.__getstate__()
+    for bad in ({"_done": 7}, {"_ends": [2, 7]}, {"_ends": [6, 2]}, {"size": 5}, {"_block": 0}):
+        with pytest.raises(ConfigError, match="shuffled as it is read"):
+            ShuffledAsRead.__new__(ShuffledAsRead).__setstate__({**state, **bad})

@@ -258,6 +258,24 @@ def test_repeat_mode_fills_the_epoch_with_cached_repeats_as_the_prototype():
         make_sampler("shade", n, repetition_mode="twice")
 
 
+@pytest.mark.parametrize("r, share", [(1.5, 0.1), (3.0, 0.5)])
+def test_repeat_mode_repeats_and_cuts_random_hits(r, share):
+    """A fractional r gives its extra copy to random drawn hits, and copies beyond the
+    epoch (r x 50% cached) are cut from random hits, not from the hits' tail: the low
+    and the high half of the cached ids (equal weights) fill equal shares of the epoch."""
+    n, low, high = 20_000, 0, 0
+    cached = np.arange(int(share * n))
+    half = cached.size // 2
+    for seed in range(4):
+        smp = make_sampler("shade", n, repetition=r, repetition_mode="repeat", seed=seed)
+        smp.feedback(np.arange(n), np.ones(n))
+        smp.set_cached(cached)
+        order = smp.global_order(1)
+        low += np.isin(order, cached[:half]).sum()
+        high += np.isin(order, cached[half:]).sum()
+    assert low == pytest.approx(high, rel=0.1)  # sd about 2%; from the hits' tail: 2x
+
+
 def test_app_ghost_cache_is_every_trained_sample_unless_windowed():
     """Algorithm 1 (the default): the ghost cache holds every sample trained so far, so an
     old high score still admits (as PQ does) while a never-trained id does not; the
@@ -277,3 +295,40 @@ def test_app_ghost_cache_is_every_trained_sample_unless_windowed():
         decisions[name] = p.access([1]).admitted.tolist() + p.access([n - 1]).admitted.tolist()
     # n - 1 was never trained: out of APP's ghost cache, but PQ admits it on its prior
     assert decisions == {"app": [1], "app-window": [], "pq": [1]}
+
+
+@pytest.mark.parametrize("system", ["shade", "spider", "icache"])
+def test_the_planner_serves_the_order_as_it_is_shuffled(system):
+    """The epoch's order is put in its random order as the planner reads it, not at the
+    epoch's start: after the first batch only its first block is final; what the planner
+    serves, batch by batch, is the order ``global_order`` gives whole afterwards; a state
+    taken halfway holds that order."""
+    from hotset.sampling import draw
+    from hotset.systems import resolve_system
+
+    n, batch = 12_000, 128
+    sysdef = resolve_system(system)
+    policy = make_policy(sysdef.policy, 1_200, num_samples=n)
+    options = dict(sysdef.sampler_options)
+    if system == "spider":
+        options["labels"] = np.arange(n) % 10
+    sampler = make_sampler(sysdef.sampler, n, seed=3, **options)
+    emb = np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32)
+    planner = Planner(sampler, policy, batch, feed_future=False)
+    for epoch in range(3):
+        planner.set_epoch(epoch)
+        served = []
+        for k, plan in enumerate(planner):
+            if k == 0:
+                lazy = sampler.order_as_read(epoch)
+                assert lazy._done <= draw.SHUFFLE_BLOCK < lazy.size
+            if k == 5:
+                saved = planner.state_dict()["order"]
+            requested = plan.ids if plan.requested is None else plan.requested
+            served.append(requested)
+            losses = np.random.default_rng(k).random(plan.ids.size)
+            planner.feedback(plan.ids, losses, emb[plan.ids])
+        sampler.drain()
+        order = sampler.global_order(epoch)
+        assert np.array_equal(np.concatenate(served), order)
+        assert np.array_equal(saved, order)

@@ -41,8 +41,9 @@ def _classes() -> dict[str, type]:
     from hotset.importance.scoreboard import ScoreBoard
     from hotset.policy.keyed_heap import KeyedHeap
     from hotset.sampling.coverage import Coverage
+    from hotset.sampling.draw import ShuffledAsRead
 
-    ours = (KeyedHeap, ScoreBoard, Coverage, RatioController, GraphImportance)
+    ours = (KeyedHeap, ScoreBoard, Coverage, RatioController, GraphImportance, ShuffledAsRead)
     return {**_REGISTERED, **{c.__name__: c for c in ours}}
 
 

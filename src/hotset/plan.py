@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -23,6 +23,7 @@ from hotset.io.readahead import ReadAhead
 from hotset.io.requests import LatencyFit
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
+from hotset.sampling.draw import ShuffledAsRead
 
 if TYPE_CHECKING:
     from hotset.storage.base import Storage
@@ -250,6 +251,8 @@ class Planner:
         self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
+        # where the sampler shuffles it as it is read: makes it final up to a position
+        self._ready: Callable[[int], object] | None = None
         self._order_epoch = -1  # which epoch that is
         self._consumed = 0  # its batches the loader handed to the training loop
         self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
@@ -441,6 +444,8 @@ class Planner:
         many of the epoch's batches count as consumed (a trainer that fetched ahead)."""
         with self.lock:
             epoch, order, consumed = self.sampler.epoch, self._order, self._consumed
+            if self._ready is not None:
+                self._ready(order.size)
             if trained is not None:
                 consumed = min(consumed, int(trained))
             if self._resume is not None and self._resume[0] == epoch:
@@ -494,11 +499,18 @@ class Planner:
             return int(self._resume[2])
         return 0
 
-    def _start_epoch(self, epoch: int) -> np.ndarray:
-        """The epoch's order, with the cache told what the sampler knows at its start."""
+    def _start_epoch(self, epoch: int) -> tuple[np.ndarray, Callable[[int], object] | None]:
+        """The epoch's order, with the cache told what the sampler knows at its start;
+        and, where the sampler shuffles the order as it is read (``order_as_read``),
+        what makes it final up to a position (``None``: final)."""
         if self.sampler.cache_aware:
             self.sampler.set_cached(self.policy.cached_ids())
-        order = self.sampler.epoch_order(epoch)
+        if self.sampler.num_replicas == 1:
+            drawn = self.sampler.order_as_read(epoch)
+        else:
+            drawn = self.sampler.epoch_order(epoch)
+        ready = drawn.ready if isinstance(drawn, ShuffledAsRead) else None
+        order = drawn.ids if isinstance(drawn, ShuffledAsRead) else drawn
         hints = self.sampler.cache_hints(epoch)
         if hints:
             with self.lock:
@@ -507,14 +519,21 @@ class Planner:
             self.feeder.epoch_started()
         step = self.batch_size * self.world  # a global batch: every rank's batch
         if self.drop_last:
-            order = order[: (order.size // step) * step]
+            order = order[: (order.size // step) * step]  # a view: still shuffled as read
         elif order.size % self.world:  # as DistributedSampler: pad by wrapping
+            if ready is not None:  # the copy below is final
+                ready(order.size)
+                ready = None
             order = np.concatenate([order, np.resize(order, self.world - order.size % self.world)])
-        if self.policy.needs_future and self.feed_future:
+        needs_future = self.policy.needs_future and self.feed_future
+        if ready is not None and (needs_future or self.readahead is not None):
+            ready(order.size)  # both read the whole epoch now
+            ready = None
+        if needs_future:
             # The future as far as it is planned: this epoch and the next one.
             ahead = self.sampler.epoch_order(epoch + 1)
             self.policy.set_future(np.concatenate([order, ahead]))
-        return order
+        return order, ready
 
     def _plan(self, epoch: int, index: int, ids: np.ndarray) -> BatchPlan:
         with self.lock:
@@ -606,16 +625,17 @@ class Planner:
         self.flush()  # the last epoch's tail: learnt before this epoch is drawn
         start = time.perf_counter()
         epoch = self.sampler.epoch
-        first = 0
+        first, ready = 0, None
         if self._resume is not None and self._resume[0] == epoch:  # the rest of a saved epoch
             _, order, first = self._resume
             if self.policy.needs_future and self.feed_future:
                 rest = order[first * self.batch_size * self.world :]
                 self.policy.set_future(np.concatenate([rest, self.sampler.epoch_order(epoch + 1)]))
         else:
-            order = self._start_epoch(epoch)
+            order, ready = self._start_epoch(epoch)
         self._resume = None
         self._order, self._consumed, self._order_epoch = order, first, epoch
+        self._ready = ready
         step = self.batch_size * self.world
         if self.readahead is not None:
             self.readahead.start_epoch(order, step)
@@ -623,6 +643,8 @@ class Planner:
         for index in range(first, self._batches(order)):
             lo = index * step
             start = time.perf_counter()
+            if ready is not None:
+                ready(lo + step)
             ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
             plan = self._plan(epoch, index, ids)
             if self.ranks is not None:  # this rank's shard of the global plan

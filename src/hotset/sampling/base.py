@@ -17,6 +17,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.importance.scoreboard import ScoreBoard
 from hotset.registry import Registry
+from hotset.sampling.draw import ShuffledAsRead
 
 
 class Sampler(ABC):
@@ -79,6 +80,12 @@ class Sampler(ABC):
             pad = r - order.size % r
             order = np.concatenate([order, np.resize(order, pad)])
         return order[self.rank :: r]
+
+    def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
+        """``global_order(epoch)``, or the same order still being shuffled as it is read
+        (a planner reads it batch by batch, so the epoch starts without a permutation of
+        all its ids); ``global_order`` is then its final form."""
+        return self.global_order(epoch)
 
     # -- optional hooks: no-op defaults ---------------------------------------------------
     def feedback(  # noqa: B027 - optional hook

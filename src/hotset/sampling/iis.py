@@ -31,6 +31,7 @@ from hotset.ids import index_dtype, stable_order
 from hotset.importance import ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
+from hotset.sampling.draw import ShuffledAsRead, final
 
 #: losses ranked at a time: the sort keys and the ranks' scatter (``percentiles``)
 RANK_BLOCK = 1 << 18
@@ -113,6 +114,10 @@ class IISSampler(Sampler):
         )
 
     def global_order(self, epoch: int) -> np.ndarray:
+        return final(self.order_as_read(epoch))
+
+    def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
+        """The epoch's kept ids, put in their random order as they are read."""
         if epoch not in self._orders:  # decided once per epoch, at its start
             rng = np.random.default_rng([self.seed, epoch])
             pct = self.percentiles()
@@ -131,15 +136,16 @@ class IISSampler(Sampler):
             else:
                 hot = pct >= 1.0 - self.h_fraction
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = rng.permutation(selected)  # two kept: 4 B per id each
+            self._orders[epoch] = ShuffledAsRead(selected, rng)  # two kept: 4 B per id each
             self._hints = {
                 epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}
             }
         return self._orders[epoch]
 
     def cache_hints(self, epoch: int) -> dict:
-        self.global_order(epoch)
+        self.order_as_read(epoch)
         return self._hints.get(epoch, {})
 
     def __len__(self) -> int:
-        return int(self.epoch_order().size)
+        n, r = self.order_as_read(self.epoch).size, self.num_replicas
+        return n // r if self.drop_last else -(-n // r)

@@ -12,8 +12,9 @@ on the misses only), so a cached share ``c`` of the draw becomes ``min(1, r c)``
 epoch: 0.60 at a 20% cache where weighting gives ``c r / (c r + 1 - c)`` = 0.43.
 
 ``order="hits_first"`` (the default, as the prototype serves them) puts the drawn ids the
-cache holds before the others, each part in its drawn order; ``order="shuffled"`` (ours,
-not the paper's) shuffles the whole list.
+cache holds before the others, each part in a random order; ``order="shuffled"`` (ours,
+not the paper's) shuffles the whole list. Either is shuffled as the planner reads it
+(:class:`~hotset.sampling.draw.ShuffledAsRead`), not at the epoch's start.
 
 Coverage floor (ours: no paper guarantees it): with ``coverage_epochs=K`` every sample is
 trained at least once every ``K`` epochs (:mod:`hotset.sampling.coverage`).
@@ -36,7 +37,7 @@ from hotset.ids import index_dtype
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
-from hotset.sampling.draw import draw_weighted
+from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
 
 ORDERS = ("hits_first", "shuffled")
 
@@ -136,13 +137,14 @@ class PADSSampler(Sampler):
         w = self.weights()
         return w / w.sum()
 
-    def _draw(self, rng: np.random.Generator) -> np.ndarray:
+    def _draw(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """The epoch's draw of ``num_samples`` ids, its hits (the drawn ids the cache
-        holds, in drawn order, repeated in ``repeat`` mode) before its misses, made part
-        by part: the number of hits is Binomial(n, P(cached)) and each part is an i.i.d.
-        draw from the weights restricted to it -- the distribution of one draw
-        partitioned afterwards, without a look-up of every drawn id, and only as many
-        misses drawn as the epoch keeps."""
+        holds, repeated in ``repeat`` mode) before its misses, made part by part: the
+        number of hits is Binomial(n, P(cached)) and each part is an i.i.d. draw from the
+        weights restricted to it -- the distribution of one draw partitioned afterwards,
+        without a look-up of every drawn id, and only as many misses drawn as the epoch
+        keeps. Each part is left unshuffled (``ShuffledAsRead`` shuffles it as it is
+        read); returns the ids and where the hits end."""
         w = self.weights()
         held = np.flatnonzero(self._cached).astype(index_dtype(self.num_samples))
         w_held = w[held]
@@ -150,18 +152,19 @@ class PADSSampler(Sampler):
         w_hit, w_miss = float(w_held.sum()), float(w.sum())
         n = self.num_samples
         h = n if w_miss <= 0.0 else int(rng.binomial(n, w_hit / (w_hit + w_miss)))
-        hits = held[draw_weighted(rng, w_held, h)]
+        hits = held[draw_weighted(rng, w_held, h, shuffle=False)]
         if self.repetition_mode == "repeat":
             whole = int(self.repetition)  # r copies of each hit; a fractional r: some once more
-            extra = hits[: int((self.repetition - whole) * hits.size)]
-            hits = np.concatenate([np.repeat(hits, whole), extra])[:n]
-            rng.shuffle(hits)  # the copies of one id apart
+            extra = int((self.repetition - whole) * hits.size)
+            if extra or whole * hits.size > n:  # random hits get the extra copy, or are cut
+                rng.shuffle(hits)
+            hits = np.concatenate([np.repeat(hits, whole), hits[:extra]])[:n]
         order = np.empty(n, index_dtype(n))  # the hits, then the misses drawn after them
         order[: hits.size] = hits
-        draw_weighted(rng, w, n - hits.size, out=order[hits.size :], overwrite=True)
-        if self.order == "shuffled":
-            rng.shuffle(order)
-        return order
+        draw_weighted(
+            rng, w, n - hits.size, out=order[hits.size :], overwrite=True, shuffle=False
+        )
+        return order, hits.size
 
     def _guard(self, epoch: int) -> bool:
         means = [
@@ -175,15 +178,24 @@ class PADSSampler(Sampler):
         return len(acc) > k and max(acc[-k:]) - acc[-k - 1] < self.stagnation
 
     def global_order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._orders:  # drawn once per epoch: every caller sees one list
+        return final(self.order_as_read(epoch))
+
+    def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
+        """The epoch's ids, drawn once (every caller sees one list) and put in their
+        random order as they are read: a uniform permutation of all ids, or the draw,
+        its hits before its misses (``hits_first``, each part shuffled) or not."""
+        if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])
+            dtype, ends = index_dtype(self.num_samples), None
             if self.prior is None:
-                order = rng.permutation(self.num_samples)
+                order = np.arange(self.num_samples, dtype=dtype)
             elif self._guard(epoch):
                 self.guard_epochs.append(epoch)
-                order = rng.permutation(self.num_samples)
+                order = np.arange(self.num_samples, dtype=dtype)
             else:
-                order = self.coverage.ensure(self._draw(rng), epoch, rng)
+                order, hits = self._draw(rng)
+                order = self.coverage.ensure(order, epoch, rng)
+                ends = [hits] if self.order == "hits_first" else None
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = order.astype(index_dtype(self.num_samples), copy=False)
+            self._orders[epoch] = ShuffledAsRead(order.astype(dtype, copy=False), rng, ends)
         return self._orders[epoch]

@@ -35,12 +35,13 @@ from collections import deque
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import index_dtype
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
-from hotset.sampling.draw import draw_weighted
+from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
 
 log = logging.getLogger(__name__)
 WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wait on
@@ -262,13 +263,18 @@ class SpiderSampler(Sampler):
         return w / w.sum()
 
     def global_order(self, epoch: int) -> np.ndarray:
+        return final(self.order_as_read(epoch))
+
+    def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
+        """The epoch's ids, drawn once and put in their random order as they are read."""
         if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])
+            n = self.num_samples
             if epoch == 0 or self.prior is None:
-                order = rng.permutation(self.num_samples)
+                order = np.arange(n, dtype=index_dtype(n))
             else:
-                order = draw_weighted(rng, self.probabilities(), self.num_samples, overwrite=True)
+                order = draw_weighted(rng, self.probabilities(), n, overwrite=True, shuffle=False)
                 order = self.coverage.ensure(order, epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = order
+            self._orders[epoch] = ShuffledAsRead(order, rng)
         return self._orders[epoch]
