@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -81,6 +82,8 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             over += int(loader.dataset.store.used_bytes > capacity)
         c = loader.counters()
         order = loader.planner._order
+        drawn = loader.planner.sampler.global_order(epoch)  # padded to whole shards
+        drawn = np.concatenate([drawn, np.resize(drawn, -drawn.size % world)])
         tiers = getattr(loader.dataset.store.inner, "local", None)
         if tiers is not None:  # node-local copies: the node's own LMDB, within the plan
             pooled = set(loader.dataset.store.inner.inner.list_keys())
@@ -92,6 +95,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "ids": ids_seen, "batches": batches, "len": announced, "wrong": wrong,
             "over_budget": over,
             "order": hashlib.blake2b(order.tobytes(), digest_size=8).hexdigest(),
+            "order_is_drawn": bool(np.array_equal(order, drawn)),
             "plans": plans.hexdigest(),
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
@@ -140,7 +144,7 @@ SYSTEMS = {
 @pytest.mark.parametrize(
     ("name", "world"),
     [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
-     ("shade-k4", 2)],
+     ("shade-k4", 2), ("shade", 3)],  # 3 ranks: 1,000 ids padded to whole shards
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
@@ -150,6 +154,7 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     for e in range(3):
         epochs = [r["epochs"][e] for r in records]
         assert len({ep["order"] for ep in epochs}) == 1, (name, e)  # one global list
+        assert all(ep["order_is_drawn"] for ep in epochs), (name, e)  # the sampler's, whole
         # and one served global list: every batch's served ids, hits and admissions
         assert len({ep["plans"] for ep in epochs}) == 1, (name, e)
         assert len({ep["batches"] for ep in epochs}) == 1  # and equal counts served

@@ -505,12 +505,18 @@ class Planner:
         what makes it final up to a position (``None``: final)."""
         if self.sampler.cache_aware:
             self.sampler.set_cached(self.policy.cached_ids())
-        if self.sampler.num_replicas == 1:
-            drawn = self.sampler.order_as_read(epoch)
+        needs_future = self.policy.needs_future and self.feed_future
+        ready = None
+        if self.sampler.num_replicas > 1:
+            order = self.sampler.epoch_order(epoch)
         else:
-            drawn = self.sampler.epoch_order(epoch)
-        ready = drawn.ready if isinstance(drawn, ShuffledAsRead) else None
-        order = drawn.ids if isinstance(drawn, ShuffledAsRead) else drawn
+            order = self.sampler.order_as_read(epoch)
+            if isinstance(order, ShuffledAsRead):
+                padded = not self.drop_last and order.size % self.world
+                if padded or needs_future or self.readahead is not None:
+                    order = order.whole()  # each reads the whole epoch now
+                else:
+                    order, ready = order.ids, order.ready
         hints = self.sampler.cache_hints(epoch)
         if hints:
             with self.lock:
@@ -521,14 +527,7 @@ class Planner:
         if self.drop_last:
             order = order[: (order.size // step) * step]  # a view: still shuffled as read
         elif order.size % self.world:  # as DistributedSampler: pad by wrapping
-            if ready is not None:  # the copy below is final
-                ready(order.size)
-                ready = None
             order = np.concatenate([order, np.resize(order, self.world - order.size % self.world)])
-        needs_future = self.policy.needs_future and self.feed_future
-        if ready is not None and (needs_future or self.readahead is not None):
-            ready(order.size)  # both read the whole epoch now
-            ready = None
         if needs_future:
             # The future as far as it is planned: this epoch and the next one.
             ahead = self.sampler.epoch_order(epoch + 1)

@@ -132,9 +132,11 @@ class Sampler(ABC):
 
     def __len__(self) -> int:
         """Ids per rank per epoch: ``num_samples`` drawn each epoch, sharded."""
-        if self.drop_last:
-            return self.num_samples // self.num_replicas
-        return -(-self.num_samples // self.num_replicas)
+        return self._per_rank(self.num_samples)
+
+    def _per_rank(self, n: int) -> int:
+        """A rank's share of a global list of ``n`` ids (``epoch_order``'s length)."""
+        return n // self.num_replicas if self.drop_last else -(-n // self.num_replicas)
 
 
 SAMPLERS = Registry("sampler")

@@ -147,5 +147,4 @@ class IISSampler(Sampler):
         return self._hints.get(epoch, {})
 
     def __len__(self) -> int:
-        n, r = self.order_as_read(self.epoch).size, self.num_replicas
-        return n // r if self.drop_last else -(-n // r)
+        return self._per_rank(self.order_as_read(self.epoch).size)

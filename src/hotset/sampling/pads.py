@@ -197,5 +197,5 @@ class PADSSampler(Sampler):
                 order = self.coverage.ensure(order, epoch, rng)
                 ends = [hits] if self.order == "hits_first" else None
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = ShuffledAsRead(order.astype(dtype, copy=False), rng, ends)
+            self._orders[epoch] = ShuffledAsRead(order, rng, ends)
         return self._orders[epoch]
