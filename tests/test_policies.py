@@ -243,6 +243,7 @@ HEAP_OPS = st.lists(
         st.tuples(st.sampled_from(["put back", "settle"]), st.integers(1, 4)),
         st.tuples(st.just("rekey"), st.sets(st.integers(0, 63), max_size=12), st.integers(0, 9)),
         st.tuples(st.just("rekey all"), st.integers(0, 9)),
+        st.tuples(st.just("remove"), st.sets(st.integers(0, 63), max_size=12)),
         st.tuples(st.just("copy")),
     ),
     max_size=80,
@@ -261,7 +262,8 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
     pops come out by (level, id); with a negative slack every push compacts, by a scan
     of the levels (64 ids) or by testing the heap's entries (16,384 ids, a few entries:
     at once, or one at a time where keys pass int64), and a copy (as a checkpoint makes)
-    holds the same; int32 levels (iCACHE's) too."""
+    holds the same; int32 levels (iCACHE's) too. ``in_order`` lists the members as pops
+    would give them, and ``remove`` drops many at once."""
     import copy
 
     from hotset.policy.keyed_heap import KeyedHeap
@@ -297,12 +299,57 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
         elif op[0] == "rekey all":
             h.rekey_all(h.members() % 3 + op[1])
             ref = {i: i % 3 + op[1] for i in ref}
+        elif op[0] == "remove":
+            gone = sorted(op[1] & ref.keys())
+            h.remove(np.array(gone, np.int64))
+            for i in gone:
+                del ref[i]
         elif op[0] == "copy":
             h = copy.deepcopy(h)
         assert len(h) == len(ref) and h.members().tolist() == sorted(ref)
+        assert h.in_order().tolist() == sorted(ref, key=lambda i: (ref[i], i))
         assert [h.live[i] for i in sorted(ref)] == [ref[i] for i in sorted(ref)]
         if slack < 0 and op[0] in ("push", "rekey"):  # compacted: no stale entry left
             assert sorted(h.heap) == sorted(h.key(i, level) for i, level in ref.items())
         assert all((i in h) == (i in ref) for i in range(64))
     assert [h.pop() for _ in range(len(ref))] == sorted(ref, key=lambda i: (ref[i], i))
     assert h.peek() is None
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_mapped_manifests_sizes_are_shared_not_copied(name, tmp_path):
+    """A policy over a manifest mapped from its columns file reads the sizes there (8 B
+    per id not copied into each process), checkpoints them as before, and copies them
+    before it changes one: the file and the manifest keep theirs."""
+    import copy
+    import pickle
+
+    from hotset.storage.manifest import Manifest
+
+    n = 40
+    sizes = np.random.default_rng(1).integers(1, 50, n)
+    made = Manifest([f"{i}.bin" for i in range(n)], [f"{i:032x}" for i in range(n)], sizes,
+                    np.zeros(n, np.int64))  # fmt: skip
+    (tmp_path / "columns").write_bytes(made.to_columns())
+    file_bytes = (tmp_path / "columns").read_bytes()
+    manifest = Manifest.map_columns(str(tmp_path / "columns"))
+    p = make_policy(name, 300, sizes=manifest.sizes)
+    if p.needs_future:
+        p.set_future(np.arange(60) % n)
+    p.access(np.arange(30) % n)
+    assert np.shares_memory(np.asarray(p._sizes), manifest.sizes)
+    assert [p.size_of(i) for i in range(n)] == sizes.tolist()
+
+    state = p.state_dict()
+    for other in (copy.deepcopy(p), pickle.loads(pickle.dumps(p))):
+        assert [other.size_of(i) for i in range(n)] == sizes.tolist()
+    resumed = make_policy(name, 300, sizes=manifest.sizes)
+    resumed.load_state_dict(state)
+    assert np.shares_memory(np.asarray(resumed._sizes), manifest.sizes)
+    assert sorted(resumed.cached_ids().tolist()) == sorted(p.cached_ids().tolist())
+
+    gone = next(i for i in range(n) if i not in p)  # a resident's size cannot change
+    p.set_sizes(np.array([gone]), np.array([sizes[gone] + 7]))
+    assert p.size_of(gone) == sizes[gone] + 7
+    assert manifest.sizes[gone] == sizes[gone]
+    assert (tmp_path / "columns").read_bytes() == file_bytes

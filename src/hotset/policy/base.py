@@ -62,6 +62,17 @@ class Feeder(Protocol):
         """Stop its threads and remove what it created."""
 
 
+def _read_only_column(sizes: np.ndarray) -> bool:
+    """Whether ``sizes`` is a read-only, contiguous int64 column in native byte order (a
+    mapped manifest's): shared by a policy rather than copied."""
+    return (
+        not sizes.flags.writeable
+        and sizes.flags.c_contiguous
+        and sizes.dtype == np.dtype(np.int64)
+        and sizes.ndim == 1
+    )
+
+
 class Policy(ABC):
     """Byte-capacity cache policy over sample ids ``0 .. len(sizes) - 1``.
 
@@ -80,9 +91,13 @@ class Policy(ABC):
 
     def __init__(self, capacity_bytes: int, sizes: np.ndarray | Sequence[int], seed: int = 0):
         """``sizes``: bytes per id, copied; an ``array("q")`` is shared instead (the
-        partitions of one cache count the same bytes: 8 B per id once, not per part)."""
+        partitions of one cache count the same bytes: 8 B per id once, not per part), and
+        so is a read-only int64 column (a manifest's, mapped from its columns file: not
+        copied into every process; ``set_sizes`` copies it before it writes)."""
         shared = sizes if isinstance(sizes, array) and sizes.typecode == "q" else None
         sizes = np.asarray(sizes, dtype=np.int64)
+        if shared is None and _read_only_column(sizes):
+            shared = memoryview(sizes)  # a Python int per read, as from an array
         if sizes.ndim != 1 or sizes.size == 0:
             raise ConfigError("sizes must be a non-empty 1-D array of per-sample byte sizes")
         if (sizes < 0).any():
@@ -223,11 +238,16 @@ class Policy(ABC):
             raise ConfigError(f"set_sizes: {ids.size} ids but {sizes.size} sizes")
         column = np.frombuffer(self._sizes, np.int64)  # a view: writes go to ``_sizes``
         changed = np.flatnonzero(column[ids] != sizes)
-        if changed.size and len(self):  # only ids whose size changes are looked up
+        if not changed.size:
+            return
+        if len(self):  # only ids whose size changes are looked up
             bad = changed[np.isin(ids[changed], self.cached_ids())]
             if bad.size:
                 i, s = int(ids[bad[0]]), int(sizes[bad[0]])
                 raise ConfigError(f"sample {i} is cached with {column[i]} bytes, not {s}")
+        if isinstance(self._sizes, memoryview):  # a shared read-only column: own a copy
+            self._sizes = self._sizes_copy()
+            column = np.frombuffer(self._sizes, np.int64)
         column[ids] = sizes
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
@@ -279,15 +299,38 @@ class Policy(ABC):
     def state_dict(self) -> dict:
         """A copy of the policy's residents and their order or keys (not its pins, nor
         an attached score board: the planner attaches its sampler's again)."""
-        return {
+        state = {
             k: v.state_dict() if isinstance(v, Policy) else copy.deepcopy(v)
             for k, v in vars(self).items()
-            if k not in ("pinned", "_holds", "board")
+            if k not in ("pinned", "_holds", "board", "_sizes")
         }
+        state["_sizes"] = self._sizes_copy()
+        return state
+
+    def _sizes_copy(self) -> array:
+        """The sizes as an ``array("q")`` of their own (a shared column is copied)."""
+        out = array("q")
+        out.frombytes(memoryview(self._sizes).cast("B"))
+        return out
+
+    def _shares(self, sizes: array) -> bool:
+        """Whether the policy reads a shared read-only column holding ``sizes``."""
+        return isinstance(self._sizes, memoryview) and np.array_equal(
+            np.frombuffer(sizes, np.int64), np.asarray(self._sizes)
+        )
+
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied with the sizes as an array (a memoryview pickles not)."""
+        state = vars(self).copy()
+        if isinstance(self._sizes, memoryview):
+            state["_sizes"] = self._sizes_copy()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         mine = vars(self)
         for k, v in state.items():
+            if k == "_sizes" and self._shares(v):
+                continue  # the same sizes: the shared column stays shared
             if isinstance(mine.get(k), Policy):  # a policy inside (Spider's importance)
                 mine[k].load_state_dict(v)
             else:

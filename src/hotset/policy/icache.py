@@ -35,7 +35,7 @@ from collections import ChainMap, OrderedDict
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype
+from hotset.ids import index_dtype, stable_order
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next
@@ -47,18 +47,19 @@ log = logging.getLogger(__name__)
 def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -> np.ndarray:
     """The H-list a cache of ``capacity`` bytes holds (III-A's overhead example: a 20%
     cache, 20% of the samples): the most important samples whose bytes together fit,
-    equal importance in a random order."""
+    equal importance in a random order (float64 importances closer than ``2**-28``
+    relative count as equal: :func:`hotset.ids.stable_order`)."""
     importance = np.asarray(importance)
     if importance.dtype.kind != "f":  # float32 stays: the same order, half the bytes
         importance = importance.astype(np.float64)
     sizes = np.asarray(sizes, np.int64)
     n = importance.size
-    tie = np.random.default_rng(seed).random(n)
+    rng = np.random.default_rng(seed)
     hot = np.zeros(n, bool)
-    # sort only the first k ids of the full order (k: what fits, with a margin): those
-    # more important than the k-th, and of those as important as it the ones with the
-    # smallest tie-breaks (a partition, not a sort: at the start most ids tie, unscored);
-    # the full sort when they do not fill the capacity
+    # order only the ids that can be in it (k: what fits, with a margin): those more
+    # important than the k-th, and a random share of those as important as it (a
+    # partition, not a sort: at the start most ids tie, unscored); all ids when they do
+    # not fill the capacity
     k = int(1.25 * capacity / max(1.0, float(sizes.mean()))) + 1 if n else 0
     ids = None
     if k < n:
@@ -66,16 +67,15 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
         above, at = np.flatnonzero(importance > cut), np.flatnonzero(importance == cut)
         m = k - above.size  # >= 1: at most k - 1 ids are more important than the k-th
         if m < at.size:
-            at = at[np.argpartition(tie[at], m)[:m]]
+            at = at[rng.choice(at.size, m, replace=False)]
         ids = np.concatenate([above, at])
         if sizes[ids].sum() <= capacity:
             ids = None
     if ids is None:
         ids = np.arange(n)
-    # by importance, down, then by tie-break: ``np.lexsort((tie, -importance))``'s order
-    # as two stable sorts (about 3x faster)
-    ids = ids[np.argsort(tie[ids], kind="stable")]
-    order = ids[np.argsort(-importance[ids], kind="stable")]
+    # by importance, down, ties in a random order: a random permutation sorted stably
+    ids = ids[rng.permutation(ids.size)]
+    order = ids[stable_order(-importance[ids])]
     hot[order[np.cumsum(sizes[order]) <= capacity]] = True
     return hot
 
@@ -163,22 +163,31 @@ class ICachePolicy(Policy):
                 "fill the L-cache): pass a smaller package_bytes",
                 self.capacity_bytes, self.package_bytes,
             )  # fmt: skip
-        held = []
-        while self.h_used > self.h_capacity:
-            src = self._src()
-            top = src.peek()
-            if top is None:
-                break  # what is left is pinned: it goes once its plans have run
-            j = src.pop()
-            if self.pinned[j]:
-                held.append((src, j, top[1]))
-                continue
-            self.h_used -= self._sizes[j]
-            self._evicted(j)
-        for src, j, level in held:
-            src.push(j, level)
+        self.rebuild_step(self._rebuild)  # a rebuild in progress ends: one heap to shrink
+        self._shrink_h()
         self._evict_next += self._free_l(0)
         self.used = self.h_used + self.l_used
+
+    def _shrink_h(self) -> None:
+        """Evict the least important unpinned H residents until the H-cache fits its
+        capacity (a new split can leave a million to evict), at once: the victims the
+        heap's pops would give, pinned residents skipped (they go once their plans
+        have run)."""
+        if self.h_used <= self.h_capacity:
+            return
+        order = self.heap.in_order()
+        order = order[self.pinned[order] == 0]
+        freed = np.cumsum(np.frombuffer(self._sizes, np.int64)[order])
+        k = min(order.size, int(np.searchsorted(freed, self.h_used - self.h_capacity)) + 1)
+        if not k:
+            return  # what is left is pinned: it goes once its plans have run
+        victims = order[:k]
+        self.h_used -= int(freed[k - 1])
+        self.heap.remove(victims)
+        evicted = victims.tolist()
+        for j in evicted:
+            del self._h[j]
+        self._evict_next += evicted
 
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)
@@ -276,7 +285,7 @@ class ICachePolicy(Policy):
         self.is_h = hot
         self._all_h = bool(hot.all())
         self._hot = hot.tobytes()
-        self._level = (np.clip(imp, 0.0, 1.0) * SCALE).astype(np.int32)
+        np.multiply(np.clip(imp, 0.0, 1.0), SCALE, out=self._level, casting="unsafe")
         if self._h:  # the heap turns read-only; the shadow gets the new values
             ids = np.fromiter(self._h, np.int64, len(self._h))
             self.shadow = KeyedHeap(self.num_samples, np.int32)

@@ -113,6 +113,23 @@ class KeyedHeap:
         """The members' ids, ascending."""
         return np.flatnonzero(self.levels >= 0)
 
+    def in_order(self) -> np.ndarray:
+        """The members' ids in the order ``pop`` gives them: by level, then id."""
+        ids = self.members()
+        levels = self.levels[ids].astype(np.int64)
+        if int(levels.max(initial=0)).bit_length() + self.bits > 62:
+            return ids[np.argsort(levels, kind="stable")]  # ids ascending: ties by id
+        return np.sort(levels << self.bits | ids) & self.mask
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the members ``ids`` (distinct) at once; the heap keeps only the others'
+        entries (a compaction)."""
+        ids = np.asarray(ids, np.int64)
+        self.levels[ids] = -1
+        self.count -= int(ids.size)
+        members = self.members()
+        self.heap = self._keys(members, self.levels[members], ordered=True)
+
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` is a member."""
         return self.levels[ids] >= 0

@@ -43,7 +43,7 @@ class LRUPolicy(Policy):
 
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)
-        self._size[np.asarray(ids, np.int64)] = sizes
+        self._size = np.asarray(self._sizes, np.int64)  # a view: a shared column is copied
 
     # -- the recency queue -------------------------------------------------------------
     def _live(self, lo: int, hi: int) -> np.ndarray:
