@@ -61,9 +61,10 @@ def test_digests_whose_hashes_collide_are_told_apart(hashed, bucket, monkeypatch
     """The look-up searches on a 64-bit hash of each digest, then compares the whole:
     with a hash that collides for every key sharing a first half, keys (and repeated
     keys) still map to their first position, walking the hash's bucket or (a bucket
-    crowded by repeats) the heads equal to it."""
+    crowded by repeats) the heads equal to it; the queries looked up 3 at a time."""
     from hotset.storage import columns
 
+    monkeypatch.setattr(columns, "LOOKUP_BLOCK", 3)
     if bucket != "buckets":
         monkeypatch.setattr(columns, "MAX_BUCKET", 0)
     if hashed != "mixed":
@@ -130,3 +131,18 @@ def test_a_manifest_costs_a_few_bytes_per_id_and_survives_json():
     assert back.paths == paths and back.keys == keys and (back.sizes == sizes).all()
     sub = m.take(np.array([5, 3]))
     assert list(sub.paths) == [paths[5], paths[3]] and list(sub.keys) == [keys[5], keys[3]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=200),
+    st.sampled_from([0, 1, 20, 40, 62]),
+)
+def test_the_key_index_orders_hashes_as_a_stable_sort(pairs, low):
+    """The key index's order of the 64-bit hashes is ``np.argsort(kind="stable")``'s:
+    hashes equal, or equal only in their top bits (a few values in the top bits, others
+    ``low`` bits below them), in order of the whole hash, then of position."""
+    from hotset.storage.columns import _hash_order
+
+    h = np.array([top << 62 | (x << low) for top, x in pairs], np.uint64)
+    assert np.array_equal(_hash_order(h), np.argsort(h, kind="stable"))

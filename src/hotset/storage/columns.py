@@ -229,7 +229,7 @@ class DigestColumn(_Column):
     def positions(self, strings: Iterable[str]) -> np.ndarray:
         """As ``_Column.positions``, from the hash index without sorting the queries:
         each query walks the index's entries from the first its hash may equal
-        (``_candidates``), comparing each candidate's 16 bytes whole, to the first that
+        (``_Buckets``), comparing each candidate's 16 bytes whole, to the first that
         is the same or to the end of its range (absent)."""
         if isinstance(strings, DigestColumn):
             ok, query = np.ones(len(strings), bool), strings._raw
@@ -246,41 +246,56 @@ class DigestColumn(_Column):
         q = np.ascontiguousarray(query).view(np.uint64)
         if distinct and ok.all() and q.shape == words.shape and np.array_equal(q, words):
             return np.arange(len(self))  # the same digests in the same order
-        qrows, rows = _rows(q), _rows(self._raw)
-        at, end = _candidates(heads, _mix(q))
+        qrows, rows, hashed = _rows(q), _rows(self._raw), _mix(q)
         where = np.arange(ok.size) if ok.all() else np.flatnonzero(ok)
-        pending = np.arange(where.size)
-        while pending.size:  # a few steps: a bucket holds about one hash
-            pending = pending[at[pending] < end[pending]]
-            cand = order[at[pending]]
-            whole = _same(rows[cand], qrows[pending])
-            out[where[pending[whole]]] = cand[whole]
-            pending = pending[~whole]
-            at[pending] += 1
+        buckets = _Buckets(heads)
+        for lo in range(0, where.size, LOOKUP_BLOCK):  # temporaries of a block, reused
+            block = where[lo : lo + LOOKUP_BLOCK]
+            at, end = buckets.ranges(hashed[lo : lo + LOOKUP_BLOCK])
+            pending, mine = np.arange(block.size), qrows[lo : lo + LOOKUP_BLOCK]
+            while pending.size:  # a few steps: a bucket holds about one hash
+                pending = pending[at[pending] < end[pending]]
+                cand = order[at[pending]]
+                whole = _same(rows[cand], mine[pending])
+                out[block[pending[whole]]] = cand[whole]
+                pending = pending[~whole]
+                at[pending] += 1
         return out
 
 
 MAX_BUCKET = 64  # more hashes in one bucket (repeated keys): search by equal hashes
+#: queries looked up at a time (``DigestColumn.positions``): temporaries of 16 MB, not 14M
+LOOKUP_BLOCK = 1 << 20
 
 
-def _candidates(heads: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each of the hashes ``h``, the range ``[at, end)`` of the sorted ``heads`` to
-    walk: its bucket, named by the hash's top bits (about one head per bucket; a count
-    and a cumulative sum find where each begins), so the queries need no sort and no
-    binary search. Where a bucket is crowded (a key repeated many times), the heads
-    equal to the hash instead (two binary searches)."""
-    bits = min(30, max(1, (heads.size - 1).bit_length()))
-    shift = np.uint64(64 - bits)
-    counts = np.bincount((heads >> shift).astype(np.intp), minlength=1 << bits)
-    if counts.max() > MAX_BUCKET:
-        return np.searchsorted(heads, h, "left"), np.searchsorted(heads, h, "right")
-    ranges = np.empty((1 << bits, 2), index_dtype(heads.size + 1))  # [start, end) each
-    np.cumsum(counts, out=ranges[:, 1])
-    ranges[:, 0] = ranges[:, 1] - counts
-    del counts  # each query's range gathered as one value of twice the width: one pass
-    wide = ranges.view(np.int64 if ranges.itemsize == 4 else np.complex128).ravel()
-    got = wide[(h >> shift).astype(np.intp)].view(ranges.dtype).reshape(-1, 2)
-    return got[:, 0].astype(np.int64), got[:, 1]
+class _Buckets:
+    """Where to walk the sorted ``heads`` for a hash: its bucket, named by the hash's top
+    bits (about one head per bucket; a count and a cumulative sum find where each
+    begins, once), so the queries need no sort and no binary search. Where a bucket is
+    crowded (a key repeated many times), the heads equal to the hash instead (two
+    binary searches)."""
+
+    def __init__(self, heads: np.ndarray) -> None:
+        self.heads = heads
+        bits = min(30, max(1, (heads.size - 1).bit_length()))
+        self.shift = np.uint64(64 - bits)
+        counts = np.bincount((heads >> self.shift).astype(np.intp), minlength=1 << bits)
+        self.wide = None
+        if counts.max() <= MAX_BUCKET:
+            ranges = np.empty((1 << bits, 2), index_dtype(heads.size + 1))  # [start, end)
+            np.cumsum(counts, out=ranges[:, 1])
+            ranges[:, 0] = ranges[:, 1] - counts
+            # each query's range gathered as one value of twice the width: one pass
+            self.wide = ranges.view(np.int64 if ranges.itemsize == 4 else np.complex128)
+            self.dtype = ranges.dtype
+
+    def ranges(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of the hashes ``h``, the range ``[at, end)`` of the heads to walk."""
+        if self.wide is None:
+            return np.searchsorted(self.heads, h, "left"), np.searchsorted(self.heads, h, "right")
+        got = self.wide.ravel()[(h >> self.shift).astype(np.intp)]
+        got = got.view(self.dtype).reshape(-1, 2)
+        return got[:, 0].astype(np.int64), got[:, 1]
 
 
 class _HashIndex(NamedTuple):
@@ -302,12 +317,31 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _hash_order(h: np.ndarray) -> np.ndarray:
-    """``np.argsort(h, kind="stable")`` for uint64 ``h``, about 1.5x faster: two radix
-    passes (numpy's stable sort of uint16) order by the top 32 bits, and timsort finishes
-    the nearly sorted rest in one pass."""
-    r = np.argsort((h >> np.uint64(32)).astype(np.uint16), kind="stable")
-    r = r[np.argsort((h >> np.uint64(48)).astype(np.uint16)[r], kind="stable")]
-    return r[np.argsort(h[r], kind="stable")]
+    """``np.argsort(h, kind="stable")`` for uint64 ``h``, about 5x faster at 14M: each
+    hash's top ``64 - b`` bits keep its position in the low ``b`` bits (enough for
+    ``n``) and numpy sorts these keys as plain integers; the few entries whose top bits
+    tie (about 90 pairs in 14M) are then put in order of their whole hash, positions
+    still ascending among equal ones. Beyond ``2**32`` hashes: two radix passes
+    (numpy's stable sort of uint16) by the top 32 bits, and timsort of the rest."""
+    n = h.size
+    b = max(1, (n - 1).bit_length())
+    if b > 32:
+        r = np.argsort((h >> np.uint64(32)).astype(np.uint16), kind="stable")
+        r = r[np.argsort((h >> np.uint64(48)).astype(np.uint16)[r], kind="stable")]
+        return r[np.argsort(h[r], kind="stable")]
+    shift = np.uint64(b)
+    keys = h >> shift
+    keys <<= shift
+    keys |= np.arange(n, dtype=np.uint64)
+    keys.sort()
+    order = keys & np.uint64((1 << b) - 1)
+    keys >>= shift  # the top bits, in order
+    tie = np.flatnonzero(keys[1:] == keys[:-1])
+    if tie.size:  # runs of equal top bits: by (top, whole hash, position), in their slots
+        slots = np.union1d(tie, tie + 1)
+        pos = order[slots]
+        order[slots] = pos[np.lexsort((pos, h[pos], keys[slots]))]
+    return order
 
 
 def _mix(words: np.ndarray) -> np.ndarray:
