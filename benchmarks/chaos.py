@@ -196,7 +196,7 @@ def redis_restart(storage, tmp: Path, round_: int) -> Outcome:
                      len(storage))  # fmt: skip
         finish(loader, out)
     finally:
-        server.stop()
+        server.shutdown()
     return out
 
 

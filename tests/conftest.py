@@ -57,7 +57,7 @@ def redis_server(tmp_path):
     server = RedisServer(tmp_path)
     _started(server.start)
     yield server
-    server.stop()
+    server.shutdown()
 
 
 @pytest.fixture

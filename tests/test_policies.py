@@ -259,9 +259,8 @@ HEAP_OPS = st.lists(
 )
 def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype):
     """Every operation leaves the heap's members and levels those of a plain dict, and
-    pops come out by (level, id); with a negative slack every push compacts, by a scan
-    of the levels (64 ids) or by testing the heap's entries (16,384 ids, a few entries:
-    at once, or one at a time where keys pass int64), and a copy (as a checkpoint makes)
+    pops come out by (level, id); with a negative slack every push compacts (keys made
+    at once, or one at a time where they pass int64), and a copy (as a checkpoint makes)
     holds the same; int32 levels (iCACHE's) too. ``in_order`` lists the members as pops
     would give them, and ``remove`` drops many at once."""
     import copy

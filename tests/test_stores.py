@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hotset import ConfigError, MemoryStore, RedisStore, SharedStore, make_store
+from hotset.store import lease
+from hotset.store.redis_store import REDIS_LEASE
+from hotset.testing import RedisServer, forget_redis_leases
 
 
 @pytest.fixture(params=["memory", "shared", "redis"])
@@ -17,8 +21,6 @@ def store_factory(request, tmp_path):
     created = []
     server = None
     if request.param == "redis":
-        from conftest import RedisServer
-
         server = RedisServer(tmp_path)
         server.start()
 
@@ -37,7 +39,7 @@ def store_factory(request, tmp_path):
     for s in created:
         s.close(destroy=True)
     if server:
-        server.stop()
+        server.shutdown()
 
 
 def test_roundtrip_and_interface(store_factory):
@@ -145,12 +147,45 @@ def test_redis_down_then_back(redis_server):
     assert s.get_many(["c"]) == [b"3"]
 
 
+def test_a_server_gone_for_good_takes_its_leases_with_it(tmp_path):
+    """A store closed while its server is down keeps its namespace's lease (the next store
+    drawn on that server clears what it left); a test's server shut down for good (it
+    saves nothing) forgets the leases drawn on it, held or not, and no other server's."""
+    servers = [RedisServer(tmp_path / name) for name in ("a", "b")]
+    for server in servers:
+        server.workdir.mkdir()
+        server.start()
+    held, other = (RedisStore(100, url=server.url) for server in servers)
+    left = RedisStore(100, url=servers[0].url)
+    path = {s: os.path.join(lease.private_base(), REDIS_LEASE + s.namespace)
+            for s in (held, other, left)}  # fmt: skip
+    try:
+        servers[0].stop()
+        left.close(destroy=True)  # its server is down: nothing cleared, the lease stays
+        assert os.path.exists(path[left])
+        servers[1].stop()
+        other.close(destroy=True)
+        servers[1].start()  # back: a later store on it clears what ``other`` left
+        servers[0].shutdown()
+        assert not os.path.exists(path[left])
+        assert not os.path.exists(path[held])  # its store is open, its server gone
+        assert os.path.exists(path[other])
+        held.close(destroy=True)  # the lease it held has gone: closes all the same
+    finally:
+        for server in servers:
+            server.shutdown()
+    assert not any(os.path.exists(p) for p in path.values())
+
+
 def test_make_store_specs(tmp_path):
     assert isinstance(make_store("memory", 10), MemoryStore)
     s = make_store(f"shared://{tmp_path}/x", 10)
     assert isinstance(s, SharedStore)
     s.close(destroy=True)
-    assert isinstance(make_store("redis://localhost:1/0", 10), RedisStore)
+    nowhere = make_store("redis://localhost:1/0", 10)
+    assert isinstance(nowhere, RedisStore)
+    nowhere.close(destroy=True)
+    forget_redis_leases("redis://localhost:1/0")  # no server there to clear it
     with pytest.raises(ConfigError, match="unknown store 'nope'"):
         make_store("nope", 10)
     with pytest.raises(ConfigError, match="capacity_bytes"):

@@ -5,13 +5,41 @@ server (moto's or s3rver), and a TCP proxy that puts latency and bandwidth on th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 REDIS_SERVER = os.environ.get("HOTSET_REDIS_SERVER") or shutil.which("redis-server")
+
+
+def forget_redis_leases(*addresses: str) -> int:
+    """Remove the leases of Redis namespaces drawn on a server at one of ``addresses`` (its
+    URL, or ``host:port``), a server gone for good with its data (a test's saves nothing):
+    a store that could not clear its namespace, or is still open, keeps a lease for a
+    later store on that server to clear what it left, and none ever will. Returns how
+    many went."""
+    from hotset.store import lease
+    from hotset.store.redis_store import REDIS_LEASE
+
+    named = [re.compile(rb"(?<![\w.])" + re.escape(a.encode()) + rb"(?![\w.])") for a in addresses]
+    base, gone = lease.private_base(), 0
+    for name in os.listdir(base):
+        if name.startswith(REDIS_LEASE):
+            path = os.path.join(base, name)
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    content = os.pread(fd, 4096, 0)
+                finally:
+                    os.close(fd)
+                if any(n.search(content) for n in named):
+                    os.unlink(path)
+                    gone += 1
+    return gone
 
 
 def _binary(name: str | None, what: str) -> str:
@@ -62,6 +90,11 @@ class RedisServer:
             self.proc = None
         if os.path.exists(self.sock):
             os.unlink(self.sock)
+
+    def shutdown(self) -> None:
+        """Stop for good: the namespaces drawn on it are gone, their leases too."""
+        self.stop()
+        forget_redis_leases(self.url)
 
 
 def _free_port_pair() -> int:
@@ -150,10 +183,13 @@ class RedisClusterServers:
         self.wait_state(port, "ok")
 
     def stop(self) -> None:
+        """Stop every master for good: the namespaces drawn on the cluster are gone, their
+        leases too."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(10)
+        forget_redis_leases(*(f"127.0.0.1:{p}" for p in self.ports))
 
 
 
