@@ -124,8 +124,10 @@ class DependentSampling:
         if self.left[job]:
             self.end_epoch(job)
         ids = self.datasets[job] if ids is None else np.asarray(ids, np.int64)
-        self.mask[ids] |= np.uint64(1 << self._bit(job))
         self.left[job] = int(ids.size)
+        if ids is self.datasets[job] and int(ids[-1]) - int(ids[0]) + 1 == ids.size:
+            ids = slice(int(ids[0]), int(ids[-1]) + 1)  # sorted, distinct, contiguous
+        self.mask[ids] |= np.uint64(1 << self._bit(job))
         self._regroup()
 
     def _bit(self, job: Hashable) -> int:
@@ -158,7 +160,8 @@ class DependentSampling:
 
     def _fill(self, m: int, ids: np.ndarray) -> None:
         """Bucket ``m`` holds ``ids``, in that order."""
-        self.buckets[m] = array(self._code, ids.tobytes())
+        bucket = self.buckets[m] = array(self._code)
+        bucket.frombytes(memoryview(np.ascontiguousarray(ids, self.dtype)).cast("B"))
         self.pos[ids] = np.arange(ids.size)
 
     def _drop_bit(self, b: int) -> np.ndarray:

@@ -194,19 +194,23 @@ class JobCoordinator:
                 f"job {name!r} refused: --sampling {self.mode.name} samples at most {limit} "
                 f"jobs together and {len(self.jobs)} are registered; the others go on"
             )
-        keys = key_column(keys)
-        gids = self.keys.positions(keys)
-        unknown = np.flatnonzero(gids < 0)
-        fresh = keys if unknown.size == len(keys) else keys.take(unknown)
+        keys, known = key_column(keys), len(self.keys)
+        gids = self.keys.positions(keys) if known else None  # the first: every key new
+        unknown = None if gids is None else np.flatnonzero(gids < 0)
+        all_new = unknown is None or unknown.size == len(keys)
+        fresh = keys if all_new else keys.take(unknown)
         first, number = fresh.numbered()  # one sort: each new key's first position
-        new = unknown[first]
+        new = first if all_new else unknown[first]
         if len(self.keys) + new.size > self.max_samples:
             raise ConfigError(
                 f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
                 f"(max_samples); {len(self.keys)} are registered, this dataset adds {new.size}"
             )
-        if new.size:
-            gids[unknown] = len(self.keys) + number  # numbered in order of first sight
+        if new.size:  # numbered in order of first sight
+            if all_new:
+                gids = number + known
+            else:
+                gids[unknown] = known + number
             self.keys = concat(self.keys, keys if new.size == len(keys) else keys.take(new))
             self.mode.add_ids(sizes[new])
         self.policy.set_sizes(gids, sizes)
@@ -231,7 +235,10 @@ class JobCoordinator:
     def _join_dataset(self, job_id: int, unique: np.ndarray) -> str:
         """The job's dataset (created at its first job, with the partition the allocation
         gives it); returns its key."""
-        key = hashlib.blake2b(unique.astype(np.int64).tobytes(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(digest_size=16)  # of the ids as int64, a block at a time
+        for start in range(0, unique.size, 1 << 20):
+            digest.update(unique[start : start + (1 << 20)].astype(np.int64))
+        key = digest.hexdigest()
         if key not in self.datasets:
             nbytes = int(self.policy.sizes[unique].sum())
             self.datasets[key] = DatasetShare(nbytes, self.allocation.new_dataset())

@@ -84,10 +84,12 @@ class PartitionedPolicy:
         ids, sizes = np.asarray(ids, np.int64), np.asarray(sizes, np.int64)
         if ids.shape != sizes.shape:
             raise ConfigError(f"set_sizes: {ids.size} ids but {sizes.size} sizes")
-        changed = np.flatnonzero(self.sizes[ids] != sizes)
-        ids, sizes = ids[changed], sizes[changed]
-        bad = np.flatnonzero(self.owner[ids] >= 0)
-        if bad.size:
+        changed = self.sizes[ids] != sizes
+        if not changed.all():  # (a first job's: all, no copies of 14M ids)
+            ids, sizes = ids[changed], sizes[changed]
+        cached = self.owner[ids] >= 0
+        if cached.any():
+            bad = np.flatnonzero(cached)
             i, s = int(ids[bad[0]]), int(sizes[bad[0]])
             raise ConfigError(f"sample {i} is cached with {self.sizes[i]} bytes, not {s}")
         for part in (self.template, *self.parts):
