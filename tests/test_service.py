@@ -90,6 +90,22 @@ def digests(ids) -> DigestColumn:
     return DigestColumn(f"{i * 7919:032x}" for i in ids)
 
 
+@pytest.mark.parametrize("keys", [keys, digests])
+@pytest.mark.parametrize("sampling", ["dsa", "quiver"])
+def test_keys_are_numbered_in_order_of_first_sight(sampling, keys):
+    """The first job of an empty service (no key index to look up) and a job after it:
+    one global id per distinct key, numbered as the keys are first seen, and a repeated
+    key gets one id."""
+    co = JobCoordinator(capacity_bytes=50, max_samples=100, sampling=sampling)
+    a = co.register("a", keys([5, 3, 5, 9, 3]), np.array([2, 1, 2, 3, 1]), batch_size=2)
+    assert co.jobs[a].gids.tolist() == [0, 1, 0, 2, 1]
+    assert list(co.keys) == list(keys([5, 3, 9]))
+    b = co.register("b", keys([9, 7, 5, 7]), np.array([3, 4, 2, 4]), batch_size=2)
+    assert co.jobs[b].gids.tolist() == [2, 3, 0, 3]
+    assert co.policy.sizes[:4].tolist() == [2, 1, 3, 4]
+    assert co.samples_per_epoch(a) == 3 and co.samples_per_epoch(b) == 3
+
+
 @pytest.mark.parametrize(
     ("sampling", "keys"),
     [("dsa", keys), ("isa", keys), ("quiver", keys), ("chunks", keys), ("dsa", digests)],
