@@ -84,12 +84,10 @@ class PartitionedPolicy:
         ids, sizes = np.asarray(ids, np.int64), np.asarray(sizes, np.int64)
         if ids.shape != sizes.shape:
             raise ConfigError(f"set_sizes: {ids.size} ids but {sizes.size} sizes")
-        changed = self.sizes[ids] != sizes
-        if not changed.all():  # (a first job's: all, no copies of 14M ids)
-            ids, sizes = ids[changed], sizes[changed]
-        cached = self.owner[ids] >= 0
-        if cached.any():
-            bad = np.flatnonzero(cached)
+        changed = np.flatnonzero(self.sizes[ids] != sizes)
+        ids, sizes = ids[changed], sizes[changed]
+        bad = np.flatnonzero(self.owner[ids] >= 0)
+        if bad.size:
             i, s = int(ids[bad[0]]), int(sizes[bad[0]])
             raise ConfigError(f"sample {i} is cached with {self.sizes[i]} bytes, not {s}")
         for part in (self.template, *self.parts):
