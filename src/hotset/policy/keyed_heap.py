@@ -124,13 +124,19 @@ class KeyedHeap:
             return ids[np.argsort(levels, kind="stable")]  # ids ascending: ties by id
         return np.sort(levels << self.bits | ids) & self.mask
 
-    def remove(self, ids: np.ndarray) -> None:
+    def remove(self, ids: np.ndarray, rest: np.ndarray | None = None) -> None:
         """Drop the members ``ids`` (distinct) at once; the heap keeps only the others'
-        entries (a compaction)."""
+        entries (a compaction). ``rest``: the other members in pop order, where the
+        caller has them (``in_order()`` less ``ids``): their keys are the heap as they
+        come, with no scan and no sort."""
         ids = np.asarray(ids, np.int64)
         self.levels[ids] = -1
         self.count -= int(ids.size)
-        self._heap_of_members()
+        if rest is None:
+            self._heap_of_members()
+        else:
+            rest = np.asarray(rest, np.int64)
+            self.heap = self._keys(rest, self.levels[rest])  # ascending: a heap
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` is a member."""
