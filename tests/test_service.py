@@ -94,8 +94,8 @@ def digests(ids) -> DigestColumn:
 @pytest.mark.parametrize("sampling", ["dsa", "quiver"])
 def test_keys_are_numbered_in_order_of_first_sight(sampling, keys):
     """The first job of an empty service (no key index to look up) and a job after it:
-    one global id per distinct key, numbered as the keys are first seen, and a repeated
-    key gets one id."""
+    one global id per distinct key, numbered as the keys are first seen, a repeated key
+    gets one id, and each job is served each of its distinct keys once an epoch."""
     co = JobCoordinator(capacity_bytes=50, max_samples=100, sampling=sampling)
     a = co.register("a", keys([5, 3, 5, 9, 3]), np.array([2, 1, 2, 3, 1]), batch_size=2)
     assert co.jobs[a].gids.tolist() == [0, 1, 0, 2, 1]
@@ -104,6 +104,11 @@ def test_keys_are_numbered_in_order_of_first_sight(sampling, keys):
     assert co.jobs[b].gids.tolist() == [2, 3, 0, 3]
     assert co.policy.sizes[:4].tolist() == [2, 1, 3, 4]
     assert co.samples_per_epoch(a) == 3 and co.samples_per_epoch(b) == 3
+    for job, want in ((a, [5, 3, 9]), (b, [9, 7, 5])):
+        served = []
+        while (gids := co.plan(job, 0)["gids"]).size:
+            served += [co.keys[g] for g in gids]
+        assert sorted(served) == sorted(keys(want))
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ def forget_redis_leases(*addresses: str) -> int:
     a store that could not clear its namespace, or is still open, keeps a lease for a
     later store on that server to clear what it left, and none ever will. Returns how
     many went."""
+    from hotset.errors import ConfigError
     from hotset.store import lease
     from hotset.store.redis_store import REDIS_LEASE
 
@@ -29,15 +30,14 @@ def forget_redis_leases(*addresses: str) -> int:
     base, gone = lease.private_base(), 0
     for name in os.listdir(base):
         if name.startswith(REDIS_LEASE):
-            path = os.path.join(base, name)
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with contextlib.suppress(OSError, ConfigError):  # a lock file of the store's,
+                fd = lease.open_lock(base, create=False, name=name)  # opened as it opens one
                 try:
                     content = os.pread(fd, 4096, 0)
                 finally:
                     os.close(fd)
                 if any(n.search(content) for n in named):
-                    os.unlink(path)
+                    os.unlink(os.path.join(base, name))
                     gone += 1
     return gone
 

@@ -201,10 +201,10 @@ class JobCoordinator:
         fresh = keys if all_new else keys.take(unknown)
         first, number = fresh.numbered()  # one sort: each new key's first position
         new = first if all_new else unknown[first]
-        if len(self.keys) + new.size > self.max_samples:
+        if known + new.size > self.max_samples:
             raise ConfigError(
                 f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
-                f"(max_samples); {len(self.keys)} are registered, this dataset adds {new.size}"
+                f"(max_samples); {known} are registered, this dataset adds {new.size}"
             )
         if new.size:  # numbered in order of first sight
             if all_new:

@@ -91,7 +91,7 @@ def private_base() -> str:
     return base
 
 
-def _open_lock(path: str, create: bool, name: str = LOCK) -> int:
+def open_lock(path: str, create: bool, name: str = LOCK) -> int:
     """A lock file of the store's, opened without following a link or blocking on a FIFO."""
     fd = os.open(os.path.join(path, name), _OPEN | (os.O_CREAT if create else 0), 0o600)
     try:
@@ -106,7 +106,7 @@ def hold(path: str, name: str, content: bytes = b"") -> int | None:
     """Hold an exclusive lock on the file ``path/name`` (made, with ``content``, if
     missing) for as long as this process keeps the returned descriptor; ``None`` if
     another process holds it."""
-    fd = _open_lock(path, create=True, name=name)
+    fd = open_lock(path, create=True, name=name)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -180,7 +180,7 @@ class Lease:
                     f"{path} holds an LMDB environment hotset did not make (no {LOCK}): "
                     "refusing to use or remove it; name an empty or new directory"
                 )
-            fd = _open_lock(path, create=True)
+            fd = open_lock(path, create=True)
             if made:
                 os.write(fd, MADE)
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -200,7 +200,7 @@ class Lease:
         """A new store directory in ``base``, leased before it gets its final name (so no
         other process's ``remove_unused`` takes it for a leftover)."""
         tmp = tempfile.mkdtemp(prefix=".new-", dir=base)
-        fd = _open_lock(tmp, create=True)
+        fd = open_lock(tmp, create=True)
         os.write(fd, MADE)
         fcntl.flock(fd, fcntl.LOCK_SH)
         path = os.path.join(base, STORE_PREFIX + os.path.basename(tmp)[len(".new-") :])
@@ -260,7 +260,7 @@ def remove_unused(base: str) -> list[str]:
         if not name.startswith(STORE_PREFIX) or not os.path.isdir(path):
             continue
         try:
-            fd = _open_lock(path, create=False)
+            fd = open_lock(path, create=False)
         except (OSError, ConfigError):
             continue  # not a store of ours: leave it alone
         try:
