@@ -170,7 +170,8 @@ def main() -> None:
         ap.error("give --data (ranks that train) or --ids (a dry run of the plan)")
     rows = []
     for name, world in CASES:
-        records = run_ranks(world, args.data, SYSTEMS[name], Path(tempfile.mkdtemp()))
+        with tempfile.TemporaryDirectory() as tmp:
+            records = run_ranks(world, args.data, SYSTEMS[name], Path(tmp))
         later = [ep for r in records for ep in r["epochs"][1:]]
         steps = sum(ep["batches"] for ep in records[0]["epochs"])
         rows.append({

@@ -137,7 +137,11 @@ def run_hotset(
 
 
 def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_bytes: int) -> dict:
-    local = tempfile.mkdtemp(prefix="streaming-local-")
+    with tempfile.TemporaryDirectory(prefix="streaming-local-") as local:  # its shard cache
+        return _run_streaming(args, wire, latency, mds_bytes, local)
+
+
+def _run_streaming(args, wire: DelayProxy, latency: float, mds_bytes: int, local: str) -> dict:
     capacity = int(args.cache_fraction * mds_bytes)
     env = {
         **os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_ACCESS_KEY_ID": "hotset",

@@ -14,7 +14,7 @@ from hotset.checkpoint import from_safe, to_safe
 from hotset.errors import ConfigError, CorruptSampleError
 from hotset.loader import make_loader
 from hotset.models import TinyCNN
-from hotset.packages import read_package
+from hotset.packages import Packager, read_package
 from hotset.plan import Planner
 from hotset.sampling import make_sampler
 from hotset.storage import FileStorage
@@ -440,6 +440,34 @@ def test_a_package_file_holds_the_samples_it_claims(fmnist_dir, tmp_path):
             read_package(files[0])
     finally:
         packager.close()
+
+
+def test_a_packagers_own_directory_goes_with_it_and_not_with_a_forked_copy(fmnist_dir):
+    """A loader dropped without close() leaves no package files behind: the packager's own
+    temporary directory is removed when it is collected (or at exit), but a forked
+    worker's copy of the packager, collected in the worker, leaves its parent's files."""
+    import gc
+    import os
+    import threading
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    policy = make_policy("icache", 100_000, sizes=storage.sizes, package_bytes=20_000)
+    policy.apply_hints(hints(np.arange(len(storage)) % 2 == 0, np.linspace(0, 1, len(storage))))
+    packager = Packager(storage, make_store("memory", 10**6), policy, threading.RLock(),
+                        threads=False)  # fmt: skip
+    packager.poll()
+    made = packager.dir
+    assert list(made.glob("pkg-*.bin"))  # packages were written there
+    pid = os.fork()
+    if pid == 0:  # the worker: its copy goes, the parent's files stay
+        del packager
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert list(made.glob("pkg-*.bin"))
+    del packager
+    gc.collect()
+    assert not made.exists()
 
 
 @pytest.mark.slow

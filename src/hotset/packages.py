@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -138,8 +139,13 @@ class Packager:
             raise ConfigError("packages for several ranks are made in the planner's thread")
         self.ranks = ranks
         self.leads = ranks is None or ranks.rank == 0  # reads, writes and loads packages
-        self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
+        # our own temporary directory goes with us: closed, collected or at the interpreter's
+        # exit (a loader dropped without close() must not leave package files behind)
+        self._remove_dir = (
+            weakref.finalize(self, _remove_own_dir, str(self.dir), os.getpid())
+            if directory is None else None
+        )  # fmt: skip
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -367,5 +373,12 @@ class Packager:
         for t in self._threads:
             t.join(timeout=10)
         self._threads = []
-        if self._own_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if self._remove_dir is not None:
+            self._remove_dir()
+
+
+def _remove_own_dir(path: str, pid: int) -> None:
+    """Remove a packager's own temporary directory, from the process that made it only: a
+    forked worker's copy of the packager must not take its parent's files."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
