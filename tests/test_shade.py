@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from hotset import (
@@ -162,6 +166,79 @@ def test_app_follows_algorithm_1():
     r = app.access([3])  # now 1.0 >= 0.5: the adaptive update made room for 3
     assert r.evicted.tolist() == [0] and r.admitted.tolist() == [3]
     assert trace(app, [2, 3]) == [True, True]
+
+
+V = [0.0] * 9  # the rest of an op's scores
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from([("pq", None), ("app", None), ("app", 0.5)]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["access", "access", "scores", "pin", "unpin"]),
+            st.lists(st.integers(0, 11), min_size=1, max_size=10),
+            st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0]), min_size=12, max_size=12),
+        ),
+        min_size=1,
+        max_size=24,
+    ),
+    st.lists(st.integers(1, 4), min_size=12, max_size=12),
+    st.integers(0, 16),
+)
+@example(  # 0, a resident when the batch starts, is evicted by 2 before its turn: a miss
+    ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
+                   ("access", [2, 0], [0.0] * 12)], [1] * 12, 2,
+)  # fmt: skip
+@example(  # 0 is pinned: 1, the next lowest, goes for 2
+    ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
+                   ("pin", [0], [0.0] * 12), ("access", [2], [0.0] * 12)], [1] * 12, 2,
+)  # fmt: skip
+def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, capacity):
+    """SHADE's cache (APP) and the priority queue decide in one loop over the batch's
+    misses (the residents at its start are hits at once): against the base loop driven
+    by their steps (``_victim``, ``_level``), the same hits, admissions, evictions, bytes,
+    residents and order of leaving, with repeats in a batch, residents evicted before
+    their turn in it, scores raised and lowered, ties, pins held and released."""
+    from hotset.policy.base import Policy
+
+    name, ghost = policy
+    board = ScoreBoard(12)
+    options = {"ghost_epochs": ghost} if ghost else {}
+    fast, slow = (make_policy(name, capacity, sizes=np.asarray(sizes), **options)
+                  for _ in range(2))  # fmt: skip
+    slow._access = Policy._access.__get__(slow)  # the generic loop calling the steps
+    for p in (fast, slow):
+        p.attach_scores(board)
+    held: list[list[int]] = []
+    for op, ids, values in ops:
+        if op == "scores":
+            board.update(np.asarray(ids), np.asarray(values[: len(ids)]), np.zeros(len(ids)))
+            for p in (fast, slow):
+                p.scores_updated(np.asarray(ids))
+        elif op == "pin":
+            for p in (fast, slow):
+                p.pin(ids)
+            held.append(ids)
+        elif op == "unpin" and held:
+            for p in (fast, slow):
+                p.pin(held[0], -1)
+            held.pop(0)
+        elif op == "access":
+            a, b = fast.access(ids), slow.access(ids)
+            assert a.hits.tolist() == b.hits.tolist()
+            assert a.admitted.tolist() == b.admitted.tolist()
+            assert a.evicted.tolist() == b.evicted.tolist()
+            assert not fast.pinned[a.evicted].any()  # a plan in flight keeps its ids
+        assert fast.used == slow.used <= capacity
+        assert fast.cached_ids().tolist() == slow.cached_ids().tolist()
+        assert leaving_order(fast) == leaving_order(slow)
+
+
+def leaving_order(policy) -> list[int]:
+    """The residents in the order a policy's heap would evict them."""
+    heap = copy.deepcopy(policy._heap)
+    return [heap.pop() for _ in range(len(heap))]
 
 
 def test_pq_admits_unknown_by_score_and_app_does_not():

@@ -9,6 +9,8 @@ lower id).
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
+
 import numpy as np
 
 from hotset.errors import ConfigError
@@ -82,6 +84,88 @@ class PriorityPolicy(HeapPolicy):
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
         self._q, self._may = self._levels(ids).tolist(), self._may_replace(ids).tolist()
+        self._batch = ids
+
+    def _access(
+        self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
+    ) -> None:
+        """The base miss path (``Policy._access`` with this class's steps, which stay the
+        reference) on the batch's misses alone, in one loop: the ids resident when the
+        batch starts are hits found at once (one evicted by an earlier miss of the batch
+        turns a miss in its turn), the heap handled in place. The same decisions without
+        a loop turn per hit nor a method call per step."""
+        heap = self._heap
+        start = heap.levels[self._batch] >= 0
+        hit = start.tolist()
+        todo = np.flatnonzero(~start).tolist()
+        sizes, cap, used, qs, may = self._sizes, self.capacity_bytes, self.used, self._q, self._may
+        live, h, bits, mask, count = heap.live, heap.heap, heap.bits, heap.mask, heap.count
+        pins = memoryview(self.pinned) if self._holds[0] else None
+        ties = self.evict_ties
+        later: dict[int, list[int]] | None = None  # the starting residents' positions
+        turned: list[int] = []  # positions of starting residents evicted before their turn
+        n, k = len(todo), 0
+        while k < n or turned:
+            if turned and (k >= n or turned[0] < todo[k]):
+                p = heappop(turned)
+            else:
+                p, k = todo[k], k + 1
+            i = ids[p]
+            if live[i] >= 0:  # admitted at an earlier position of the batch
+                hit[p] = True
+                continue
+            hit[p] = False
+            s = sizes[i]
+            if s > cap:
+                continue
+            q = qs[p]
+            if used + s > cap:
+                if not may[p]:
+                    continue
+                victims, held = [], []
+                while used + s > cap:
+                    while h and live[h[0] & mask] != h[0] >> bits:
+                        heappop(h)  # stale entry
+                    if not h:
+                        break
+                    v = h[0] >> bits
+                    if v > q or (v == q and not ties):
+                        break  # the newcomer is the least important: not admitted
+                    top = heappop(h)
+                    j = top & mask
+                    live[j] = -1
+                    count -= 1
+                    if pins is not None and pins[j]:  # a plan in flight reads/writes it
+                        held.append(top)
+                        continue
+                    victims.append(top)
+                    used -= sizes[j]
+                for top in held if used + s <= cap else held + victims:  # put back
+                    live[top & mask] = top >> bits
+                    heappush(h, top)
+                    count += 1
+                if used + s > cap:
+                    used += sum(sizes[top & mask] for top in victims)
+                    continue
+                for top in victims:
+                    j = top & mask
+                    evicted.append(j)
+                    if later is None:
+                        later = {}
+                        for r in np.flatnonzero(start).tolist():
+                            later.setdefault(ids[r], []).append(r)
+                    for r in later.get(j, ()):
+                        if r > p:
+                            heappush(turned, r)
+            live[i] = q
+            heappush(h, q << bits | i)
+            count += 1
+            used += s
+            admitted.append(i)
+        self.used = used
+        heap.count = count
+        heap.compact()
+        hits.extend(hit)
 
     def _victim(self, p: int, i: int) -> int:
         top = self._heap.peek()
