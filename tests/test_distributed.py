@@ -255,13 +255,14 @@ def test_two_nodes_keep_local_copies_over_a_pooled_cluster(fmnist_dir, tmp_path,
     assert abs(hits / (2 * n) - CAPACITY_FRACTION) < 0.02  # MinIO at C over both nodes
 
 
-def test_the_readme_torchrun_example_runs(fmnist_dir):
+def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path):
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--log-dir", str(tmp_path / "torchrun"),  # (not a new directory in /tmp per run)
          str(root / "examples" / "ddp_train.py"), "--data", str(fmnist_dir / "train"),
          "--epochs", "2"],
         capture_output=True, text=True, timeout=300,

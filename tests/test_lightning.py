@@ -24,7 +24,8 @@ pytest.importorskip("lightning")
 def run(args: list[str], out: Path, ranks: int = 1) -> tuple[dict[int, list[dict]], str]:
     launch = [sys.executable]
     if ranks > 1:
-        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
+        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                   "--log-dir", str(out / "torchrun")]  # (not a new directory in /tmp)
     proc = subprocess.run(
         [*launch, str(EXAMPLE), *args, "--out", str(out), "--devices", str(ranks)],
         capture_output=True, text=True, timeout=300,
