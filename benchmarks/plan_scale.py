@@ -21,7 +21,9 @@ class-clustered 16-d embeddings for SpiderCache), as a training loop would. Repo
   the process to make its arrays of n, and on some machines pays their first page faults,
   0.3-0.7 s at 14M ids here); ``package_ms``: iCACHE's composition of a package;
   ``longest_batch_ms``: the longest a batch took to plan (and feed back), every batch
-  but the epochs' first (the ``--warm`` fill included).
+  but the epochs' first (the ``--warm`` fill included); ``numpy_madvise_hugepage``: the
+  ``NUMPY_MADVISE_HUGEPAGE`` the run had (docs/benchmarks.md: on this VM a huge page's
+  first touch is slow, and the second epoch's start pays it).
 
 ``--scored``: every id gets a loss before the windows, as after a whole first epoch
 (by default only the windows' batches are scored, so IIS ranks 25,600 losses where a
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -283,6 +286,9 @@ def _one(system, n, batches, batch_size, memory, scored, warm, epochs, columns: 
         "longest_batch_ms": 1e3 * r["longest_s"],
         "blocks": r.get("blocks", []),
         "cache_full": r["full"],
+        # numpy's huge pages for large arrays (on by default): where their first touch is
+        # slow (this VM), a process's first epoch of large new arrays pays for it
+        "numpy_madvise_hugepage": os.environ.get("NUMPY_MADVISE_HUGEPAGE", "default"),
     }
 
 

@@ -129,7 +129,7 @@ class PADSSampler(Sampler):
         """Each id's sampling weight for the next draw (proportional to its probability)."""
         w = np.maximum(self.board.score, 1e-12)  # never-scored samples hold the prior
         if self.repetition_mode == "weight":
-            w[self._cached] *= self.repetition
+            w[np.flatnonzero(self._cached)] *= self.repetition  # (a mask: 3x the time)
         return w
 
     def probabilities(self) -> np.ndarray:
