@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 DATA ?= data/fashion-mnist
 OUT ?= out
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
-PIP := $(PY) -m pip install -q --disable-pip-version-check $(FIND_LINKS)
+# no wheel cache: a fresh machine installs once, and torch's CUDA wheels would keep GBs
+PIP := $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir $(FIND_LINKS)
 
 .PHONY: install system-deps s3rver data demo compare test docs bench chaos peers lint lock clean
 
