@@ -196,10 +196,11 @@ V = [0.0] * 9  # the rest of an op's scores
 )  # fmt: skip
 def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, capacity):
     """SHADE's cache (APP) and the priority queue decide in one loop over the batch's
-    misses (the residents at its start are hits at once): against the base loop driven
-    by their steps (``_victim``, ``_level``), the same hits, admissions, evictions, bytes,
-    residents and order of leaving, with repeats in a batch, residents evicted before
-    their turn in it, scores raised and lowered, ties, pins held and released."""
+    misses (the residents at its start are hits at once; while the cache fills, all its
+    misses are admitted at once): against the base loop driven by their steps
+    (``_victim``, ``_level``), the same hits, admissions, evictions, bytes, residents and
+    order of leaving, with repeats in a batch, residents evicted before their turn in it,
+    scores raised and lowered, ties, pins held and released."""
     from hotset.policy.base import Policy
 
     name, ghost = policy

@@ -92,10 +92,15 @@ class PriorityPolicy(HeapPolicy):
         """The base miss path (``Policy._access`` with this class's steps, which stay the
         reference) on the batch's misses alone, in one loop: the ids resident when the
         batch starts are hits found at once (one evicted by an earlier miss of the batch
-        turns a miss in its turn), the heap handled in place. The same decisions without
-        a loop turn per hit nor a method call per step."""
+        turns a miss in its turn), the heap handled in place; while the cache fills, all
+        the batch's misses at once (``_admit_all``). The same decisions without a loop
+        turn per hit nor a method call per step."""
         heap = self._heap
         start = heap.levels[self._batch] >= 0
+        filled = self._admit_all(start, admitted)
+        if filled is not None:
+            hits.extend(filled.tolist())
+            return
         hit = start.tolist()
         todo = np.flatnonzero(~start).tolist()
         sizes, cap, used, qs, may = self._sizes, self.capacity_bytes, self.used, self._q, self._may
@@ -166,6 +171,35 @@ class PriorityPolicy(HeapPolicy):
         heap.count = count
         heap.compact()
         hits.extend(hit)
+
+    def _admit_all(self, start: np.ndarray, admitted: list[int]) -> np.ndarray | None:
+        """Where every miss of the batch fits the free room (the cache is filling), admit
+        them all at once, each at its first position; returns the batch's hits (``start``,
+        the residents when it starts, and the misses' repeats), or ``None`` where they do
+        not all fit. The base loop admits each such miss the same way: nothing is evicted."""
+        positions = np.flatnonzero(~start)
+        if not positions.size:
+            return start
+        ids = self._batch[positions]
+        new, first = np.unique(ids, return_index=True)
+        need = int(np.frombuffer(self._sizes, np.int64)[new].sum())
+        if self.used + need > self.capacity_bytes:
+            return None
+        first.sort()  # the admissions in the batch's order
+        hit = start.copy()
+        hit[positions] = True  # a miss's repeat after its admission
+        hit[positions[first]] = False
+        ids, levels = ids[first], np.asarray(self._q, np.int64)[positions[first]]
+        heap = self._heap
+        heap.levels[ids] = levels
+        push, h = heappush, heap.heap
+        for k in heap._keys(ids, levels):
+            push(h, k)
+        heap.count += ids.size
+        heap.compact()
+        self.used += need
+        admitted.extend(ids.tolist())
+        return hit
 
     def _victim(self, p: int, i: int) -> int:
         top = self._heap.peek()
