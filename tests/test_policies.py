@@ -243,6 +243,7 @@ HEAP_OPS = st.lists(
         st.tuples(st.sampled_from(["put back", "settle"]), st.integers(1, 4)),
         st.tuples(st.just("rekey"), st.sets(st.integers(0, 63), max_size=12), st.integers(0, 9)),
         st.tuples(st.just("rekey all"), st.integers(0, 9)),
+        st.tuples(st.just("add"), st.sets(st.integers(0, 63), max_size=12), st.integers(0, 9)),
         st.tuples(st.just("remove"), st.sets(st.integers(0, 63), max_size=12)),
         st.tuples(st.just("copy")),
     ),
@@ -262,7 +263,8 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
     pops come out by (level, id); with a negative slack every push compacts (keys made
     at once, or one at a time where they pass int64), and a copy (as a checkpoint makes)
     holds the same; int32 levels (iCACHE's) too. ``in_order`` lists the members as pops
-    would give them, and ``remove`` drops many at once (given the rest in order, or not)."""
+    would give them, ``add`` makes many members at once (into an empty heap or not), and
+    ``remove`` drops many at once (given the rest in order, or not)."""
     import copy
 
     from hotset.policy.keyed_heap import KeyedHeap
@@ -298,6 +300,10 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
         elif op[0] == "rekey all":
             h.rekey_all(h.members() % 3 + op[1])
             ref = {i: i % 3 + op[1] for i in ref}
+        elif op[0] == "add":  # the non-members among them, at once
+            new = np.array(sorted(op[1] - ref.keys()), np.int64)
+            h.add(new, new % 7 + op[2])
+            ref.update({i: i % 7 + op[2] for i in new.tolist()})
         elif op[0] == "remove":
             gone = sorted(op[1] & ref.keys())
             rest = None  # or the others in pop order, as a caller that has them gives

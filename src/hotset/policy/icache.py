@@ -292,7 +292,7 @@ class ICachePolicy(Policy):
         if self._h:  # the heap turns read-only; the shadow gets the new values
             ids = np.fromiter(self._h, np.int64, len(self._h))
             self.shadow = KeyedHeap(self.num_samples, np.int32)
-            self.shadow.rekey_all(self._level[ids], ids)
+            self.shadow.add(ids, self._level[ids])
             self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
         for i in self._l:

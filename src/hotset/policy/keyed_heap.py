@@ -142,19 +142,27 @@ class KeyedHeap:
         """Whether each of ``ids`` is a member."""
         return self.levels[ids] >= 0
 
-    def rekey_all(self, levels: np.ndarray, ids: np.ndarray | None = None) -> None:
+    def rekey_all(self, levels: np.ndarray) -> None:
         """Re-key every member at once, ``levels`` in the order ``members()`` lists them
         (most of them changed, e.g. a job's epoch start counted references to all): one
-        array write and one sort instead of a push per member. ``ids`` (distinct):
-        fill an empty heap with these members instead."""
-        if ids is None:
-            ids = self.members()
-        elif self.count:
-            raise ValueError("rekey_all(ids=) fills an empty heap")
+        array write and one sort instead of a push per member."""
+        ids, levels = self.members(), np.asarray(levels, np.int64)
+        self.levels[ids] = levels
+        self.heap = self._keys(ids, levels, ordered=True)
+
+    def add(self, ids: np.ndarray, levels: np.ndarray) -> None:
+        """Make ``ids`` (distinct, none a member) members with ``levels``, at once: one
+        array write, and the keys sorted into an empty heap or pushed into the others."""
         ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
         self.levels[ids] = levels
-        self.count = int(ids.size)
-        self.heap = self._keys(ids, levels, ordered=True)
+        self.count += int(ids.size)
+        if not self.heap:
+            self.heap = self._keys(ids, levels, ordered=True)
+            return
+        heap, push = self.heap, heapq.heappush
+        for k in self._keys(ids, levels):
+            push(heap, k)
+        self.compact()
 
     def drop(self, i: int) -> None:
         """Remove ``i`` (its entries turn stale)."""

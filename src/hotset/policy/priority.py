@@ -189,14 +189,8 @@ class PriorityPolicy(HeapPolicy):
         hit = start.copy()
         hit[positions] = True  # a miss's repeat after its admission
         hit[positions[first]] = False
-        ids, levels = ids[first], np.asarray(self._q, np.int64)[positions[first]]
-        heap = self._heap
-        heap.levels[ids] = levels
-        push, h = heappush, heap.heap
-        for k in heap._keys(ids, levels):
-            push(h, k)
-        heap.count += ids.size
-        heap.compact()
+        ids = ids[first]
+        self._heap.add(ids, np.asarray(self._q, np.int64)[positions[first]])
         self.used += need
         admitted.extend(ids.tolist())
         return hit
