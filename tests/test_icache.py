@@ -370,12 +370,14 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
             assert p.used <= p.capacity_bytes
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(*SMALL_CACHES)
 def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg, h_frac):
     """The simulator's feeder loads a package in one step (``l_load_now``: no reservation,
-    no arrays); the package threads compose it, make room and commit it. Driven the same
-    way, both serve the same ids with the same hits and hold the same residents."""
+    no arrays), or many at once (``l_load_many``); the package threads compose each, make
+    room and commit it. Driven the same way (some ids pinned while packages load, as by
+    plans in flight), both serve the same ids with the same hits and hold the same
+    residents, loaded in the same order."""
     n, rng, kw = _small_cache(seed, pkg)
     instant, stepped = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw)
     feeder = instant.make_feeder(lock=None)
@@ -388,7 +390,7 @@ def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg
             _, accepted = stepped.l_make_room(ids)
             stepped.l_commit(accepted)
 
-    for _ in range(4):
+    for _ in range(6):
         hot, importance = rng.random(n) < h_frac, rng.random(n)
         for p in (instant, stepped):
             p.apply_hints(hints(hot, importance))
@@ -398,8 +400,11 @@ def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg
             ids = rng.integers(0, n, 16)
             a, b = instant.access(ids), stepped.access(ids)
             assert a.served.tolist() == b.served.tolist() and a.hits.tolist() == b.hits.tolist()
+            pins = ids[rng.random(ids.size) < 0.2]
+            instant.pin(pins), stepped.pin(pins)
             feeder.poll()
             poll_in_steps()
+            instant.pin(pins, -1), stepped.pin(pins, -1)
             assert instant.l_residents().tolist() == stepped.l_residents().tolist()
             assert instant.used == stepped.used and not stepped.writing_ids().size
 
@@ -530,7 +535,8 @@ def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(seed, 
     hot[rng.choice(n, min(l_count, n), replace=False)] = False
     pol.apply_hints({"hot": hot, "importance": rng.random(n)})
     l_ids = np.flatnonzero(~hot)
-    pol._l = {int(i): False for i in l_ids[: int(cached * l_ids.size)]}
+    pol._l = {int(i): None for i in l_ids[: int(cached * l_ids.size)]}
+    pol._where[list(pol._l)] = icache_module.FRESH  # unused L residents
     pkg = pol.l_next_package().tolist()
     assert len(set(pkg)) == len(pkg) and not set(pkg) & set(pol._l)
     assert all(not hot[i] for i in pkg)
@@ -561,3 +567,140 @@ def test_the_l_samples_pool_is_each_once_in_a_uniform_order_then_walked_again(
     assert len(counts) == 24
     c = np.array(list(counts.values()))
     assert float(((c - trials / 24) ** 2 / (trials / 24)).sum()) < 49.7  # 23 dof, p = 0.001
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("use"), st.lists(st.integers(0, 19), unique=True, max_size=6)),
+            st.tuples(st.sampled_from(["evict", "load"]), st.sets(st.integers(0, 19), max_size=4)),
+            st.tuples(st.just("clear")),
+        ),
+        max_size=60,
+    )
+)
+def test_the_use_order_walks_the_used_longest_used_first(ops):
+    """``UseOrder`` (the used L residents' order, an array with dead entries) walked
+    from its head lists what an ordered dict moving each use to its end holds: an id
+    used again counts at its last use, one evicted or loaded again (unused) is not
+    listed, and compaction (a small array, grown) keeps the order."""
+    where = np.zeros(20, np.int8)
+    order, ref = icache_module.UseOrder(20, np.int32), {}
+    for op in ops:
+        if op[0] == "use":
+            ids = np.array(op[1], np.int64)
+            where[ids] = icache_module.USED
+            order.append(ids, where)
+            for i in op[1]:
+                ref.pop(i, None)
+                ref[i] = None
+        elif op[0] == "clear":
+            where[where == icache_module.USED] = icache_module.FRESH
+            order.clear()
+            ref.clear()
+        else:  # evicted, or loaded again and not used yet
+            for i in op[1]:
+                where[i] = icache_module.NONE if op[0] == "evict" else icache_module.FRESH
+                ref.pop(i, None)
+        at = np.arange(order.head, order.end)
+        ids = order.ids[order.head : order.end]
+        assert ids[order.live(ids, at, where)].tolist() == list(ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(*SMALL_CACHES, st.integers(1, 30))
+def test_the_l_cache_evicts_the_used_longest_used_first_then_the_unused_first_loaded(
+    seed, cap, pkg, h_frac, need
+):
+    """Driven at random (pins held by some batches), the L-cache's room is made by
+    removing unpinned residents in one order, as a walk one by one would: the used
+    ones, the longest-used first, then the unused, the first loaded first."""
+    import copy
+
+    n, rng, kw = _small_cache(seed, pkg)
+    p = make_policy("icache", cap, **kw)
+    feeder = p.make_feeder(lock=None)
+    for _ in range(3):
+        p.apply_hints(hints(rng.random(n) < h_frac, rng.random(n)))
+        feeder.epoch_started()
+        for _ in range(5):
+            r = p.access(rng.integers(0, n, 16))
+            pins = r.served[rng.random(r.served.size) < 0.3]
+            p.pin(pins)
+            used = p._l_used
+            at = np.arange(used.head, used.end)
+            walk = used.ids[at][used.live(used.ids[at], at, p._where)].tolist()
+            walk += [i for i in p._l if p._where[i] == icache_module.FRESH]
+            want, room, expected = copy.deepcopy(p), p.l_capacity - p.l_used, []
+            for i in walk:
+                if room >= need:
+                    break
+                if not p.pinned[i]:
+                    expected.append(i)
+                    room += int(kw["sizes"][i])
+            assert want._free_l(need) == expected
+            assert want.l_used == p.l_used - int(kw["sizes"][expected].sum())
+            p.pin(pins, -1)
+            feeder.poll()
+
+
+def test_substitutes_are_drawn_uniformly_from_those_left_as_more_arrive():
+    """``RandomPool``: a draw, more ids added, a second draw: each of the 3 x 12
+    outcomes (the first id, then an ordered pair of the 4 left) equally often."""
+    counts: dict[tuple, int] = {}
+    trials = 7200
+    for seed in range(trials):
+        rng = np.random.default_rng(seed)
+        pool = icache_module.RandomPool(np.arange(3), np.int32)
+        first = pool.take(1, rng).tolist()
+        pool.add([3, 4])
+        second = pool.take(2, rng).tolist()
+        assert len(pool) == 2 and not set(first) & set(second)
+        counts[tuple(first + second)] = counts.get(tuple(first + second), 0) + 1
+    assert len(counts) == 36
+    c = np.array(list(counts.values()))
+    assert float(((c - trials / 36) ** 2 / (trials / 36)).sum()) < 66.6  # 35 dof, p = 0.001
+
+
+def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
+    """A state saved before the L-cache's places were arrays (``_l``: id -> used, the
+    used order an ``OrderedDict``, the unused a list, the served a set) loads as the
+    same residents, marks and orders; one naming an id beyond the dataset gets a
+    ``ConfigError``, not a crash at the next batch."""
+    from collections import OrderedDict
+
+    n, rng, kw = _small_cache(5, 3)
+    p = make_policy("icache", 60, h_share=0.5, **kw)
+    feeder = p.make_feeder(lock=None)
+    p.apply_hints(hints(rng.random(n) < 0.5, rng.random(n)))
+    feeder.epoch_started()
+    for _ in range(3):
+        p.access(rng.integers(0, n, 16))
+        feeder.poll()
+    used = p._l_used
+    at = np.arange(used.head, used.end)
+    order = used.ids[at][used.live(used.ids[at], at, p._where)].tolist()
+    assert order, "the drive used some L residents"
+    fresh = p._fresh.ids[p._fresh.start : p._fresh.end].tolist()
+    old = p.state_dict()
+    for name in ("_where", "_pick_rng"):
+        del old[name]
+    old.update(
+        _l={i: bool(p._where[i] == icache_module.USED) for i in p._l},
+        _l_used=OrderedDict.fromkeys(order), _fresh=fresh,
+        _served=set(np.flatnonzero(p._served).tolist()), _due=set(),
+    )  # fmt: skip
+    q = make_policy("icache", 60, h_share=0.5, **kw)
+    q.load_state_dict(old)
+    assert q._where.tolist() == p._where.tolist() and q._served.tolist() == p._served.tolist()
+    assert list(q._l) == list(p._l) and list(q._h) == list(p._h)
+    at = np.arange(q._l_used.head, q._l_used.end)
+    assert q._l_used.ids[at][q._l_used.live(q._l_used.ids[at], at, q._where)].tolist() == order
+    assert q._fresh.ids[q._fresh.start : q._fresh.end].tolist() == fresh
+    r = q.access(rng.integers(0, n, 16))  # and it plans on
+    assert r.served.size == 16 and q.used <= q.capacity_bytes
+    with pytest.raises(ConfigError, match="_l holds ids not below 80"):
+        make_policy("icache", 60, h_share=0.5, **kw).load_state_dict({**old, "_l": {999: False}})
+    with pytest.raises(ConfigError, match="_served is not 80 bool"):
+        make_policy("icache", 60, h_share=0.5, **kw).load_state_dict({**p.state_dict(), "_served": {1, 2}})

@@ -14,9 +14,15 @@ samples of the H-list and an L-cache of packaged L-samples served by substitutio
   is used (it serves evictions only once the old heap is empty, when every resident it
   lacked has left).
 * **L-cache** (lines 19-24, III-C): a missed L-sample is served by a cached L-sample not
-  yet used this epoch and its id is queued for the next packages; the feeder (package
-  thread) loads packages that ``l_next_package`` composes: queued misses first, then
-  random L-samples, preferring those already in package files.
+  yet used this epoch, drawn at random (a batch's substitutes in one uniform draw from
+  those left: ``RandomPool``), and its id is queued for the next packages; the feeder
+  (package thread) loads packages that ``l_next_package`` composes: queued misses first,
+  then random L-samples, preferring those already in package files.
+* **A batch at once**: each id's place (not cached, H-cache, L-cache unused or used this
+  epoch) is one byte in ``_where``, so a batch is sorted into hits, H-misses and L-misses
+  with a gather; only the H-misses (an admission each, in the batch's order) and the
+  L-hits are handled one by one, and while the H-cache fills a batch's H-misses that all
+  fit are admitted at once (what one by one gives when nothing is evicted).
 * **H/L split** (III-A): ``Size_H = Size * f_H / (f_H + f_L)`` from the previous epoch's
   access counts, ``h_share`` (9:1) until then; the L-cache is never below one package
   (plus one sample: a package ends with the sample that crosses ``package_bytes``).
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import logging
 import random
+from bisect import bisect_left
 from collections import ChainMap, OrderedDict
+from itertools import islice
 
 import numpy as np
 
@@ -82,6 +90,98 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
 
 #: L-samples the pool puts in their random place at a time (``_draw_pool_block``)
 POOL_BLOCK = SHUFFLE_BLOCK
+#: an id's place in ``ICachePolicy._where``
+NONE, H, FRESH, USED = 0, 1, 2, 3  # not cached; H-cache; L-cache unused / used this epoch
+
+
+class RandomPool:
+    """Ids drawn uniformly at random without replacement while more are added: the
+    L residents left to substitute this epoch. ``take(k)`` is ``k`` steps of Fisher-Yates
+    over what is left at once (``shuffle_next``), so a batch's substitutes cost a few
+    numpy calls, not a step each; ids whose place changed since they were added (used
+    as themselves, evicted) are left in and skipped by the caller."""
+
+    def __init__(self, ids: np.ndarray, dtype: type) -> None:
+        self.ids = np.array(ids, dtype)
+        self.start, self.end = 0, int(self.ids.size)  # what is left: ids[start:end]
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        _check_queue(self, "substitutes", self.start, self.end)
+
+    def add(self, ids: list[int]) -> None:
+        k, left = len(ids), self.ids[self.start : self.end]
+        if self.end + k > self.ids.size:  # the taken prefix goes; grown if still short
+            if left.size + k > self.ids.size:
+                self.ids = np.empty(max(64, 2 * (left.size + k)), self.ids.dtype)
+            self.ids[: left.size] = left  # (numpy copies overlapping parts safely)
+            self.start, self.end = 0, left.size
+        self.ids[self.end : self.end + k] = ids
+        self.end += k
+
+    def take(self, k: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to ``k`` of what is left, a uniform ordered draw; they leave the pool."""
+        k = min(k, len(self))
+        shuffle_next(self.ids[: self.end], self.start, rng, k)
+        out = self.ids[self.start : self.start + k].astype(np.int64)
+        self.start += k
+        return out
+
+
+def _check_queue(queue, what: str, start, end) -> None:
+    """A saved queue of ids (``RandomPool``, ``UseOrder``): 1-D integer ids, ``start``
+    and ``end`` ints with ``0 <= start <= end <= len(ids)``."""
+    ids = getattr(queue, "ids", None)
+    if not (isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind == "i"
+            and all(isinstance(v, int) for v in (start, end))
+            and 0 <= start <= end <= ids.size):  # fmt: skip
+        raise ConfigError(f"a saved L-cache's {what} is not 1-D integer ids with its bounds")
+
+
+class UseOrder:
+    """The L residents used this epoch, the longest-used first (the L-cache's first
+    victims): ids appended to an array as they are used, ``at`` holding where each id's
+    last entry is; an entry is live while it is its id's last and the id is still
+    ``USED`` in ``where`` (an id used again, evicted or loaded again leaves its earlier
+    entries dead, skipped by the walk and dropped when the array is compacted)."""
+
+    def __init__(self, num_ids: int, dtype: type) -> None:
+        self.ids = np.zeros(64, dtype)
+        self.at = np.full(num_ids, -1, dtype)
+        self.head = self.end = 0  # entries before ``head`` are all dead
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        _check_queue(self, "use order", self.head, self.end)
+        at = self.at
+        if not (isinstance(at, np.ndarray) and at.ndim == 1 and at.dtype.kind == "i"
+                and (at >= -1).all() and (at < self.ids.size).all()
+                and (self.ids[: self.end] < at.size).all()):  # fmt: skip
+            raise ConfigError("a saved L-cache use order's ids or positions are out of range")
+
+    def clear(self) -> None:
+        self.head = self.end = 0
+
+    def append(self, ids: np.ndarray, where: np.ndarray) -> None:
+        """``ids`` (distinct) were used now, in this order."""
+        if self.end + ids.size > self.ids.size:  # only the live entries are kept
+            ids_, at = self.ids[self.head : self.end], np.arange(self.head, self.end)
+            live = ids_[self.live(ids_, at, where)]
+            if live.size + ids.size > self.ids.size:
+                self.ids = np.zeros(max(64, 2 * (live.size + ids.size)), self.ids.dtype)
+            self.ids[: live.size] = live
+            self.at[live] = np.arange(live.size)
+            self.head, self.end = 0, live.size
+        self.ids[self.end : self.end + ids.size] = ids
+        self.at[ids] = np.arange(self.end, self.end + ids.size)
+        self.end += ids.size
+
+    def live(self, ids: np.ndarray, at: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """Whether the entries ``ids`` at positions ``at`` are live."""
+        return (self.at[ids] == at) & (where[ids] == USED)
 
 
 @register_policy
@@ -120,21 +220,19 @@ class ICachePolicy(Policy):
         self._pool = np.zeros(0, index_dtype(self.num_samples))
         self._pool_rng = np.random.default_rng(seed)
         self._cursor, self._wrapped, self._drawn = 0, False, 0
-        # the same as bytes (0/1): fast to index per access, 1 B per id (a list: 8 B)
-        self._hot: bytes = self.is_h.tobytes()
         self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
         self._h: dict[int, None] = {}  # H-cache residents
+        self._where = np.zeros(self.num_samples, np.int8)  # NONE, H, FRESH or USED per id
         self.heap = KeyedHeap(self.num_samples, np.int32)
         self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
         self._rebuild = 0  # residents the paper's rebuild has left to re-insert
         self.h_used = 0
-        self._l: dict[int, bool] = {}  # L-cache residents -> used this epoch
-        # those used, the longest-used first: an OrderedDict, whose walk from the front
-        # does not pass the entries deleted there (a dict's does, until it resizes)
-        self._l_used: OrderedDict[int, None] = OrderedDict()
-        self._fresh: list[int] = []  # L residents unused this epoch (lazily cleaned)
+        self._l: dict[int, None] = {}  # L-cache residents, as loaded (``_where``: used?)
+        self._l_used = UseOrder(self.num_samples, self._pool.dtype)  # used, in order
+        self._fresh = RandomPool([], self._pool.dtype)  # L residents unused this epoch
+        self._pick_rng = np.random.default_rng([seed, 1])  # draws the substitutes
         self._queue: OrderedDict[int, None] = OrderedDict()  # missed L ids, for packages
-        self._served: set[int] = set()  # L residents served this epoch
+        self._served = np.zeros(self.num_samples, bool)  # L residents served this epoch
         self.l_used = 0  # bytes of L residents plus those reserved for a loading package
         self.loading = 0
         self._writing: dict[int, int] = {}  # ids reserved for packages being loaded
@@ -142,7 +240,7 @@ class ICachePolicy(Policy):
         self.swaps = 0  # completed shadow-heap swaps
         self._rng = random.Random(seed)
         self._evict_next: list[int] = []
-        self._due: set[int] = set()  # ids the coverage floor needs trained as themselves
+        self._due = np.zeros(0, np.int64)  # ids the coverage floor needs trained as themselves
         self._warned = False
         self.set_split(h_share)
 
@@ -190,7 +288,53 @@ class ICachePolicy(Policy):
         # the heap holds every H resident (a rebuild has ended): the rest are the H-cache,
         # made anew (a million deletions from the dict cost 0.5 s)
         self._h = dict.fromkeys(rest.tolist())
+        self._where[victims] = NONE
         self._evict_next += victims.tolist()
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state saved before the places were one array (``_l``: id -> used, the used
+        order an ``OrderedDict``, the unused a list, the served a set) is turned into
+        this one; a state whose places are not arrays over the ids gets a ConfigError."""
+        if "_where" not in state:
+            state = self._from_dicts(dict(state))
+        super().load_state_dict(state)
+        n = self.num_samples
+        for name, dtype in (("_where", np.int8), ("_served", np.bool_)):
+            v = getattr(self, name)
+            if not (isinstance(v, np.ndarray) and v.shape == (n,) and v.dtype == dtype):
+                raise ConfigError(f"a saved iCACHE state's {name} is not {n} {dtype.__name__}")
+        if not (isinstance(self._l_used, UseOrder) and isinstance(self._fresh, RandomPool)):
+            raise ConfigError("a saved iCACHE state's L-cache orders are not hotset's")
+
+    def _from_dicts(self, state: dict) -> dict:
+        """The state of an earlier version, its L-cache's dicts and lists made arrays."""
+        n, dtype = self.num_samples, self._pool.dtype
+
+        def ids_of(name: str, default=()) -> np.ndarray:
+            try:
+                out = np.array(list(state.get(name, default)), np.int64)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"a saved iCACHE state's {name} is not ids") from exc
+            if out.size and not (out.min() >= 0 and out.max() < n):
+                raise ConfigError(f"a saved iCACHE state's {name} holds ids not below {n}")
+            return out
+
+        l_res = state.get("_l", {})
+        if not isinstance(l_res, dict):
+            raise ConfigError("a saved iCACHE state's _l is not a dict of its L residents")
+        where, served = np.zeros(n, np.int8), np.zeros(n, bool)
+        where[ids_of("_h", {})] = H
+        where[ids_of("_l", {})] = FRESH
+        where[[i for i, used in l_res.items() if used]] = USED
+        served[ids_of("_served")] = True
+        used = ids_of("_l_used", {})
+        order = UseOrder(n, dtype)
+        order.append(used[where[used] == USED], where)
+        state.update(
+            _where=where, _served=served, _l=dict.fromkeys(l_res), _l_used=order,
+            _fresh=RandomPool(ids_of("_fresh", []), dtype), _due=np.unique(ids_of("_due")),
+        )  # fmt: skip
+        return state
 
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)
@@ -198,27 +342,53 @@ class ICachePolicy(Policy):
         self._typical_size = max(1, int(np.mean(self._sizes[:64])))
 
     def _free_l(self, need: int) -> list[int]:
-        """Remove unpinned L residents, used ones first (the longest-used first), until
-        ``need`` more bytes fit the L-cache; returns them."""
-        out, sizes, l_res, cap = [], self._sizes, self._l, self.l_capacity
-        pinned = memoryview(self.pinned)
-        for order in (self._l_used, l_res):  # walks stop at the first ids that make room
-            if self.l_used + need <= cap:
-                break  # (a walk of ``l_res`` from its start passes what it deleted)
-            for i in order:
-                if not pinned[i] and (order is self._l_used or not l_res[i]):
-                    self.l_used -= sizes[i]
-                    out.append(i)
-                    if self.l_used + need <= cap:
-                        break
-            for i in out:
-                l_res.pop(i, None)
-                self._l_used.pop(i, None)
-        return out
+        """Remove unpinned L residents, used ones first (the longest-used first), then
+        unused ones (the first loaded first), until ``need`` more bytes fit the L-cache;
+        returns them. Each order is walked a chunk at a time, the victims found in a
+        chunk at once (its unpinned ids' bytes summed up to what must go)."""
+        if self.l_used + need <= self.l_capacity:
+            return []
+        used, where, pinned = self._l_used, self._where, self.pinned
+        sizes = np.frombuffer(self._sizes, np.int64)
+        out: list[np.ndarray] = []
+
+        def evict(ids: np.ndarray) -> None:
+            ids = ids[pinned[ids] == 0]
+            freed = np.cumsum(sizes[ids])
+            k = min(ids.size, int(np.searchsorted(freed, self.l_used + need - self.l_capacity)) + 1)
+            if k:
+                self.l_used -= int(freed[k - 1])
+                where[ids[:k]] = NONE
+                out.append(ids[:k])
+
+        at, chunk = used.head, 64
+        while self.l_used + need > self.l_capacity and at < used.end:
+            pos = np.arange(at, min(at + chunk, used.end))
+            ids = used.ids[pos]
+            evict(ids[used.live(ids, pos, where)])
+            if at == used.head:  # the dead entries at the front go
+                dead = ~used.live(ids, pos, where)
+                used.head += ids.size if dead.all() else int(np.argmin(dead))
+            at, chunk = at + ids.size, 2 * chunk
+        walk, chunk = iter(self._l), 64  # (nothing leaves it while it is walked)
+        while self.l_used + need > self.l_capacity:
+            ids = np.fromiter(islice(walk, chunk), np.int64)
+            if not ids.size:
+                break
+            evict(ids[where[ids] == FRESH])
+            chunk *= 2
+        victims = np.concatenate(out).tolist() if out else []
+        l_res = self._l
+        for i in victims:
+            del l_res[i]
+        return victims
 
     @property
     def _resident(self):
         return ChainMap(self._h, self._l)
+
+    def resident_mask(self, ids: np.ndarray) -> np.ndarray:
+        return self._where[np.asarray(ids, np.int64)] != NONE
 
     def discard(self, ids) -> list[int]:
         out = []
@@ -228,11 +398,12 @@ class ICachePolicy(Policy):
                 if self.shadow is not None:
                     self.shadow.drop(i)
                 del self._h[i]
+                self._where[i] = NONE
                 self.h_used -= self._sizes[i]
                 out.append(i)
             elif i in self._l:
                 del self._l[i]
-                self._l_used.pop(i, None)
+                self._where[i] = NONE  # (its entry in ``_l_used``, if any, is dead)
                 self.l_used -= self._sizes[i]
                 out.append(i)
         self.used = self.h_used + self.l_used
@@ -268,7 +439,7 @@ class ICachePolicy(Policy):
         """A new H-list (``hot`` mask, ``importance`` in [0, 1]) at an epoch start; ``hot``
         ``None``: the most important samples that fit this cache."""
         if "due" in hints:  # the coverage floor: served as themselves this epoch
-            self._due = set(np.asarray(hints["due"], np.int64).tolist())
+            self._due = np.unique(np.asarray(hints["due"], np.int64))
         if "hot" not in hints:
             return
         imp = np.asarray(hints["importance"])
@@ -285,9 +456,8 @@ class ICachePolicy(Policy):
             self.set_split(self.freq_h / (self.freq_h + self.freq_l))
         self.freq_h = self.freq_l = 0
         self.rebuild_step(self._rebuild)  # finish a rebuild still in progress
-        self.is_h = hot
+        self.is_h = np.ascontiguousarray(hot)  # (read per id through a memoryview)
         self._all_h = bool(hot.all())
-        self._hot = hot.tobytes()
         np.multiply(np.clip(imp, 0.0, 1.0), SCALE, out=self._level, casting="unsafe")
         if self._h:  # the heap turns read-only; the shadow gets the new values
             ids = np.fromiter(self._h, np.int64, len(self._h))
@@ -295,12 +465,11 @@ class ICachePolicy(Policy):
             self.shadow.add(ids, self._level[ids])
             self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
-        for i in self._l:
-            self._l[i] = False
+        l_ids = np.fromiter(self._l, np.int64, len(self._l))
+        self._where[l_ids] = FRESH
         self._l_used.clear()
-        self._served = set()
-        self._fresh = [i for i in self._l if not hot[i]]
-        self._rng.shuffle(self._fresh)
+        self._served[:] = False
+        self._fresh = RandomPool(l_ids[~hot[l_ids]], self._pool.dtype)
         self._pool = np.flatnonzero(~hot).astype(self._pool.dtype)
         self._pool_rng = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
         self._cursor, self._wrapped, self._drawn = 0, False, 0
@@ -325,6 +494,7 @@ class ICachePolicy(Policy):
         if self.shadow is not None:
             self.shadow.drop(i)
         del self._h[i]
+        self._where[i] = NONE
         self._evict_next.append(i)
 
     def _admit_h(self, i: int) -> bool:
@@ -359,77 +529,105 @@ class ICachePolicy(Policy):
         for j in victims:
             self._evicted(j)
         self._h[i] = None
+        self._where[i] = H
         self.h_used += s
         (self.heap if self.shadow is None else self.shadow).push(i, q)
         return True
 
+    def _admit_h_all(self, new: np.ndarray) -> bool:
+        """The batch's H-misses ``new`` (distinct, none resident) admitted at once where
+        all of them fit the H-cache's free room, which is what ``_admit_h`` one by one
+        does when it evicts nothing; whether they fit."""
+        need = int(np.frombuffer(self._sizes, np.int64)[new].sum())
+        if self.h_used + need > self.h_capacity:
+            return False
+        self._h.update(dict.fromkeys(new.tolist()))
+        self._where[new] = H
+        self.h_used += need
+        (self.heap if self.shadow is None else self.shadow).add(new, self._level[new])
+        return True
+
     # -- accesses --------------------------------------------------------------------
-    def _pop_fresh(self) -> int | None:
-        """A random L-cache resident not used this epoch that is still an L-sample."""
-        fresh, l_res, is_h, below = self._fresh, self._l, self._hot, self._rng.getrandbits
-        while fresh:
-            n = len(fresh)  # k: ``randrange(n)``'s draw (rejection from ``getrandbits``)
-            k, bits = n, n.bit_length()
-            while k >= n:
-                k = below(bits)
-            fresh[k], fresh[-1] = fresh[-1], fresh[k]
-            j = fresh.pop()
-            if l_res.get(j) is False and not is_h[j]:
-                del l_res[j]
-                l_res[j] = True  # to the end, as in ``_l_used``
-                self._l_used[j] = None  # victims are the longest-used first
-                self._served.add(j)
-                return j
-        return None
+    def _take_fresh(self, k: int) -> np.ndarray:
+        """Up to ``k`` distinct L residents not used this epoch that are still
+        L-samples, drawn at random (line 23's ``randomly_fetch_from_L_cache``), now used."""
+        out, where, is_h = [], self._where, self.is_h
+        while k > 0 and len(self._fresh):
+            drawn = self._fresh.take(k, self._pick_rng)
+            drawn = drawn[(where[drawn] == FRESH) & ~is_h[drawn]]  # others: left since
+            _, first = np.unique(drawn, return_index=True)  # an id added twice, once
+            drawn = drawn[np.sort(first)] if first.size < drawn.size else drawn
+            where[drawn] = USED
+            out.append(drawn)
+            k -= drawn.size
+        picked = np.concatenate(out) if out else np.zeros(0, np.int64)
+        self._l_used.append(picked, where)  # victims are the longest-used first
+        self._served[picked] = True
+        return picked
+
+    def _use(self, ids: np.ndarray) -> None:
+        """L residents ``ids`` served as themselves: used, the last used last."""
+        last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
+        ids = ids[np.sort(last)]  # each at its last use
+        self._where[ids] = USED
+        self._l_used.append(ids, self._where)
+        self._served[ids] = True
 
     def access(self, ids) -> AccessResult:
-        ids_list = np.asarray(ids, np.int64).tolist()
-        served, hits, sub, admitted = [], [], [], []
-        h, l_res, is_h = self._h, self._l, self._hot
-        freq_h = 0
-        for i in ids_list:
-            hot = is_h[i]
-            freq_h += hot
-            if i in h or i in l_res:
-                served.append(i)
-                hits.append(True)
-                sub.append(False)
-                if i in l_res:
-                    del l_res[i]
-                    l_res[i] = True
-                    self._l_used.pop(i, None)  # to the end: the longest-used go first
-                    self._l_used[i] = None
-                    self._served.add(i)
-                continue
-            if hot:  # H-miss: read, maybe admit (lines 7-17)
-                served.append(i)
-                hits.append(False)
-                sub.append(False)
-                if self._admit_h(i):
-                    admitted.append(i)
-                continue
-            if i in self._due:  # the coverage floor's: read, not substituted
-                served.append(i)
-                hits.append(False)
-                sub.append(False)
-                continue
-            self._queue[i] = None  # L-miss: queued for the next packages (III-C)
-            j = self._pop_fresh()
-            served.append(i if j is None else j)
-            hits.append(j is not None)
-            sub.append(j is not None)
+        ids = np.asarray(ids, np.int64)
+        where, hot = self._where[ids], self.is_h[ids]
+        served, hits, sub = ids.copy(), where != NONE, np.zeros(ids.size, bool)
+        admitted = np.zeros(0, np.int64)
+        l_hits = np.flatnonzero(where >= FRESH)
+        if l_hits.size:
+            self._use(ids[l_hits])
+        # H: the residents (an admission earlier in the batch may evict them) and the
+        # hot misses, in the batch's order (lines 7-17)
+        h_pos = np.flatnonzero((where == H) | (hot & (where == NONE)))
+        misses = h_pos[where[h_pos] == NONE]
+        turned: list[int] = []  # H residents evicted before their turn, not hot: L-misses
+        first = np.sort(np.unique(ids[misses], return_index=True)[1])
+        if misses.size and self._admit_h_all(ids[misses[first]]):
+            hits[misses] = True  # a repeat of an admission: a hit
+            hits[misses[first]] = False
+            admitted = ids[misses[first]]
+        elif misses.size:
+            now, is_h, take = memoryview(self._where), memoryview(self.is_h), []
+            for p, i in zip(h_pos.tolist(), ids[h_pos].tolist(), strict=True):
+                if now[i] == H:
+                    hits[p] = True
+                elif is_h[i]:
+                    hits[p] = False
+                    if self._admit_h(i):
+                        take.append(i)
+                else:
+                    hits[p] = False
+                    turned.append(p)
+            admitted = np.array(take, np.int64)
+        # L-misses: queued for the next packages (III-C) and substituted (lines 19-24)
+        l_miss = np.flatnonzero(~hot & (where == NONE))
+        if turned:
+            l_miss = np.sort(np.concatenate([l_miss, turned]))
+        if self._due.size:  # the coverage floor's: read, not substituted
+            l_miss = l_miss[~np.isin(ids[l_miss], self._due)]
+        if l_miss.size:
+            self._queue.update(dict.fromkeys(ids[l_miss].tolist()))
+            picked = self._take_fresh(l_miss.size)
+            at = l_miss[: picked.size]
+            served[at], hits[at], sub[at] = picked, True, True
+        freq_h = int(np.count_nonzero(hot))
         self.freq_h += freq_h
-        self.freq_l += len(ids_list) - freq_h
+        self.freq_l += ids.size - freq_h
         self.rebuild_step(self.rebuild_per_batch)
         self.used = self.h_used + self.l_used
-        evicted = [i for i in dict.fromkeys(self._evict_next) if i not in h and i not in l_res]
+        evicted = np.array(list(dict.fromkeys(self._evict_next)), np.int64)
         self._evict_next = []
         return AccessResult(
-            hits=np.array(hits, bool),
-            admitted=np.array([i for i in dict.fromkeys(admitted) if i in h], np.int64),
-            evicted=np.array(evicted, np.int64),
-            served=np.array(served, np.int64),
-            substituted=np.array(sub, bool),
+            hits=hits,
+            admitted=admitted[self._where[admitted] == H] if admitted.size else admitted,
+            evicted=evicted[self._where[evicted] == NONE] if evicted.size else evicted,
+            served=served,
+            substituted=sub,
         )
 
     # -- L-cache packages (the feeder's side) ------------------------------------------
@@ -443,8 +641,11 @@ class ICachePolicy(Policy):
         unused and no load is in flight."""
         if self.loading or (self._all_h and not self._queue):
             return False
-        l_items = max(1, self.l_capacity // self._typical_size)
-        return self.l_fresh() < l_items // 2
+        return self.l_fresh() < self._fresh_wanted()
+
+    def _fresh_wanted(self) -> int:
+        """Unused L residents below which a package is wanted: half the L-cache's items."""
+        return max(1, self.l_capacity // self._typical_size) // 2
 
     def l_next_package(self, exclude=(), prefer=None) -> np.ndarray:
         """Ids for the next package, >= ``package_bytes`` when there are enough
@@ -455,7 +656,8 @@ class ICachePolicy(Policy):
     def _compose(self, exclude=(), prefer=None) -> list[int]:
         """``l_next_package``'s ids, as a list."""
         skip = set(exclude)
-        out, nbytes, sizes, is_h, l_res = [], 0, self._sizes, self._hot, self._l
+        out, nbytes, sizes, is_h, l_res = [], 0, self._sizes, memoryview(self.is_h), self._l
+        where, served = memoryview(self._where), memoryview(self._served)
         limit = min(self.package_bytes, self.l_capacity)
         for i in self._queue:
             if nbytes >= limit:
@@ -476,7 +678,7 @@ class ICachePolicy(Policy):
                 for i in pool:  # stop right after the last taken: the walk goes on from there
                     if nbytes + sizes[i] > self.l_capacity or is_h[i]:
                         continue
-                    taken = i in self._l or i in self._h or i in self._served
+                    taken = where[i] != NONE or served[i]
                     if not taken and i not in skip:
                         out.append(i)
                         nbytes += sizes[i]
@@ -551,18 +753,25 @@ class ICachePolicy(Policy):
         """The reserved ``ids`` that were ``loaded`` (``None``: all) are L residents; the
         others' bytes are released."""
         ok = None if loaded is None else set(loaded)
-        l_res, h, served, queue, is_h = self._l, self._h, self._served, self._queue, self._hot
+        l_res, queue, is_h = self._l, self._queue, memoryview(self.is_h)
+        where, served = memoryview(self._where), memoryview(self._served)
+        fresh, used = [], []
         for i in ids:
-            if (ok is None or i in ok) and i not in l_res and i not in h:
-                used = i in served  # served this epoch already: not a substitute
-                l_res[i] = used
-                if used:
-                    self._l_used[i] = None
+            if (ok is None or i in ok) and where[i] == NONE:
+                l_res[i] = None
                 queue.pop(i, None)
-                if not used and not is_h[i]:
-                    self._fresh.append(i)
+                if served[i]:  # served this epoch already: not a substitute
+                    where[i] = USED
+                    used.append(i)
+                else:
+                    where[i] = FRESH
+                    if not is_h[i]:
+                        fresh.append(i)
             else:
                 self.l_used -= self._sizes[i]
+        self._fresh.add(fresh)
+        if used:
+            self._l_used.append(np.array(used, np.int64), self._where)
         self.used = self.h_used + self.l_used
 
     def l_load_now(self) -> bool:
@@ -574,6 +783,77 @@ class ICachePolicy(Policy):
             self._settle(self._reserve(ids)[1], None)
         return bool(ids)
 
+    def l_load_many(self) -> int:
+        """Load at once the packages ``l_load_now`` would load one by one while they
+        are wanted and whole from one source: the queue's next misses (when any are
+        queued) or else the pool's next L-samples; a package takes them in order until
+        its bytes reach ``package_bytes``. Returns how many: 0 where that is not simple
+        (a queued id cached or served this epoch already, a package that would skip an
+        id too large for the L-cache, the pool's end or an L resident in its walk that
+        making room may evict, or not one whole package), and
+        ``l_load_now`` goes on one by one. The same decisions: a package's ids are the
+        ones its walk takes, and the room is made by the walk the steps make in turn
+        (the residents from before first; a package's own ids are reached only once
+        those are gone, and then package by package)."""
+        want = self._fresh_wanted() - len(self._fresh)
+        limit = min(self.package_bytes, self.l_capacity)
+        if self.loading or want <= 0 or limit <= 0:
+            return 0
+        queued = bool(self._queue)
+        if queued:
+            head = np.fromiter(islice(self._queue, min(want, 2048) + 256), np.int64)
+        else:
+            c, pool = self._cursor, self._pool
+            end = min(pool.size, c + min(want, 2048) + 256)
+            while self._drawn < end:
+                self._draw_pool_block(self._drawn)
+            head = pool[c:end].astype(np.int64)
+            # up to the first L resident a package's room may evict: the steps' walk
+            # could take it once it has gone
+            may_go = (self._where[head] >= FRESH) & (self.pinned[head] == 0)
+            head = head[: int(np.argmax(may_go)) if may_go.any() else head.size]
+        ok = (self._where[head] == NONE) & ~self.is_h[head]
+        ok &= ~self._served[head]
+        if queued:  # the walk takes every queued id up to the first it may not
+            at = np.arange(ok.size if ok.all() else int(np.argmin(ok)))
+        else:  # the pool's walk passes over those it may not take
+            at = np.flatnonzero(ok)
+        cum = np.cumsum(np.frombuffer(self._sizes, np.int64)[head[at]]).tolist()
+        ends, base = [0], 0
+        while ends[-1] < want:  # each package's ids are all unused: fresh
+            j = bisect_left(cum, base + limit)  # where its bytes reach the limit
+            if j >= len(cum) or cum[j] - base > self.l_capacity:
+                break
+            ends.append(j + 1)
+            base = cum[j]
+        if len(ends) == 1:
+            return 0
+        ids = head[at[: ends[-1]]]
+        if not queued:
+            self._cursor = c + int(at[ends[-1] - 1]) + 1
+        self._free_l(base)
+        if self.l_used + base <= self.l_capacity:
+            self._settle_fresh(ids, base, queued)
+        else:  # the residents from before are gone: package by package, as the steps
+            for a, b in zip(ends, ends[1:], strict=False):
+                need = cum[b - 1] - (cum[a - 1] if a else 0)
+                self._free_l(need)
+                self._settle_fresh(ids[a:b], need, queued)
+        return len(ends) - 1
+
+    def _settle_fresh(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
+        """``ids`` (none cached, hot or served; ``queued``: the queue's next ones),
+        ``nbytes`` in all, are unused L residents: ``_settle`` at once."""
+        listed = ids.tolist()
+        self._l.update(dict.fromkeys(listed))
+        self._where[ids] = FRESH
+        self._fresh.add(listed)
+        pop = self._queue.popitem if queued else None
+        for _ in listed if queued else ():
+            pop(last=False)
+        self.l_used += nbytes
+        self.used = self.h_used + self.l_used
+
 
 class InstantPackages:
     """The simulator's feeder: a wanted package is composed and loaded at once."""
@@ -584,8 +864,11 @@ class InstantPackages:
 
     def poll(self) -> None:
         p = self.policy
-        while p.l_wants_package() and p.l_load_now():
-            self.packages_loaded += 1
+        while p.l_wants_package():
+            loaded = p.l_load_many() or int(p.l_load_now())
+            if not loaded:
+                return
+            self.packages_loaded += loaded
 
     def epoch_started(self) -> None:
         self.poll()
