@@ -344,44 +344,52 @@ class ICachePolicy(Policy):
     def _free_l(self, need: int) -> list[int]:
         """Remove unpinned L residents, used ones first (the longest-used first), then
         unused ones (the first loaded first), until ``need`` more bytes fit the L-cache;
-        returns them. Each order is walked a chunk at a time, the victims found in a
-        chunk at once (its unpinned ids' bytes summed up to what must go)."""
-        if self.l_used + need <= self.l_capacity:
-            return []
+        returns them."""
+        victims, freed = self._l_victims(need)
+        if victims.size:
+            self.l_used -= freed
+            self._where[victims] = NONE
+            l_res = self._l
+            for i in victims.tolist():
+                del l_res[i]
+        return victims.tolist()
+
+    def _l_victims(self, need: int) -> tuple[np.ndarray, int]:
+        """The residents ``_free_l(need)`` removes, in order, and their bytes, found and
+        not removed. Each order is walked a chunk at a time, a chunk's victims at once
+        (its unpinned ids' bytes summed up to what must go); the dead entries at the
+        front of the use order are dropped on the way."""
+        over = self.l_used + need - self.l_capacity
         used, where, pinned = self._l_used, self._where, self.pinned
         sizes = np.frombuffer(self._sizes, np.int64)
-        out: list[np.ndarray] = []
+        out, got = [], 0
 
-        def evict(ids: np.ndarray) -> None:
+        def take(ids: np.ndarray) -> None:
+            nonlocal got
             ids = ids[pinned[ids] == 0]
             freed = np.cumsum(sizes[ids])
-            k = min(ids.size, int(np.searchsorted(freed, self.l_used + need - self.l_capacity)) + 1)
+            k = min(ids.size, int(np.searchsorted(freed, over - got)) + 1)
             if k:
-                self.l_used -= int(freed[k - 1])
-                where[ids[:k]] = NONE
+                got += int(freed[k - 1])
                 out.append(ids[:k])
 
         at, chunk = used.head, 64
-        while self.l_used + need > self.l_capacity and at < used.end:
+        while got < over and at < used.end:
             pos = np.arange(at, min(at + chunk, used.end))
             ids = used.ids[pos]
-            evict(ids[used.live(ids, pos, where)])
-            if at == used.head:  # the dead entries at the front go
-                dead = ~used.live(ids, pos, where)
-                used.head += ids.size if dead.all() else int(np.argmin(dead))
+            live = used.live(ids, pos, where)
+            take(ids[live])
+            if at == used.head:
+                used.head += ids.size if not live.any() else int(np.argmax(live))
             at, chunk = at + ids.size, 2 * chunk
-        walk, chunk = iter(self._l), 64  # (nothing leaves it while it is walked)
-        while self.l_used + need > self.l_capacity:
+        walk, chunk = iter(self._l), 64
+        while got < over:
             ids = np.fromiter(islice(walk, chunk), np.int64)
             if not ids.size:
                 break
-            evict(ids[where[ids] == FRESH])
+            take(ids[where[ids] == FRESH])
             chunk *= 2
-        victims = np.concatenate(out).tolist() if out else []
-        l_res = self._l
-        for i in victims:
-            del l_res[i]
-        return victims
+        return (np.concatenate(out) if out else np.zeros(0, np.int64)), got
 
     @property
     def _resident(self):
@@ -790,7 +798,7 @@ class ICachePolicy(Policy):
         its bytes reach ``package_bytes``. Returns how many: 0 where that is not simple
         (a queued id cached or served this epoch already, a package that would skip an
         id too large for the L-cache, the pool's end or an L resident in its walk that
-        making room may evict, or not one whole package), and
+        making room for them evicts, or not one whole package), and
         ``l_load_now`` goes on one by one. The same decisions: a package's ids are the
         ones its walk takes, and the room is made by the walk the steps make in turn
         (the residents from before first; a package's own ids are reached only once
@@ -808,10 +816,6 @@ class ICachePolicy(Policy):
             while self._drawn < end:
                 self._draw_pool_block(self._drawn)
             head = pool[c:end].astype(np.int64)
-            # up to the first L resident a package's room may evict: the steps' walk
-            # could take it once it has gone
-            may_go = (self._where[head] >= FRESH) & (self.pinned[head] == 0)
-            head = head[: int(np.argmax(may_go)) if may_go.any() else head.size]
         ok = (self._where[head] == NONE) & ~self.is_h[head]
         ok &= ~self._served[head]
         if queued:  # the walk takes every queued id up to the first it may not
@@ -826,6 +830,13 @@ class ICachePolicy(Policy):
                 break
             ends.append(j + 1)
             base = cum[j]
+        if not queued and len(ends) > 1:  # the pool's walk stops before the first
+            # resident the room for them evicts: the steps' walk would take it once gone
+            walked = head[: int(at[ends[-1] - 1]) + 1]
+            gone = np.isin(walked, self._l_victims(base)[0])
+            if gone.any():
+                ends = [e for e in ends if not e or at[e - 1] < int(np.argmax(gone))]
+                base = cum[ends[-1] - 1] if len(ends) > 1 else 0
         if len(ends) == 1:
             return 0
         ids = head[at[: ends[-1]]]
