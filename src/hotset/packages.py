@@ -11,8 +11,8 @@ still has them (its bytes are not read twice); otherwise the loading thread read
 file and pays one request of the package's size on the storage (``Storage.charge``): one
 large read instead of many small ones.
 
-The simulator's feeder (``policy.icache.InstantPackages``) makes the same policy calls
-with no bytes.
+The simulator's feeder (``policy.icache.InstantPackages``) makes the same decisions with
+no bytes, many packages at a time (``ICachePolicy.l_load_many``).
 """
 
 from __future__ import annotations

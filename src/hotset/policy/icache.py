@@ -594,8 +594,10 @@ class ICachePolicy(Policy):
         h_pos = np.flatnonzero((where == H) | (hot & (where == NONE)))
         misses = h_pos[where[h_pos] == NONE]
         turned: list[int] = []  # H residents evicted before their turn, not hot: L-misses
-        first = np.sort(np.unique(ids[misses], return_index=True)[1])
-        if misses.size and self._admit_h_all(ids[misses[first]]):
+        sizes = np.frombuffer(self._sizes, np.int64)
+        fill = misses.size and self.h_used + sizes[ids[misses]].min() <= self.h_capacity
+        first = np.sort(np.unique(ids[misses], return_index=True)[1]) if fill else None
+        if fill and self._admit_h_all(ids[misses[first]]):
             hits[misses] = True  # a repeat of an admission: a hit
             hits[misses[first]] = False
             admitted = ids[misses[first]]
