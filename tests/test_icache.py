@@ -702,5 +702,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     assert r.served.size == 16 and q.used <= q.capacity_bytes
     with pytest.raises(ConfigError, match="_l holds ids not below 80"):
         make_policy("icache", 60, h_share=0.5, **kw).load_state_dict({**old, "_l": {999: False}})
+    crafted, before = {**p.state_dict(), "_served": {1, 2}}, q.state_dict()
     with pytest.raises(ConfigError, match="_served is not 80 bool"):
-        make_policy("icache", 60, h_share=0.5, **kw).load_state_dict({**p.state_dict(), "_served": {1, 2}})
+        q.load_state_dict(crafted)
+    assert q._served.tolist() == before["_served"].tolist()  # refused before it was taken

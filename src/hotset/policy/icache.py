@@ -297,14 +297,15 @@ class ICachePolicy(Policy):
         this one; a state whose places are not arrays over the ids gets a ConfigError."""
         if "_where" not in state:
             state = self._from_dicts(dict(state))
-        super().load_state_dict(state)
         n = self.num_samples
         for name, dtype in (("_where", np.int8), ("_served", np.bool_)):
-            v = getattr(self, name)
+            v = state.get(name)
             if not (isinstance(v, np.ndarray) and v.shape == (n,) and v.dtype == dtype):
                 raise ConfigError(f"a saved iCACHE state's {name} is not {n} {dtype.__name__}")
-        if not (isinstance(self._l_used, UseOrder) and isinstance(self._fresh, RandomPool)):
+        if not (isinstance(state.get("_l_used"), UseOrder)
+                and isinstance(state.get("_fresh"), RandomPool)):  # fmt: skip
             raise ConfigError("a saved iCACHE state's L-cache orders are not hotset's")
+        super().load_state_dict(state)
 
     def _from_dicts(self, state: dict) -> dict:
         """The state of an earlier version, its L-cache's dicts and lists made arrays."""
@@ -594,14 +595,15 @@ class ICachePolicy(Policy):
         h_pos = np.flatnonzero((where == H) | (hot & (where == NONE)))
         misses = h_pos[where[h_pos] == NONE]
         turned: list[int] = []  # H residents evicted before their turn, not hot: L-misses
-        sizes = np.frombuffer(self._sizes, np.int64)
-        fill = misses.size and self.h_used + sizes[ids[misses]].min() <= self.h_capacity
-        first = np.sort(np.unique(ids[misses], return_index=True)[1]) if fill else None
-        if fill and self._admit_h_all(ids[misses[first]]):
-            hits[misses] = True  # a repeat of an admission: a hit
-            hits[misses[first]] = False
-            admitted = ids[misses[first]]
-        elif misses.size:
+        filled, sizes = False, np.frombuffer(self._sizes, np.int64)
+        if misses.size and self.h_used + sizes[ids[misses]].min() <= self.h_capacity:
+            first = np.sort(np.unique(ids[misses], return_index=True)[1])
+            filled = self._admit_h_all(ids[misses[first]])
+            if filled:
+                hits[misses] = True  # a repeat of an admission: a hit
+                hits[misses[first]] = False
+                admitted = ids[misses[first]]
+        if misses.size and not filled:
             now, is_h, take = memoryview(self._where), memoryview(self.is_h), []
             for p, i in zip(h_pos.tolist(), ids[h_pos].tolist(), strict=True):
                 if now[i] == H:
