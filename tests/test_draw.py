@@ -159,3 +159,19 @@ def test_an_order_shuffled_as_read_is_uniform_within_each_part(block):
     for bad in ({"_done": 7}, {"_ends": [2, 7]}, {"_ends": [6, 2]}, {"size": 5}, {"_block": 0}):
         with pytest.raises(ConfigError, match="shuffled as it is read"):
             ShuffledAsRead.__new__(ShuffledAsRead).__setstate__({**state, **bad})
+
+
+@pytest.mark.parametrize(("n", "m"), [(40, 4), (30, 1), (12, 5)])
+def test_a_subset_is_m_distinct_ids_each_as_likely(n, m):
+    """``subset``: ``m`` distinct ids of ``n``, ascending, each in it m/n of the time (a
+    chi-square over 6,000 draws; the geometric gaps for the small shares, numpy's choice
+    for the large)."""
+    from hotset.sampling.draw import subset
+
+    rng, counts, draws = np.random.default_rng(3), np.zeros(n), 6000
+    for _ in range(draws):
+        got = subset(n, m, rng)
+        assert got.size == m and (np.diff(got) > 0).all() and got[0] >= 0 and got[-1] < n
+        counts[got] += 1
+    want = draws * m / n
+    assert float(((counts - want) ** 2 / want).sum()) < {40: 72.1, 30: 58.3, 12: 31.3}[n]

@@ -46,7 +46,7 @@ from hotset.errors import ConfigError
 from hotset.ids import index_dtype, stable_order
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
-from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next
+from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
 
 SCALE = float(1 << 24)
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
         above, at = np.flatnonzero(importance > cut), np.flatnonzero(importance == cut)
         m = k - above.size  # >= 1: at most k - 1 ids are more important than the k-th
         if m < at.size:
-            at = at[rng.choice(at.size, m, replace=False)]
+            at = at[subset(at.size, m, rng)]
         ids = np.concatenate([above, at])
         if sizes[ids].sum() <= capacity:
             ids = None
@@ -467,7 +467,9 @@ class ICachePolicy(Policy):
         self.rebuild_step(self._rebuild)  # finish a rebuild still in progress
         self.is_h = np.ascontiguousarray(hot)  # (read per id through a memoryview)
         self._all_h = bool(hot.all())
-        np.multiply(np.clip(imp, 0.0, 1.0), SCALE, out=self._level, casting="unsafe")
+        if imp.size and not (imp.min() >= 0.0 and imp.max() <= 1.0):  # (no copy of n
+            imp = np.clip(imp, 0.0, 1.0)  # where they are in [0, 1], as IIS's are)
+        np.multiply(imp, SCALE, out=self._level, casting="unsafe")
         if self._h:  # the heap turns read-only; the shadow gets the new values
             ids = np.fromiter(self._h, np.int64, len(self._h))
             self.shadow = KeyedHeap(self.num_samples, np.int32)

@@ -43,6 +43,25 @@ def shuffle_next(
     return end
 
 
+def subset(n: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` distinct values of ``0 .. n - 1`` drawn uniformly, ascending. Where ``m`` is
+    a small share of ``n``, without an O(n) pass: the positions of a Bernoulli(p)
+    process drawn by its geometric gaps (p a little above m / n), drawn again in the
+    rare case they are fewer than ``m``, then ``m`` of them at random; every position
+    plays the same part, so every m-subset is as likely (``rng.choice(n, m,
+    replace=False)`` permutes all of ``n`` there: 0.35 s for 1.4M of 12.6M ids)."""
+    if 4 * m > n:
+        return np.sort(rng.choice(n, m, replace=False))
+    p = min(1.0, (m + 6 * m**0.5 + 10) / n)
+    while True:
+        at = np.cumsum(rng.geometric(p, int(p * n + 6 * (p * n) ** 0.5 + 10))) - 1
+        while at[-1] < n - 1:  # the process up to n (rarely not drawn far enough at once)
+            at = np.concatenate([at, at[-1] + np.cumsum(rng.geometric(p, m // 4 + 10))])
+        at = at[at < n]
+        if at.size >= m:
+            return np.sort(at[rng.choice(at.size, m, replace=False)])
+
+
 class ShuffledAsRead:
     """An epoch's order put in its random order block by block as a reader reaches it
     (:func:`shuffle_next`): ``ids`` holds it, final up to where :meth:`ready` was asked

@@ -126,7 +126,7 @@ class IISSampler(Sampler):
             if self.full_pass(epoch):
                 selected = np.arange(self.num_samples, dtype=dtype)
             else:
-                keep = rng.random(self.num_samples) < pct**self.keep_exponent
+                keep = rng.random(self.num_samples, np.float32) < pct**self.keep_exponent
                 keep[due] = True
                 selected = np.flatnonzero(keep).astype(dtype)
             if not self.board.seen.any():  # nothing known yet: every sample is an H-sample
