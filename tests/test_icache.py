@@ -186,7 +186,7 @@ def test_a_new_split_evicts_at_once_what_one_by_one_would(
     if rebuilding:  # new levels: the heap turns read-only, the shadow holds them
         p.rebuild_per_batch = 1
         p.apply_hints(hints(np.ones(30), rng.integers(0, 4, 30) / 4))
-        assert p.shadow is not None or not p._h
+        assert p.shadow is not None or not p.h_residents().size
     p.pinned[np.array(pins, np.int64)] += 1
     p._evict_next.clear()
     at_once, in_turn = copy.deepcopy(p), copy.deepcopy(p)
@@ -195,7 +195,7 @@ def test_a_new_split_evicts_at_once_what_one_by_one_would(
     evict_in_turn(in_turn, at_once.h_capacity)
     assert in_turn._evict_next == at_once._evict_next[: len(in_turn._evict_next)]
     assert at_once.h_used == in_turn.h_used
-    assert sorted(at_once._h) == sorted(in_turn._h)  # the same H residents
+    assert at_once.h_residents().tolist() == in_turn.h_residents().tolist()  # the same H
     assert np.array_equal(at_once.heap.in_order(), in_turn.heap.in_order())
     assert [at_once.heap.pop() for _ in range(len(at_once.heap))] == [
         in_turn.heap.pop() for _ in range(len(in_turn.heap))
@@ -258,14 +258,14 @@ class _ShadowBuiltAsInThePaper(icache_module.ICachePolicy):
         super().apply_hints(hints)
         if self.shadow is not None:
             self.shadow = icache_module.KeyedHeap(self.num_samples)
-            self._todo = list(self._h)
+            self._todo = self.h_residents().tolist()
 
     def rebuild_step(self, budget):
         if self.shadow is None:
             return
         while self._todo and budget > 0:
             i, budget = self._todo.pop(), budget - 1
-            if i in self._h and i not in self.shadow:
+            if self._where[i] == icache_module.H and i not in self.shadow:
                 self.shadow.push(i, int(self._level[i]))
         if not self._todo:
             self.heap, self.shadow = self.shadow, None
@@ -687,6 +687,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     for name in ("_where", "_pick_rng"):
         del old[name]
     old.update(
+        _h=dict.fromkeys(p.h_residents().tolist()),
         _l={i: bool(p._where[i] == icache_module.USED) for i in p._l},
         _l_used=OrderedDict.fromkeys(order), _fresh=fresh,
         _served=set(np.flatnonzero(p._served).tolist()), _due=set(),
@@ -694,7 +695,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     q = make_policy("icache", 60, h_share=0.5, **kw)
     q.load_state_dict(old)
     assert q._where.tolist() == p._where.tolist() and q._served.tolist() == p._served.tolist()
-    assert list(q._l) == list(p._l) and list(q._h) == list(p._h)
+    assert list(q._l) == list(p._l) and q.h_residents().tolist() == p.h_residents().tolist()
     at = np.arange(q._l_used.head, q._l_used.end)
     assert q._l_used.ids[at][q._l_used.live(q._l_used.ids[at], at, q._where)].tolist() == order
     assert q._fresh.ids[q._fresh.start : q._fresh.end].tolist() == fresh

@@ -37,13 +37,13 @@ from __future__ import annotations
 import logging
 import random
 from bisect import bisect_left
-from collections import ChainMap, OrderedDict
+from collections import OrderedDict
 from itertools import islice
 
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype, stable_order
+from hotset.ids import first_positions, index_dtype, stable_order
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
@@ -221,7 +221,6 @@ class ICachePolicy(Policy):
         self._pool_rng = np.random.default_rng(seed)
         self._cursor, self._wrapped, self._drawn = 0, False, 0
         self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
-        self._h: dict[int, None] = {}  # H-cache residents
         self._where = np.zeros(self.num_samples, np.int8)  # NONE, H, FRESH or USED per id
         self.heap = KeyedHeap(self.num_samples, np.int32)
         self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
@@ -285,9 +284,6 @@ class ICachePolicy(Policy):
         stays[free[:k]] = False
         rest = order[stays]
         self.heap.remove(victims, rest=rest)
-        # the heap holds every H resident (a rebuild has ended): the rest are the H-cache,
-        # made anew (a million deletions from the dict cost 0.5 s)
-        self._h = dict.fromkeys(rest.tolist())
         self._where[victims] = NONE
         self._evict_next += victims.tolist()
 
@@ -324,7 +320,8 @@ class ICachePolicy(Policy):
         if not isinstance(l_res, dict):
             raise ConfigError("a saved iCACHE state's _l is not a dict of its L residents")
         where, served = np.zeros(n, np.int8), np.zeros(n, bool)
-        where[ids_of("_h", {})] = H
+        where[ids_of("_h", {})] = H  # (the H residents are those ``_where`` says)
+        state.pop("_h", None)
         where[ids_of("_l", {})] = FRESH
         where[[i for i, used in l_res.items() if used]] = USED
         served[ids_of("_served")] = True
@@ -346,14 +343,16 @@ class ICachePolicy(Policy):
         """Remove unpinned L residents, used ones first (the longest-used first), then
         unused ones (the first loaded first), until ``need`` more bytes fit the L-cache;
         returns them."""
-        victims, freed = self._l_victims(need)
-        if victims.size:
-            self.l_used -= freed
-            self._where[victims] = NONE
-            l_res = self._l
-            for i in victims.tolist():
-                del l_res[i]
-        return victims.tolist()
+        return self._remove_l(*self._l_victims(need))
+
+    def _remove_l(self, victims: np.ndarray, freed: int) -> list[int]:
+        """L residents ``victims`` (``freed`` bytes in all) leave; returns them."""
+        self.l_used -= freed
+        self._where[victims] = NONE
+        l_res, out = self._l, victims.tolist()
+        for i in out:
+            del l_res[i]
+        return out
 
     def _l_victims(self, need: int) -> tuple[np.ndarray, int]:
         """The residents ``_free_l(need)`` removes, in order, and their bytes, found and
@@ -394,7 +393,16 @@ class ICachePolicy(Policy):
 
     @property
     def _resident(self):
-        return ChainMap(self._h, self._l)
+        return self  # ``in`` and ``len`` read ``_where``
+
+    def __contains__(self, i: int) -> bool:
+        return self._where[int(i)] != NONE
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._where == H)) + len(self._l)
+
+    def cached_ids(self) -> np.ndarray:
+        return np.flatnonzero(self._where != NONE)
 
     def resident_mask(self, ids: np.ndarray) -> np.ndarray:
         return self._where[np.asarray(ids, np.int64)] != NONE
@@ -402,11 +410,10 @@ class ICachePolicy(Policy):
     def discard(self, ids) -> list[int]:
         out = []
         for i in np.asarray(ids, np.int64).tolist():
-            if i in self._h:
+            if self._where[i] == H:
                 self.heap.drop(i)
                 if self.shadow is not None:
                     self.shadow.drop(i)
-                del self._h[i]
                 self._where[i] = NONE
                 self.h_used -= self._sizes[i]
                 out.append(i)
@@ -423,7 +430,7 @@ class ICachePolicy(Policy):
 
     def h_residents(self) -> np.ndarray:
         """The H-cache's residents."""
-        return np.fromiter(self._h, np.int64, len(self._h))
+        return np.flatnonzero(self._where == H)
 
     def l_residents(self) -> np.ndarray:
         """The L-cache's residents (loaded from packages)."""
@@ -470,8 +477,8 @@ class ICachePolicy(Policy):
         if imp.size and not (imp.min() >= 0.0 and imp.max() <= 1.0):  # (no copy of n
             imp = np.clip(imp, 0.0, 1.0)  # where they are in [0, 1], as IIS's are)
         np.multiply(imp, SCALE, out=self._level, casting="unsafe")
-        if self._h:  # the heap turns read-only; the shadow gets the new values
-            ids = np.fromiter(self._h, np.int64, len(self._h))
+        ids = self.h_residents()
+        if ids.size:  # the heap turns read-only; the shadow gets the new values
             self.shadow = KeyedHeap(self.num_samples, np.int32)
             self.shadow.add(ids, self._level[ids])
             self._rebuild = ids.size
@@ -504,7 +511,6 @@ class ICachePolicy(Policy):
         self.heap.drop(i)
         if self.shadow is not None:
             self.shadow.drop(i)
-        del self._h[i]
         self._where[i] = NONE
         self._evict_next.append(i)
 
@@ -539,7 +545,6 @@ class ICachePolicy(Policy):
             return False
         for j in victims:
             self._evicted(j)
-        self._h[i] = None
         self._where[i] = H
         self.h_used += s
         (self.heap if self.shadow is None else self.shadow).push(i, q)
@@ -552,7 +557,6 @@ class ICachePolicy(Policy):
         need = int(np.frombuffer(self._sizes, np.int64)[new].sum())
         if self.h_used + need > self.h_capacity:
             return False
-        self._h.update(dict.fromkeys(new.tolist()))
         self._where[new] = H
         self.h_used += need
         (self.heap if self.shadow is None else self.shadow).add(new, self._level[new])
@@ -566,8 +570,7 @@ class ICachePolicy(Policy):
         while k > 0 and len(self._fresh):
             drawn = self._fresh.take(k, self._pick_rng)
             drawn = drawn[(where[drawn] == FRESH) & ~is_h[drawn]]  # others: left since
-            _, first = np.unique(drawn, return_index=True)  # an id added twice, once
-            drawn = drawn[np.sort(first)] if first.size < drawn.size else drawn
+            drawn = drawn[first_positions(drawn)]  # an id added twice, once
             where[drawn] = USED
             out.append(drawn)
             k -= drawn.size
@@ -578,8 +581,7 @@ class ICachePolicy(Policy):
 
     def _use(self, ids: np.ndarray) -> None:
         """L residents ``ids`` served as themselves: used, the last used last."""
-        last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
-        ids = ids[np.sort(last)]  # each at its last use
+        ids = ids[np.sort(ids.size - 1 - first_positions(ids[::-1]))]  # each at its last use
         self._where[ids] = USED
         self._l_used.append(ids, self._where)
         self._served[ids] = True
@@ -599,7 +601,7 @@ class ICachePolicy(Policy):
         turned: list[int] = []  # H residents evicted before their turn, not hot: L-misses
         filled, sizes = False, np.frombuffer(self._sizes, np.int64)
         if misses.size and self.h_used + sizes[ids[misses]].min() <= self.h_capacity:
-            first = np.sort(np.unique(ids[misses], return_index=True)[1])
+            first = first_positions(ids[misses])
             filled = self._admit_h_all(ids[misses[first]])
             if filled:
                 hits[misses] = True  # a repeat of an admission: a hit
@@ -836,19 +838,20 @@ class ICachePolicy(Policy):
                 break
             ends.append(j + 1)
             base = cum[j]
-        if not queued and len(ends) > 1:  # the pool's walk stops before the first
+        victims = self._l_victims(base) if len(ends) > 1 else None
+        if not queued and victims is not None:  # the pool's walk stops before the first
             # resident the room for them evicts: the steps' walk would take it once gone
-            walked = head[: int(at[ends[-1] - 1]) + 1]
-            gone = np.isin(walked, self._l_victims(base)[0])
+            gone = np.isin(head[: int(at[ends[-1] - 1]) + 1], victims[0])
             if gone.any():
                 ends = [e for e in ends if not e or at[e - 1] < int(np.argmax(gone))]
                 base = cum[ends[-1] - 1] if len(ends) > 1 else 0
+                victims = self._l_victims(base)  # (a prefix of those)
         if len(ends) == 1:
             return 0
         ids = head[at[: ends[-1]]]
         if not queued:
             self._cursor = c + int(at[ends[-1] - 1]) + 1
-        self._free_l(base)
+        self._remove_l(*victims)
         if self.l_used + base <= self.l_capacity:
             self._settle_fresh(ids, base, queued)
         else:  # the residents from before are gone: package by package, as the steps

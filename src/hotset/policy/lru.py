@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from hotset.ids import first_positions
 from hotset.policy.base import AccessResult, Policy, register_policy
 
 _EMPTY = np.empty(0, np.int64)
 
 
 def _unique_in_order(ids: np.ndarray) -> np.ndarray:
-    _, first = np.unique(ids, return_index=True)
-    return ids[np.sort(first)]
+    return ids[first_positions(ids)]
 
 
 @register_policy

@@ -14,6 +14,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import first_positions
 from hotset.policy.base import register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
@@ -181,11 +182,10 @@ class PriorityPolicy(HeapPolicy):
         if not positions.size:
             return start
         ids = self._batch[positions]
-        new, first = np.unique(ids, return_index=True)
-        need = int(np.frombuffer(self._sizes, np.int64)[new].sum())
+        first = first_positions(ids)  # the admissions, in the batch's order
+        need = int(np.frombuffer(self._sizes, np.int64)[ids[first]].sum())
         if self.used + need > self.capacity_bytes:
             return None
-        first.sort()  # the admissions in the batch's order
         hit = start.copy()
         hit[positions] = True  # a miss's repeat after its admission
         hit[positions[first]] = False
