@@ -18,7 +18,7 @@ from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
-from hotset.policy.base import register_policy
+from hotset.policy.base import AccessResult, register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
 PINNED = 1 << 32  # a pinned resident outranks any reference count
@@ -29,10 +29,12 @@ class RefCntPolicy(HeapPolicy):
     """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
     pinned), so an eviction costs O(log n). A key that goes down (a read, a job that
     leaves, a pin released) re-keys the residents concerned at once, in every partition
-    sharing the counts; one that goes up (a job's epoch start, a pin) is re-keyed when it
-    reaches the top (``KeyedHeap.peek`` with the current key): a resident's key in the
-    heap is never above its count, so the top, once checked, is the minimum, ties to the
-    lower id as before."""
+    sharing the counts, and so does a job's epoch start (a reference to every resident:
+    one sort); one that goes up for a few (a pin) is re-keyed when it reaches the top
+    (``KeyedHeap.peek`` with the current key): a resident's key in the heap is never
+    above its count, so the top, once checked, is the minimum, ties to the lower id as
+    before. A batch of distinct ids is decided at once where the order of its reads
+    cannot change the outcome (``_access_at_once``)."""
 
     name = "refcnt"
 
@@ -81,6 +83,8 @@ class RefCntPolicy(HeapPolicy):
         if delta < 0:
             np.maximum(self.refs, 0, out=self.refs)
             self._rekey(ids)
+        elif delta > 0 and any(ids.size >= m._heap.count > 0 for m in self._family):
+            self._rekey(ids)  # a job's epoch: one sort now, not a re-key per resident later
 
     def pin(self, ids, delta: int = 1) -> None:
         super().pin(ids, delta)
@@ -100,6 +104,110 @@ class RefCntPolicy(HeapPolicy):
             self.used -= self._sizes[j]
             out.append(j)
         return out
+
+    def access(self, ids) -> AccessResult:
+        """A batch of distinct ids is decided at once where the loop's outcome does not
+        depend on its order (``_access_at_once``); otherwise, and with repeats, the loop."""
+        ids = np.asarray(ids, np.int64)
+        at_once = self._access_at_once(ids)
+        return at_once if at_once is not None else super().access(ids)
+
+    def _access_at_once(self, ids: np.ndarray) -> AccessResult | None:
+        """The loop's decisions for a batch of distinct ids in numpy, or ``None`` (the
+        loop then decides): each read consumes a reference, the misses worth caching are
+        admitted in order, and the victims are the heap's lowest keys in pop order, as
+        many as each admission needs. The hits before the batch's first eviction are
+        re-keyed first (the loop has re-keyed them when it evicts), so they may be
+        victims. That is the loop's outcome when each victim's count is no higher than
+        its newcomer's (ties to the newcomer) and every later key the batch makes (its
+        other hits', its newcomers') stays above the last victim's: no such hit or
+        newcomer is then a victim, whatever the order. Where either fails, what was
+        taken goes back."""
+        heap = self._heap
+        if ids.size < 2 or heap.bits + PINNED.bit_length() > 62 or heap._taken:
+            return None
+        order = np.sort(ids)
+        if (order[1:] == order[:-1]).any():
+            return None
+        before = self.refs[ids]
+        r = np.maximum(before - 1, 0)  # counts after this read
+        level = r + np.where(self.pinned[ids] > 0, PINNED, 0)
+        hit = heap.levels[ids] >= 0
+        sizes = np.frombuffer(self._sizes, np.int64)
+        at = np.flatnonzero(~hit & (r > 0) & (sizes[ids] <= self.capacity_bytes))  # newcomers
+        need = self.used - self.capacity_bytes + np.cumsum(sizes[ids[at]])  # to free by each
+        evicts = np.flatnonzero(need > 0)
+        keys: list[int] = []
+        later = hit
+        if evicts.size:
+            later = hit.copy()
+            later[: at[evicts[0]]] = False  # the hits before the first eviction: re-keyed
+            early = hit & ~later
+            self.refs[ids[early]] = r[early]
+            heap.rekey(ids[early], level[early])
+            keys = self._lowest(int(need[-1]), int(r[at].max()))
+            if keys is None or not self._in_any_order(keys, r[at], need, level, ids, later, at):
+                if keys is not None:
+                    self._put_back(keys)
+                self.refs[ids[early]] = before[early]  # the loop reads them again
+                return None
+        victims = np.array(keys, np.int64) & heap.mask
+        self.refs[ids] = r
+        heap.rekey(ids[later], level[later])
+        heap.count -= victims.size
+        heap.add(ids[at], level[at])
+        self.used += int(sizes[ids[at]].sum() - sizes[victims].sum())
+        return AccessResult(hits=hit, admitted=ids[at], evicted=victims)
+
+    def _in_any_order(self, keys, counts, need, level, ids, later, at) -> bool:
+        """Whether the victims ``keys`` (ascending) are the loop's: each newcomer's
+        (``counts``, ``need``: bytes to free by its admission) no higher than its count,
+        and every later hit's and newcomer's key above the last victim's."""
+        bits = self._heap.bits
+        freed = np.cumsum(np.frombuffer(self._sizes, np.int64)[np.array(keys) & self._heap.mask])
+        taken = np.where(need > 0, np.searchsorted(freed, need) + 1, 0)  # victims by then
+        by = np.searchsorted(taken, np.arange(len(keys)), side="right")  # their newcomer
+        made = later.copy()
+        made[at] = True
+        lowest = np.min(level[made] << bits | ids[made], initial=1 << 62)
+        return lowest > keys[-1] and not (np.array(keys) >> bits > counts[by]).any()
+
+    def _lowest(self, need: int, most: int) -> list[int] | None:
+        """Pop the residents with the lowest keys (each re-keyed first where its count or
+        pin went up) until they free ``need`` bytes; ``None`` (nothing popped) where the
+        heap runs out first or a key above ``most`` comes before."""
+        heap, sizes = self._heap, self._sizes
+        refs, pins = memoryview(self.refs), memoryview(self.pinned)
+        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
+        keys: list[int] = []
+        freed = 0
+        while freed < need:
+            while h:  # ``_top``, as in ``_access``
+                k = h[0]
+                j = k & mask
+                keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
+                if live[j] != keyed:
+                    heappop(h)
+                elif now != keyed:
+                    live[j] = now
+                    heapreplace(h, now << bits | j)
+                else:
+                    break
+            if not h or h[0] >> bits > most:
+                self._put_back(keys)
+                return None
+            k = heappop(h)
+            live[k & mask] = -1
+            keys.append(k)
+            freed += sizes[k & mask]
+        return keys
+
+    def _put_back(self, keys: list[int]) -> None:
+        """Victims popped by ``_lowest`` are residents again, with their keys."""
+        heap = self._heap
+        for k in keys:
+            heap.live[k & heap.mask] = k >> heap.bits
+            heappush(heap.heap, k)
 
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
@@ -150,6 +258,7 @@ class RefCntPolicy(HeapPolicy):
                     j = k & mask
                     live[j] = -1
                     victims.append(k)
+                    evicted.append(j)
                     used -= sizes[j]
                 if used + s > cap:  # the rest is worth more than i: put the victims back
                     for k in victims:
@@ -157,8 +266,8 @@ class RefCntPolicy(HeapPolicy):
                         live[j] = k >> bits
                         heappush(h, k)
                         used += sizes[j]
+                    del evicted[len(evicted) - len(victims) :]
                     continue
-                evicted.extend(k & mask for k in victims)
                 members -= len(victims)
             live[i] = level
             heappush(h, level << bits | i)
