@@ -440,18 +440,37 @@ def test_refcnt_has_ten_percent_fewer_misses_than_lru_fifo_random_with_four_jobs
             assert misses["refcnt"] <= 0.9 * others, (case, cap, misses)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.sets(st.integers(0, 60), min_size=1), min_size=1, max_size=4),
        st.integers(1, 80), st.data())  # fmt: skip
 def test_a_run_of_rounds_draws_what_single_rounds_draw(datasets, n, data):
     """``rounds(jobs, n)`` (the service's batch of rounds) gives the rounds that ``n``
-    calls of ``round`` give from the same state, and stops where a job runs out."""
+    calls of ``round`` give from the same state, and stops where a job runs out; jobs in
+    step on one dataset (or nearly) take ``_rounds_in_step``, the others the tree, and
+    either leaves the same state (a second run of rounds draws the same too)."""
+    jobs = st.lists(st.sampled_from(range(len(datasets))), min_size=1, unique=True)
+    _rounds_as_single_rounds(datasets, n, [data.draw(jobs), data.draw(jobs)])
+
+
+def test_jobs_in_step_draw_their_rounds_as_single_rounds_do():
+    """Three jobs on one dataset, the first ahead by 9 (the others then draw from what it
+    read too, a round at a time by the tree), then in step to the end, then a job alone."""
+    calls = [[0], [0, 1, 2], [0, 1, 2], [1, 2], [3]]
+    _rounds_as_single_rounds([set(range(12))] * 3 + [{40, 41, 42}], 9, calls)
+
+
+def _rounds_as_single_rounds(datasets, n: int, calls: list[list[int]]) -> None:
     one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
     for j, d in enumerate(datasets):
         one.add_job(j, sorted(d))
         many.add_job(j, sorted(d))
-    jobs = data.draw(st.lists(st.sampled_from(range(len(datasets))), min_size=1, unique=True))
-    got = many.rounds(jobs, n)
-    assert len(got) == min(n, *(len(datasets[j]) for j in jobs))
-    assert got == [one.round(jobs) for _ in got]
-    assert many.left == one.left and many.mask.tolist() == one.mask.tolist()
+    for jobs in calls:
+        live = [j for j in jobs if one.left[j]]
+        got = many.rounds(jobs, n)
+        assert len(got) == min([n] + [one.left[j] for j in live]) if live else not got
+        assert got == [one.round(jobs) for _ in got]
+        assert many.left == one.left and many.mask.tolist() == one.mask.tolist()
+        assert many.pos.tolist() == one.pos.tolist()
+        assert {m: b.tolist() for m, b in many.buckets.items()} == {
+            m: b.tolist() for m, b in one.buckets.items()
+        }

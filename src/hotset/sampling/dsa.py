@@ -285,31 +285,96 @@ class DependentSampling:
     def rounds(self, jobs: Iterable[Hashable], n: int) -> list[dict[Hashable, int]]:
         """``n`` rounds over ``jobs`` as ``n`` calls of ``round`` give them (the same
         draws), but at most as many as the job with least left has (none runs out before
-        the last). The jobs are sorted once: each round takes one element from each, so
-        their order holds."""
+        the last)."""
+        picks = self.picks(jobs, n)
+        return [dict(zip(picks, col, strict=True)) for col in zip(*picks.values(), strict=True)]
+
+    def picks(self, jobs: Iterable[Hashable], n: int) -> dict[Hashable, list[int]]:
+        """``rounds(jobs, n)`` as each job's elements in order (every round takes one
+        from each job with something left). The jobs are sorted once: each round takes
+        one element from each, so their order holds."""
         order = self._sorted(jobs)
         n = min([n] + [self.left[j] for j in order]) if order else 0
-        return [self._round(order) for _ in range(n)]
+        out: dict[Hashable, list[int]] = {j: [] for j in order}
+        done = self._rounds_in_step(order, n, list(out.values())) if n else 0
+        for _ in range(n - done):
+            for j, e in self._round(order).items():
+                out[j].append(e)
+        return out
 
-    def _round(self, order: list[Hashable]) -> dict[Hashable, int]:
-        """A round over ``order`` (``_sorted``'s: jobs with something left)."""
+    def _rounds_in_step(self, order: list[Hashable], n: int, lists: list[list[int]]) -> int:
+        """Up to ``n`` rounds while V_0, the elements every job of ``order`` needs, is one
+        bucket that no other job needs (jobs in step on one dataset, or nearly): each job
+        draws line 9 in turn and, where all take V_0, they share a uniform element of it
+        that nobody needs after (``_pick``'s draw, ``_clear``'s swap-remove: the draws and
+        the state of ``_round``, without its tree); a round where one does not take it is
+        finished by ``_round``. Appends each job's element to its list (``lists`` in
+        ``order``); returns the rounds made."""
+        bits, vertex, _ = self._levels(order)
+        if len(vertex[0]) != 1:
+            return 0
+        bucket, group, mask = vertex[0][0], sum(bits), self._mask_mv  # distinct bits
+        if mask[bucket[0]] != group:
+            return 0
+        left, rand, below, pos = self.left, self._rng.random, self._rng.getrandbits, self._pos_mv
+        lefts, m = [left[j] for j in order], len(order)
+        for done in range(n):
+            c = total = len(bucket)
+            took = 0
+            while took < m and rand() * lefts[took] < c:  # line 9, S empty
+                c = lefts[took]
+                took += 1
+            if took < m:  # J_took does not take V_0: the tree finishes the round
+                left.update(zip(order, lefts, strict=True))
+                picked = self._round(order, drawn=took)
+                for j, got in zip(order, lists, strict=True):
+                    got.append(picked[j])
+                lefts = [left[j] for j in order]
+            else:
+                width = total.bit_length()
+                r = below(width)
+                while r >= total:
+                    r = below(width)
+                e = bucket[r]
+                last = bucket.pop()
+                if last != e:
+                    bucket[r] = last
+                    pos[last] = r
+                mask[e] = 0
+                for got in lists:
+                    got.append(e)
+                lefts = [v - 1 for v in lefts]
+            if not bucket:  # V_0 is all read: the tree from here
+                if self.buckets.get(group) is bucket:  # not dropped by ``_clear``
+                    del self.buckets[group]
+                    self._version += 1
+                left.update(zip(order, lefts, strict=True))
+                return done + 1
+        left.update(zip(order, lefts, strict=True))
+        return n
+
+    def _round(self, order: list[Hashable], drawn: int | None = None) -> dict[Hashable, int]:
+        """A round over ``order`` (``_sorted``'s: jobs with something left). ``drawn``:
+        the first jobs' draws of line 9 for V_0 were made, and that many took it."""
         bits, vertex, leaf = self._levels(order)
         left, rand = self.left, self._rng.random
-        sizes = [sum(map(len, v)) for v in vertex]
         out: dict[Hashable, int] = {}
         reads: list[tuple[int, int]] = []  # (element, bits of the jobs that took it)
         k, s, s_level, m = 0, 0, 0, len(order)  # first undecided job; S = V_0..V_{s_level-1}
         while k < m:
-            c = inter = sum(sizes[s_level : k + 1])  # |I|, I = V_{s_level} .. V_k
+            i_buckets = vertex[k] if s_level == k else sum(vertex[s_level : k + 1], [])
+            c = inter = sum(map(len, i_buckets))  # |I|, I = V_{s_level} .. V_k
             took = k
-            while took < m:  # line 9: J takes I with probability c / (|R_J| - |S|)
-                denom = left[order[took]] - s
-                if rand() * denom >= c:
-                    break
-                c = denom  # line 13
-                took += 1
+            if drawn is not None:  # made: J_drawn did not take V_0
+                took, drawn = drawn, None
+            else:
+                while took < m:  # line 9: J takes I with probability c / (|R_J| - |S|)
+                    denom = left[order[took]] - s
+                    if rand() * denom >= c:
+                        break
+                    c = denom  # line 13
+                    took += 1
             if took > k:  # J_k .. J_{took-1} share one element of I (Algorithm 2)
-                i_buckets = vertex[k] if s_level == k else sum(vertex[s_level : k + 1], [])
                 e = self._pick(i_buckets, inter)
                 group = 0
                 for q in range(k, took):

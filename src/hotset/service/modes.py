@@ -297,10 +297,9 @@ class DependentSamplingMode(SamplingMode):
             # this batch is queued or a peer has its look-ahead queued (it stops taking
             # part); ``rounds`` stops where a peer's epoch is all sampled
             n = min([job.batch_size - len(queue)] + [room[j] for j in peers if j != job_id])
-            picks: dict[int, int] = {}
-            for picks in self.dsa.rounds(peers, n):
-                for j, e in picks.items():
-                    jobs[j].queues[jobs[j].sampling_epoch].append(e)
+            picks = self.dsa.picks(peers, n)
+            for j, elements in picks.items():
+                jobs[j].queues[jobs[j].sampling_epoch].extend(elements)
             for j in picks:
                 if left[j] == 0:  # sampled its epoch: run on into the next one
                     self.co.start_sampling(j, jobs[j], jobs[j].sampling_epoch + 1)
