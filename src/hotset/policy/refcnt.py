@@ -83,8 +83,10 @@ class RefCntPolicy(HeapPolicy):
         if delta < 0:
             np.maximum(self.refs, 0, out=self.refs)
             self._rekey(ids)
-        elif delta > 0 and any(ids.size >= m._heap.count > 0 for m in self._family):
-            self._rekey(ids)  # a job's epoch: one sort now, not a re-key per resident later
+        elif delta > 0 and any(
+            ids.size >= m._heap.count > self.num_samples >> 7 for m in self._family
+        ):  # a job's epoch over a cache of many: a scan and a sort of its residents now,
+            self._rekey(ids)  # not a re-key of each at the top later (0.5 us each)
 
     def pin(self, ids, delta: int = 1) -> None:
         super().pin(ids, delta)
