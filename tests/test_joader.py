@@ -336,6 +336,17 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [1, 1, 1, 2, 2, 5, 5, 9, 9, 9], 0), ("access", [1, 2, 5, 9], 0),
      ("refs", [3, 3, 3, 4, 4, 4], 0), ("access", [9, 3, 1, 4], 0)], [1] * 30, 4,
 )  # fmt: skip
+@example(  # 2 (count 1) evicts 1, 20-22 and cannot free enough: they are put back, and 3
+    # (count 5) then evicts 1, admitted just before 2
+    [("refs", [20, 20, 21, 21, 22, 22] + [8, 9, 10] * 6, 0),
+     ("access", [20, 21, 22, 8, 9, 10], 0), ("refs", [1, 1, 2, 2] + [3] * 6, 0),
+     ("access", [1, 2, 3], 0)], [1, 1, 5] + [1] * 27, 7,
+)  # fmt: skip
+@example(  # 5's count went up after it was keyed (one reference, not re-keyed at once):
+    # 3 evicts 9, not 5
+    [("refs", [5, 5, 9, 9], 0), ("access", [5, 9], 0), ("refs", [3, 3, 4, 4], 0),
+     ("refs", [5], 0), ("access", [3, 4], 0)], [1] * 30, 2,
+)  # fmt: skip
 @example(  # 7's victim would be 6, admitted just before it, not 8: to the loop
     [("refs", [5, 5, 8, 8], 0), ("access", [5, 8], 0), ("refs", [6, 6, 7, 7], 0),
      ("access", [6, 7], 0)], [1] * 30, 2,
@@ -346,8 +357,9 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
 )  # fmt: skip
 def test_refcnt_batch_at_once_decides_as_its_steps_do(ops, sizes, capacity):
     """Batches of distinct ids (each access's repeats dropped), which RefCnt decides at
-    once where the loop's outcome does not depend on the order (``_access_at_once``),
-    against the base loop's steps; the batches drawn take both paths."""
+    once (``_access_at_once``: its newcomers merged with the lowest residents, or its
+    victims checked to be any order's) where it can, against the base loop's steps; the
+    batches drawn take both paths."""
     from hotset.policy.refcnt import RefCntPolicy
 
     took = []
@@ -425,6 +437,7 @@ def _drive_refcnt(ops, sizes, capacity, distinct: bool = False) -> None:
         for f, s in zip(fast, slow, strict=True):
             assert f.used == s.used <= f.capacity_bytes
             assert sorted(f.cached_ids().tolist()) == sorted(s.cached_ids().tolist())
+            assert len(f) == f.cached_ids().size
             keys = [(int(f.refs[i]) + (PINNED if f.pinned[i] else 0), i) for i in f.cached_ids()]
             assert leaving_order(f) == [(i, key) for key, i in sorted(keys)]
 

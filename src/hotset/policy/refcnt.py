@@ -120,11 +120,14 @@ class RefCntPolicy(HeapPolicy):
         admitted in order, and the victims are the heap's lowest keys in pop order, as
         many as each admission needs. The hits before the batch's first eviction are
         re-keyed first (the loop has re-keyed them when it evicts), so they may be
-        victims. That is the loop's outcome when each victim's count is no higher than
-        its newcomer's (ties to the newcomer) and every later key the batch makes (its
-        other hits', its newcomers') stays above the last victim's: no such hit or
-        newcomer is then a victim, whatever the order. Where either fails, what was
-        taken goes back."""
+        victims. With no hit after the first eviction, ``_merge`` then admits the
+        newcomers in order, each evicting the lower of the residents' next key and the
+        newcomers' (a newcomer may be a later one's victim). With later hits, the victims
+        are the residents' lowest keys in order where each victim's count is no higher
+        than its newcomer's (ties to the newcomer) and every later key the batch makes
+        (its hits', its newcomers') stays above the last victim's: no such hit or
+        newcomer is then a victim, whatever the order. Where these fail, or the lowest
+        keys taken run out, what was taken goes back."""
         heap = self._heap
         if ids.size < 2 or heap.bits + PINNED.bit_length() > 62 or heap._taken:
             return None
@@ -147,6 +150,9 @@ class RefCntPolicy(HeapPolicy):
             early = hit & ~later
             self.refs[ids[early]] = r[early]
             heap.rekey(ids[early], level[early])
+            if not later.any():  # the newcomers, in order, may evict each other
+                self.refs[ids] = r
+                return AccessResult(hit, *self._merge(ids[at], level[at], r[at]))
             keys = self._lowest(int(need[-1]), int(r[at].max()))
             if keys is None or not self._in_any_order(keys, r[at], need, level, ids, later, at):
                 if keys is not None:
@@ -160,6 +166,77 @@ class RefCntPolicy(HeapPolicy):
         heap.add(ids[at], level[at])
         self.used += int(sizes[ids[at]].sum() - sizes[victims].sum())
         return AccessResult(hits=hit, admitted=ids[at], evicted=victims)
+
+    def _merge(
+        self, new: np.ndarray, levels: np.ndarray, counts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The loop's admissions of ``new`` (misses in order; their keys' ``levels`` and
+        their ``counts``) with no hit among them: each eviction takes the lower of the
+        heap's top (re-keyed as in ``_access`` only where it may be the lower) and the
+        lowest newcomer admitted so far, kept in a heap of their own, if its level is no
+        higher than the newcomer's count (ties to the newcomer); an admission that cannot
+        free enough puts its victims back. The newcomers left join the heap at the end.
+        Returns the ids admitted (and kept) and those evicted, in order."""
+        sizes, cap, used = self._sizes, self.capacity_bytes, self.used
+        heap = self._heap
+        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
+        refs, pins = memoryview(self.refs), memoryview(self.pinned)
+        mine: list[int] = []  # the newcomers' keys
+        evicted: list[int] = []
+        dropped: set[int] = set()  # newcomers evicted by later ones
+        admitted: list[int] = []  # positions in ``new``
+        residents, end = 0, 1 << 62  # residents evicted
+        for p, (i, level, count) in enumerate(zip(new.tolist(), levels.tolist(),
+                                                  counts.tolist(), strict=True)):  # fmt: skip
+            s = sizes[i]
+            popped, freed = [], 0
+            while used + s - freed > cap:
+                b = mine[0] if mine else end
+                while h and h[0] < b:  # the heap's top may be the lower: ``_top``
+                    k = h[0]
+                    j = k & mask
+                    keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
+                    if live[j] != keyed:
+                        heappop(h)
+                    elif now != keyed:
+                        live[j] = now
+                        heapreplace(h, now << bits | j)
+                    else:
+                        break
+                k = h[0] if h and h[0] < b else b
+                if k == end or k >> bits > count:  # nothing left, or worth more than i
+                    break
+                j = k & mask
+                if k == b:
+                    heappop(mine)
+                    dropped.add(j)
+                else:
+                    heappop(h)
+                    live[j] = -1
+                    residents += 1
+                popped.append(k)
+                evicted.append(j)
+                freed += sizes[j]
+            if used + s - freed > cap:  # the rest is worth more than i: put back
+                for k in popped:
+                    j = k & mask
+                    if j in dropped:
+                        dropped.discard(j)
+                        heappush(mine, k)
+                    else:
+                        live[j] = k >> bits
+                        heappush(h, k)
+                        residents -= 1
+                del evicted[len(evicted) - len(popped) :]
+                continue
+            used += s - freed
+            heappush(mine, level << bits | i)
+            admitted.append(p)
+        kept = np.array([p for p in admitted if int(new[p]) not in dropped], np.int64)
+        heap.count -= residents
+        heap.add(new[kept], levels[kept])
+        self.used = used
+        return new[kept], np.array(evicted, np.int64)
 
     def _in_any_order(self, keys, counts, need, level, ids, later, at) -> bool:
         """Whether the victims ``keys`` (ascending) are the loop's: each newcomer's
