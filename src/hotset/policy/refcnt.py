@@ -24,6 +24,22 @@ from hotset.policy.keyed_heap import HeapPolicy
 PINNED = 1 << 32  # a pinned resident outranks any reference count
 
 
+def _current_top(h: list[int], live, refs, pins, bits: int, mask: int) -> None:
+    """``RefCntPolicy._top`` on the heap's entries in place: drop stale tops and re-key a
+    top whose count or pin went up, until the top is current (then it is the minimum)."""
+    while h:
+        k = h[0]
+        j = k & mask
+        keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
+        if live[j] != keyed:
+            heappop(h)
+        elif now != keyed:
+            live[j] = now
+            heapreplace(h, now << bits | j)
+        else:
+            return
+
+
 @register_policy
 class RefCntPolicy(HeapPolicy):
     """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
@@ -186,23 +202,15 @@ class RefCntPolicy(HeapPolicy):
         dropped: set[int] = set()  # newcomers evicted by later ones
         admitted: list[int] = []  # positions in ``new``
         residents, end = 0, 1 << 62  # residents evicted
-        for p, (i, level, count) in enumerate(zip(new.tolist(), levels.tolist(),
-                                                  counts.tolist(), strict=True)):  # fmt: skip
+        ids = new.tolist()
+        for p, (i, level, count) in enumerate(zip(ids, levels.tolist(), counts.tolist(),
+                                                  strict=True)):  # fmt: skip
             s = sizes[i]
             popped, freed = [], 0
             while used + s - freed > cap:
                 b = mine[0] if mine else end
-                while h and h[0] < b:  # the heap's top may be the lower: ``_top``
-                    k = h[0]
-                    j = k & mask
-                    keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
-                    if live[j] != keyed:
-                        heappop(h)
-                    elif now != keyed:
-                        live[j] = now
-                        heapreplace(h, now << bits | j)
-                    else:
-                        break
+                if h and h[0] < b:  # the heap's top may be the lower
+                    _current_top(h, live, refs, pins, bits, mask)
                 k = h[0] if h and h[0] < b else b
                 if k == end or k >> bits > count:  # nothing left, or worth more than i
                     break
@@ -232,7 +240,7 @@ class RefCntPolicy(HeapPolicy):
             used += s - freed
             heappush(mine, level << bits | i)
             admitted.append(p)
-        kept = np.array([p for p in admitted if int(new[p]) not in dropped], np.int64)
+        kept = np.array([p for p in admitted if ids[p] not in dropped], np.int64)
         heap.count -= residents
         heap.add(new[kept], levels[kept])
         self.used = used
@@ -261,17 +269,7 @@ class RefCntPolicy(HeapPolicy):
         keys: list[int] = []
         freed = 0
         while freed < need:
-            while h:  # ``_top``, as in ``_access``
-                k = h[0]
-                j = k & mask
-                keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
-                if live[j] != keyed:
-                    heappop(h)
-                elif now != keyed:
-                    live[j] = now
-                    heapreplace(h, now << bits | j)
-                else:
-                    break
+            _current_top(h, live, refs, pins, bits, mask)
             if not h or h[0] >> bits > most:
                 self._put_back(keys)
                 return None
@@ -320,17 +318,7 @@ class RefCntPolicy(HeapPolicy):
             if used + s > cap:
                 victims = []
                 while used + s > cap:
-                    while h:  # ``_top``: the top re-keyed while its count or pin went up
-                        k = h[0]
-                        j = k & mask
-                        keyed, now = k >> bits, refs[j] + PINNED if pins[j] else refs[j]
-                        if live[j] != keyed:
-                            heappop(h)  # stale entry
-                        elif now != keyed:
-                            live[j] = now
-                            heapreplace(h, now << bits | j)
-                        else:
-                            break
+                    _current_top(h, live, refs, pins, bits, mask)
                     if not h or h[0] >> bits > r:  # ties go to the newcomer
                         break
                     k = heappop(h)

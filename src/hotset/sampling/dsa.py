@@ -336,7 +336,7 @@ class DependentSampling:
                 while r >= total:
                     r = below(width)
                 e = bucket[r]
-                last = bucket.pop()
+                last = bucket.pop()  # ``_clear`` inlined (a call per round costs 15%)
                 if last != e:
                     bucket[r] = last
                     pos[last] = r
