@@ -385,7 +385,7 @@ def test_the_refcnt_batches_drawn_took_both_paths():
     """Runs after the test above: its batches went both ways (the check is not vacuous)."""
     if not _taken_at_once:
         pytest.skip("run with the test above")
-    assert 0.1 < np.mean(_taken_at_once) < 0.95, np.mean(_taken_at_once)
+    assert 0 < sum(_taken_at_once) < len(_taken_at_once), _taken_at_once
 
 
 def _drive_refcnt(ops, sizes, capacity, distinct: bool = False) -> None:
