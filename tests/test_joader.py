@@ -351,6 +351,10 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [5, 5, 8, 8], 0), ("access", [5, 8], 0), ("refs", [6, 6, 7, 7], 0),
      ("access", [6, 7], 0)], [1] * 30, 2,
 )  # fmt: skip
+@example(  # as below, with 7 read after the first eviction (the victims checked, not merged)
+    [("refs", [5, 5, 5, 9, 9, 9] + [7] * 6, 0), ("access", [5, 9, 7], 0),
+     ("refs", [3, 3, 4, 4, 4, 4], 0), ("pin", [3], 0), ("access", [3, 7, 4], 0)], [1] * 30, 3,
+)  # fmt: skip
 @example(  # 3 (pinned, one read left) cannot evict 5 (two): not admitted; 4 evicts 5
     [("refs", [5, 5, 5, 9, 9, 9], 0), ("access", [5, 9], 0), ("refs", [3, 3, 4, 4, 4, 4], 0),
      ("pin", [3], 0), ("access", [3, 4], 0)], [1] * 30, 2,
@@ -359,9 +363,22 @@ def test_refcnt_batch_at_once_decides_as_its_steps_do(ops, sizes, capacity):
     """Batches of distinct ids (each access's repeats dropped), which RefCnt decides at
     once (``_access_at_once``: its newcomers merged with the lowest residents, or its
     victims checked to be any order's) where it can, against the base loop's steps; the
-    batches drawn take both paths."""
+    batches drawn take both paths (``test_refcnt_batches_take_both_paths``)."""
+    _drive_refcnt(ops, sizes, capacity, distinct=True)
+
+
+def test_refcnt_batches_take_both_paths():
+    """The batches of the test above, drawn here from a fixed seed, go both ways: decided
+    at once, and by the loop (the comparison is not vacuous for either)."""
     from hotset.policy.refcnt import RefCntPolicy
 
+    rng = np.random.default_rng(0)
+    kinds = ["access", "refs", "leave", "pin", "unpin"]
+    ops = [
+        (kinds[rng.integers(5)], rng.integers(0, 30, rng.integers(1, 13)).tolist(),
+         int(rng.integers(2)))
+        for _ in range(400)
+    ]  # fmt: skip
     took = []
     at_once = RefCntPolicy._access_at_once
 
@@ -372,20 +389,10 @@ def test_refcnt_batch_at_once_decides_as_its_steps_do(ops, sizes, capacity):
 
     RefCntPolicy._access_at_once = counted
     try:
-        _drive_refcnt(ops, sizes, capacity, distinct=True)
+        _drive_refcnt(ops, rng.integers(1, 6, 30).tolist(), 20, distinct=True)
     finally:
         RefCntPolicy._access_at_once = at_once
-    _taken_at_once.extend(took)
-
-
-_taken_at_once: list[bool] = []
-
-
-def test_the_refcnt_batches_drawn_took_both_paths():
-    """Runs after the test above: its batches went both ways (the check is not vacuous)."""
-    if not _taken_at_once:
-        pytest.skip("run with the test above")
-    assert 0 < sum(_taken_at_once) < len(_taken_at_once), _taken_at_once
+    assert 0 < sum(took) < len(took), took
 
 
 def _drive_refcnt(ops, sizes, capacity, distinct: bool = False) -> None:

@@ -158,7 +158,7 @@ class RefCntPolicy(HeapPolicy):
         at = np.flatnonzero(~hit & (r > 0) & (sizes[ids] <= self.capacity_bytes))  # newcomers
         need = self.used - self.capacity_bytes + np.cumsum(sizes[ids[at]])  # to free by each
         evicts = np.flatnonzero(need > 0)
-        keys: list[int] = []
+        victims = ids[:0]
         later = hit
         if evicts.size:
             later = hit.copy()
@@ -170,12 +170,13 @@ class RefCntPolicy(HeapPolicy):
                 self.refs[ids] = r
                 return AccessResult(hit, *self._merge(ids[at], level[at], r[at]))
             keys = self._lowest(int(need[-1]), int(r[at].max()))
-            if keys is None or not self._in_any_order(keys, r[at], need, level, ids, later, at):
+            found = None if keys is None else np.array(keys, np.int64)
+            if found is None or not self._in_any_order(found, r[at], need, level, ids, later, at):
                 if keys is not None:
                     self._put_back(keys)
                 self.refs[ids[early]] = before[early]  # the loop reads them again
                 return None
-        victims = np.array(keys, np.int64) & heap.mask
+            victims = found & heap.mask
         self.refs[ids] = r
         heap.rekey(ids[later], level[later])
         heap.count -= victims.size
@@ -247,17 +248,17 @@ class RefCntPolicy(HeapPolicy):
         return new[kept], np.array(evicted, np.int64)
 
     def _in_any_order(self, keys, counts, need, level, ids, later, at) -> bool:
-        """Whether the victims ``keys`` (ascending) are the loop's: each newcomer's
+        """Whether the victims ``keys`` (an array, ascending) are the loop's: each newcomer's
         (``counts``, ``need``: bytes to free by its admission) no higher than its count,
         and every later hit's and newcomer's key above the last victim's."""
         bits = self._heap.bits
-        freed = np.cumsum(np.frombuffer(self._sizes, np.int64)[np.array(keys) & self._heap.mask])
+        freed = np.cumsum(np.frombuffer(self._sizes, np.int64)[keys & self._heap.mask])
         taken = np.where(need > 0, np.searchsorted(freed, need) + 1, 0)  # victims by then
         by = np.searchsorted(taken, np.arange(len(keys)), side="right")  # their newcomer
         made = later.copy()
         made[at] = True
         lowest = np.min(level[made] << bits | ids[made], initial=1 << 62)
-        return lowest > keys[-1] and not (np.array(keys) >> bits > counts[by]).any()
+        return lowest > keys[-1] and not (keys >> bits > counts[by]).any()
 
     def _lowest(self, need: int, most: int) -> list[int] | None:
         """Pop the residents with the lowest keys (each re-keyed first where its count or
