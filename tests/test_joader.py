@@ -347,6 +347,10 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [5, 5, 9, 9], 0), ("access", [5, 9], 0), ("refs", [3, 3, 4, 4], 0),
      ("refs", [5], 0), ("access", [3, 4], 0)], [1] * 30, 2,
 )  # fmt: skip
+@example(  # the same with 8 read between (the victims checked, not merged): 7 evicts 6
+    [("refs", [5, 5, 9, 9] + [8] * 6, 0), ("access", [5, 9, 8], 0), ("refs", [6, 6, 7, 7], 0),
+     ("access", [6, 8, 7], 0)], [1] * 30, 3,
+)  # fmt: skip
 @example(  # 7's victim would be 6, admitted just before it, not 8: to the loop
     [("refs", [5, 5, 8, 8], 0), ("access", [5, 8], 0), ("refs", [6, 6, 7, 7], 0),
      ("access", [6, 7], 0)], [1] * 30, 2,
