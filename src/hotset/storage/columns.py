@@ -16,7 +16,6 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, islice
-from typing import NamedTuple
 
 import numpy as np
 
@@ -200,9 +199,7 @@ class DigestColumn(_Column):
             hashed = _mix(self._raw.view(np.uint64))
             order = _hash_order(hashed)
             heads = hashed[order]
-            self._order = _HashIndex(
-                order.astype(index_dtype(len(self))), heads, not (heads[1:] == heads[:-1]).any()
-            )
+            self._order = _HashIndex(order.astype(index_dtype(len(self))), heads)
         return self._order
 
     def numbered(self) -> tuple[np.ndarray, np.ndarray]:
@@ -241,14 +238,14 @@ class DigestColumn(_Column):
         out = np.full(ok.size, -1, np.int64)
         if not ok.any() or not len(self):
             return out
-        order, heads, distinct = self._index()
-        words = self._raw.view(np.uint64)  # (n, 2): a digest as two integers
+        index = self._index()
+        order, words = index.order, self._raw.view(np.uint64)  # words: a digest as two ints
         q = np.ascontiguousarray(query).view(np.uint64)
-        if distinct and ok.all() and q.shape == words.shape and np.array_equal(q, words):
+        if index.distinct and ok.all() and q.shape == words.shape and np.array_equal(q, words):
             return np.arange(len(self))  # the same digests in the same order
         qrows, rows, hashed = _rows(q), _rows(self._raw), _mix(q)
         where = np.arange(ok.size) if ok.all() else np.flatnonzero(ok)
-        buckets = _Buckets(heads)
+        buckets = index.buckets()
         for lo in range(0, where.size, LOOKUP_BLOCK):  # temporaries of a block, reused
             block = where[lo : lo + LOOKUP_BLOCK]
             at, end = buckets.ranges(hashed[lo : lo + LOOKUP_BLOCK])
@@ -279,29 +276,39 @@ class _Buckets:
         self.heads = heads
         bits = min(30, max(1, (heads.size - 1).bit_length()))
         self.shift = np.uint64(64 - bits)
-        counts = np.bincount((heads >> self.shift).astype(np.intp), minlength=1 << bits)
-        self.wide = None
+        top = heads >> self.shift  # < 2**30: read as int64 without a copy
+        counts = np.bincount(top.view(np.int64), minlength=1 << bits)
+        self.starts = None  # bucket b's heads are [starts[b], starts[b + 1])
         if counts.max() <= MAX_BUCKET:
-            ranges = np.empty((1 << bits, 2), index_dtype(heads.size + 1))  # [start, end)
-            np.cumsum(counts, out=ranges[:, 1])
-            ranges[:, 0] = ranges[:, 1] - counts
-            # each query's range gathered as one value of twice the width: one pass
-            self.wide = ranges.view(np.int64 if ranges.itemsize == 4 else np.complex128)
-            self.dtype = ranges.dtype
+            self.starts = np.empty((1 << bits) + 1, index_dtype(heads.size + 1))
+            self.starts[0] = 0
+            np.cumsum(counts, out=self.starts[1:])
 
     def ranges(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each of the hashes ``h``, the range ``[at, end)`` of the heads to walk."""
-        if self.wide is None:
+        if self.starts is None:
             return np.searchsorted(self.heads, h, "left"), np.searchsorted(self.heads, h, "right")
-        got = self.wide.ravel()[(h >> self.shift).astype(np.intp)]
-        got = got.view(self.dtype).reshape(-1, 2)
-        return got[:, 0].astype(np.int64), got[:, 1]
+        b = (h >> self.shift).view(np.int64)
+        at = self.starts[b].astype(np.int64)
+        b += 1
+        return at, self.starts[b]
 
 
-class _HashIndex(NamedTuple):
-    order: np.ndarray  # positions in order of their hash (ties in column order)
-    heads: np.ndarray  # the hashes, sorted
-    distinct: bool  # no two hashes equal: no digest repeats
+class _HashIndex:
+    """A column's digests in order of their hash, and where each hash's bucket begins
+    (built at the first look-up and kept: 4 B per id at 14M ids, against 0.3-1.2 s per
+    look-up to build again)."""
+
+    def __init__(self, order: np.ndarray, heads: np.ndarray) -> None:
+        self.order = order  # positions in order of their hash (ties in column order)
+        self.heads = heads  # the hashes, sorted
+        self.distinct = not (heads[1:] == heads[:-1]).any()  # no digest repeats
+        self._buckets: _Buckets | None = None
+
+    def buckets(self) -> _Buckets:
+        if self._buckets is None:
+            self._buckets = _Buckets(self.heads)
+        return self._buckets
 
 
 def _rows(raw: np.ndarray) -> np.ndarray:
