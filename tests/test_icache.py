@@ -535,13 +535,15 @@ def test_a_package_takes_uncached_l_samples_up_to_its_size_without_a_scan(seed, 
     hot[rng.choice(n, min(l_count, n), replace=False)] = False
     pol.apply_hints({"hot": hot, "importance": rng.random(n)})
     l_ids = np.flatnonzero(~hot)
-    pol._l = {int(i): None for i in l_ids[: int(cached * l_ids.size)]}
-    pol._where[list(pol._l)] = icache_module.FRESH  # unused L residents
+    resident = l_ids[: int(cached * l_ids.size)]
+    pol._where[resident] = icache_module.FRESH  # unused L residents
+    pol._l.append(resident, pol._where)
+    resident = set(resident.tolist())
     pkg = pol.l_next_package().tolist()
-    assert len(set(pkg)) == len(pkg) and not set(pkg) & set(pol._l)
+    assert len(set(pkg)) == len(pkg) and not set(pkg) & resident
     assert all(not hot[i] for i in pkg)
     got = int(sizes[pkg].sum())
-    left = [int(i) for i in l_ids if int(i) not in pol._l]
+    left = [int(i) for i in l_ids if int(i) not in resident]
     assert got <= pol.l_capacity
     if got < min(pol.package_bytes, pol.l_capacity):  # short: nothing else would fit
         assert all(got + sizes[i] > pol.l_capacity for i in left if i not in pkg)
@@ -631,7 +633,7 @@ def test_the_l_cache_evicts_the_used_longest_used_first_then_the_unused_first_lo
             used = p._l_used
             at = np.arange(used.head, used.end)
             walk = used.ids[at][used.live(used.ids[at], at, p._where)].tolist()
-            walk += [i for i in p._l if p._where[i] == icache_module.FRESH]
+            walk += [i for i in p.l_residents().tolist() if p._where[i] == icache_module.FRESH]
             want, room, expected = copy.deepcopy(p), p.l_capacity - p.l_used, []
             for i in walk:
                 if room >= need:
@@ -688,14 +690,16 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
         del old[name]
     old.update(
         _h=dict.fromkeys(p.h_residents().tolist()),
-        _l={i: bool(p._where[i] == icache_module.USED) for i in p._l},
+        _l={i: bool(p._where[i] == icache_module.USED) for i in p.l_residents().tolist()},
         _l_used=OrderedDict.fromkeys(order), _fresh=fresh,
         _served=set(np.flatnonzero(p._served).tolist()), _due=set(),
     )  # fmt: skip
     q = make_policy("icache", 60, h_share=0.5, **kw)
     q.load_state_dict(old)
     assert q._where.tolist() == p._where.tolist() and q._served.tolist() == p._served.tolist()
-    assert list(q._l) == list(p._l) and q.h_residents().tolist() == p.h_residents().tolist()
+    loaded = p.l_residents().tolist()
+    assert q.l_residents().tolist() == loaded and len(q._l) == len(loaded)
+    assert q.h_residents().tolist() == p.h_residents().tolist()
     at = np.arange(q._l_used.head, q._l_used.end)
     assert q._l_used.ids[at][q._l_used.live(q._l_used.ids[at], at, q._where)].tolist() == order
     assert q._fresh.ids[q._fresh.start : q._fresh.end].tolist() == fresh
@@ -707,3 +711,12 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     with pytest.raises(ConfigError, match="_served is not 80 bool"):
         q.load_state_dict(crafted)
     assert q._served.tolist() == before["_served"].tolist()  # refused before it was taken
+    # saved when the places were arrays and the L residents still a dict, in load order
+    r = make_policy("icache", 60, h_share=0.5, **kw)
+    r.load_state_dict({**p.state_dict(), "_l": dict.fromkeys(loaded)})
+    assert r.l_residents().tolist() == loaded and len(r) == len(p)
+    elsewhere = next(i for i in range(n) if i not in loaded)  # not an L resident
+    for bad, why in (({**p.state_dict(), "_l": dict.fromkeys(loaded[1:])}, "does not count"),
+                     ({**p.state_dict(), "_l": dict.fromkeys([*loaded, elsewhere])}, "once each")):
+        with pytest.raises(ConfigError, match=why):
+            q.load_state_dict(bad)

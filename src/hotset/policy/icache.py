@@ -131,6 +131,17 @@ class RandomPool:
         return out
 
 
+def _saved_ids(state: dict, name: str, n: int, default=()) -> np.ndarray:
+    """The ids a saved state holds under ``name`` (any iterable of them), each below ``n``."""
+    try:
+        out = np.array(list(state.get(name, default)), np.int64)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a saved iCACHE state's {name} is not ids") from exc
+    if out.size and not (out.min() >= 0 and out.max() < n):
+        raise ConfigError(f"a saved iCACHE state's {name} holds ids not below {n}")
+    return out
+
+
 def _check_queue(queue, what: str, start, end) -> None:
     """A saved queue of ids (``RandomPool``, ``UseOrder``): 1-D integer ids, ``start``
     and ``end`` ints with ``0 <= start <= end <= len(ids)``."""
@@ -147,6 +158,8 @@ class UseOrder:
     last entry is; an entry is live while it is its id's last and the id is still
     ``USED`` in ``where`` (an id used again, evicted or loaded again leaves its earlier
     entries dead, skipped by the walk and dropped when the array is compacted)."""
+
+    least = USED  # an entry's id is live in this place or a later one of ``NONE, H, ...``
 
     def __init__(self, num_ids: int, dtype: type) -> None:
         self.ids = np.zeros(64, dtype)
@@ -181,7 +194,39 @@ class UseOrder:
 
     def live(self, ids: np.ndarray, at: np.ndarray, where: np.ndarray) -> np.ndarray:
         """Whether the entries ``ids`` at positions ``at`` are live."""
-        return (self.at[ids] == at) & (where[ids] == USED)
+        return (self.at[ids] == at) & (where[ids] >= self.least)
+
+    def in_order(self, where: np.ndarray) -> np.ndarray:
+        """The live entries' ids, in order."""
+        ids = self.ids[self.head : self.end]
+        return ids[self.live(ids, np.arange(self.head, self.end), where)].astype(np.int64)
+
+
+class LoadOrder(UseOrder):
+    """The L residents in the order they were loaded (the unused ones leave the first
+    loaded first): a ``UseOrder`` whose entries live while their id is in the L-cache,
+    used or not, and ``len`` of them (an array and a position per id, not a dict of
+    the residents: at 14M ids its growth was the longest batch)."""
+
+    least = FRESH
+
+    def __init__(self, num_ids: int, dtype: type) -> None:
+        super().__init__(num_ids, dtype)
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if not isinstance(getattr(self, "count", None), int):
+            raise ConfigError("a saved L-cache load order has no count of its residents")
+
+    def append(self, ids: np.ndarray, where: np.ndarray) -> None:
+        """``ids`` (distinct, none in the L-cache before, ``where`` says they are now)
+        were loaded now, in this order."""
+        super().append(ids, where)
+        self.count += ids.size
 
 
 @register_policy
@@ -226,7 +271,7 @@ class ICachePolicy(Policy):
         self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
         self._rebuild = 0  # residents the paper's rebuild has left to re-insert
         self.h_used = 0
-        self._l: dict[int, None] = {}  # L-cache residents, as loaded (``_where``: used?)
+        self._l = LoadOrder(self.num_samples, self._pool.dtype)  # L residents, as loaded
         self._l_used = UseOrder(self.num_samples, self._pool.dtype)  # used, in order
         self._fresh = RandomPool([], self._pool.dtype)  # L residents unused this epoch
         self._pick_rng = np.random.default_rng([seed, 1])  # draws the substitutes
@@ -298,23 +343,32 @@ class ICachePolicy(Policy):
             v = state.get(name)
             if not (isinstance(v, np.ndarray) and v.shape == (n,) and v.dtype == dtype):
                 raise ConfigError(f"a saved iCACHE state's {name} is not {n} {dtype.__name__}")
+        where = state["_where"]
+        if isinstance(state.get("_l"), dict):  # saved when the L residents were a dict
+            state = {**state, "_l": self._load_order(_saved_ids(state, "_l", n), where)}
         if not (isinstance(state.get("_l_used"), UseOrder)
-                and isinstance(state.get("_fresh"), RandomPool)):  # fmt: skip
+                and isinstance(state.get("_fresh"), RandomPool)
+                and isinstance(state.get("_l"), LoadOrder)):  # fmt: skip
             raise ConfigError("a saved iCACHE state's L-cache orders are not hotset's")
+        if len(state["_l"]) != np.count_nonzero(where >= FRESH):
+            raise ConfigError("a saved iCACHE state's _l does not count its L residents")
         super().load_state_dict(state)
+
+    def _load_order(self, ids: np.ndarray, where: np.ndarray) -> LoadOrder:
+        """The L residents ``ids``, in the order they were loaded, as a ``LoadOrder``
+        (each once, and each in the L-cache by ``where``)."""
+        if np.unique(ids).size != ids.size or not (where[ids] >= FRESH).all():
+            raise ConfigError("a saved iCACHE state's _l is not its L residents, once each")
+        order = LoadOrder(self.num_samples, self._pool.dtype)
+        order.append(ids, where)
+        return order
 
     def _from_dicts(self, state: dict) -> dict:
         """The state of an earlier version, its L-cache's dicts and lists made arrays."""
         n, dtype = self.num_samples, self._pool.dtype
 
         def ids_of(name: str, default=()) -> np.ndarray:
-            try:
-                out = np.array(list(state.get(name, default)), np.int64)
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"a saved iCACHE state's {name} is not ids") from exc
-            if out.size and not (out.min() >= 0 and out.max() < n):
-                raise ConfigError(f"a saved iCACHE state's {name} holds ids not below {n}")
-            return out
+            return _saved_ids(state, name, n, default)
 
         l_res = state.get("_l", {})
         if not isinstance(l_res, dict):
@@ -329,7 +383,8 @@ class ICachePolicy(Policy):
         order = UseOrder(n, dtype)
         order.append(used[where[used] == USED], where)
         state.update(
-            _where=where, _served=served, _l=dict.fromkeys(l_res), _l_used=order,
+            _where=where, _served=served, _l=self._load_order(ids_of("_l", {}), where),
+            _l_used=order,
             _fresh=RandomPool(ids_of("_fresh", []), dtype), _due=np.unique(ids_of("_due")),
         )  # fmt: skip
         return state
@@ -348,11 +403,9 @@ class ICachePolicy(Policy):
     def _remove_l(self, victims: np.ndarray, freed: int) -> list[int]:
         """L residents ``victims`` (``freed`` bytes in all) leave; returns them."""
         self.l_used -= freed
-        self._where[victims] = NONE
-        l_res, out = self._l, victims.tolist()
-        for i in out:
-            del l_res[i]
-        return out
+        self._where[victims] = NONE  # (their entries in the orders are dead)
+        self._l.count -= victims.size
+        return victims.tolist()
 
     def _l_victims(self, need: int) -> tuple[np.ndarray, int]:
         """The residents ``_free_l(need)`` removes, in order, and their bytes, found and
@@ -373,22 +426,16 @@ class ICachePolicy(Policy):
                 got += int(freed[k - 1])
                 out.append(ids[:k])
 
-        at, chunk = used.head, 64
-        while got < over and at < used.end:
-            pos = np.arange(at, min(at + chunk, used.end))
-            ids = used.ids[pos]
-            live = used.live(ids, pos, where)
-            take(ids[live])
-            if at == used.head:
-                used.head += ids.size if not live.any() else int(np.argmax(live))
-            at, chunk = at + ids.size, 2 * chunk
-        walk, chunk = iter(self._l), 64
-        while got < over:
-            ids = np.fromiter(islice(walk, chunk), np.int64)
-            if not ids.size:
-                break
-            take(ids[where[ids] == FRESH])
-            chunk *= 2
+        for order, unused in ((used, False), (self._l, True)):
+            at, chunk = order.head, 64
+            while got < over and at < order.end:
+                pos = np.arange(at, min(at + chunk, order.end))
+                ids = order.ids[pos]
+                live = order.live(ids, pos, where)
+                take(ids[live & (where[ids] == FRESH)] if unused else ids[live])
+                if at == order.head:
+                    order.head += ids.size if not live.any() else int(np.argmax(live))
+                at, chunk = at + ids.size, 2 * chunk
         return (np.concatenate(out) if out else np.zeros(0, np.int64)), got
 
     @property
@@ -417,9 +464,9 @@ class ICachePolicy(Policy):
                 self._where[i] = NONE
                 self.h_used -= self._sizes[i]
                 out.append(i)
-            elif i in self._l:
-                del self._l[i]
-                self._where[i] = NONE  # (its entry in ``_l_used``, if any, is dead)
+            elif self._where[i] >= FRESH:
+                self._where[i] = NONE  # (its entries in the orders are dead)
+                self._l.count -= 1
                 self.l_used -= self._sizes[i]
                 out.append(i)
         self.used = self.h_used + self.l_used
@@ -433,8 +480,8 @@ class ICachePolicy(Policy):
         return np.flatnonzero(self._where == H)
 
     def l_residents(self) -> np.ndarray:
-        """The L-cache's residents (loaded from packages)."""
-        return np.fromiter(self._l, np.int64, len(self._l))
+        """The L-cache's residents (loaded from packages), in the order they were loaded."""
+        return self._l.in_order(self._where)
 
     def make_feeder(
         self, lock, storage=None, store=None, directory=None, deleting=None, ranks=None
@@ -483,7 +530,7 @@ class ICachePolicy(Policy):
             self.shadow.add(ids, self._level[ids])
             self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
-        l_ids = np.fromiter(self._l, np.int64, len(self._l))
+        l_ids = self.l_residents()
         self._where[l_ids] = FRESH
         self._l_used.clear()
         self._served[:] = False
@@ -672,7 +719,7 @@ class ICachePolicy(Policy):
     def _compose(self, exclude=(), prefer=None) -> list[int]:
         """``l_next_package``'s ids, as a list."""
         skip = set(exclude)
-        out, nbytes, sizes, is_h, l_res = [], 0, self._sizes, memoryview(self.is_h), self._l
+        out, nbytes, sizes, is_h = [], 0, self._sizes, memoryview(self.is_h)
         where, served = memoryview(self._where), memoryview(self._served)
         limit = min(self.package_bytes, self.l_capacity)
         for i in self._queue:
@@ -680,7 +727,7 @@ class ICachePolicy(Policy):
                 break
             if nbytes + sizes[i] > self.l_capacity:
                 continue
-            if i not in l_res and i not in skip and not is_h[i]:
+            if where[i] < FRESH and i not in skip and not is_h[i]:
                 out.append(i)
                 nbytes += sizes[i]
                 skip.add(i)
@@ -769,12 +816,12 @@ class ICachePolicy(Policy):
         """The reserved ``ids`` that were ``loaded`` (``None``: all) are L residents; the
         others' bytes are released."""
         ok = None if loaded is None else set(loaded)
-        l_res, queue, is_h = self._l, self._queue, memoryview(self.is_h)
+        queue, is_h = self._queue, memoryview(self.is_h)
         where, served = memoryview(self._where), memoryview(self._served)
-        fresh, used = [], []
+        loaded, fresh, used = [], [], []
         for i in ids:
             if (ok is None or i in ok) and where[i] == NONE:
-                l_res[i] = None
+                loaded.append(i)
                 queue.pop(i, None)
                 if served[i]:  # served this epoch already: not a substitute
                     where[i] = USED
@@ -785,6 +832,7 @@ class ICachePolicy(Policy):
                         fresh.append(i)
             else:
                 self.l_used -= self._sizes[i]
+        self._l.append(np.array(loaded, np.int64), self._where)
         self._fresh.add(fresh)
         if used:
             self._l_used.append(np.array(used, np.int64), self._where)
@@ -865,8 +913,8 @@ class ICachePolicy(Policy):
         """``ids`` (none cached, hot or served; ``queued``: the queue's next ones),
         ``nbytes`` in all, are unused L residents: ``_settle`` at once."""
         listed = ids.tolist()
-        self._l.update(dict.fromkeys(listed))
         self._where[ids] = FRESH
+        self._l.append(ids, self._where)
         self._fresh.add(listed)
         pop = self._queue.popitem if queued else None
         for _ in listed if queued else ():
