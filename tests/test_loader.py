@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 
 import numpy as np
@@ -172,9 +173,12 @@ def test_missing_and_corrupt_samples_through_the_loader(fmnist_dir, tmp_path):
     loader = make_loader(
         s, batch_size=16, policy="lru", cache_fraction=0.1, store="shared", num_workers=2
     )
+    before = set(multiprocessing.active_children())
     try:
         with pytest.raises(MissingSampleError, match=f"sample 5 .*{s.manifest.paths[5]}"):
             run_epoch(loader)
+        # the error's traceback still holds the epoch: its workers are stopped all the same
+        assert not set(multiprocessing.active_children()) - before
     finally:
         loader.dataset.store.close(destroy=True)
     ds = CachedDataset(s, MemoryStore(0))

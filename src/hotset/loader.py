@@ -367,6 +367,19 @@ def _pass_through(batch: dict) -> dict:
     return batch
 
 
+def _stop_workers(loader: DataLoader, batches: Iterator) -> None:
+    """Stop the worker processes of the DataLoader iterator ``batches`` after an error,
+    as its ``__del__`` would (torch's ``_shutdown_workers``): the error's traceback
+    keeps the iterator alive, and its clean-up run later by a garbage collection, in the
+    middle of other work, waited 5 s for each worker and then killed it (leaving its
+    ``pymp-*`` directory in /tmp). Persistent workers are made again next epoch."""
+    stop = getattr(batches, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+        if getattr(loader, "_iterator", None) is batches:
+            loader._iterator = None
+
+
 def _release(store: Store, owns_store: bool, release: Callable[[], None] | None) -> None:
     """A clean close: the store it opened is closed, the job's entries with it (others may
     go on using a named store; a crash leaves them for a resumed job)."""
@@ -484,13 +497,6 @@ class HotsetLoader:
         return n
 
     def __iter__(self) -> Iterator[Batch]:
-        it = self.dataloader
-        bar = (
-            tqdm(it, total=len(self), desc=self.desc or "epoch", leave=False, disable=None)
-            if self.progress
-            else it
-        )
-        pin = self.dataloader.pin_memory
         if self._iterated and not self._epochs_set:
             self._next_epoch()
         self._iterated = True
@@ -498,6 +504,22 @@ class HotsetLoader:
             self.sync_with_store()
         if getattr(self.planner, "readahead", None) is not None:
             self._drop_staged()
+        batches = iter(self.dataloader)
+        try:
+            yield from self._epoch(batches)
+        except Exception:  # the workers stop now, not when a later collection finds them
+            _stop_workers(self.dataloader, batches)
+            raise
+
+    def _epoch(self, batches: Iterator[dict]) -> Iterator[Batch]:
+        """The epoch's batches from the DataLoader's ``batches``, each plan's report
+        consumed as it arrives."""
+        bar = (
+            tqdm(batches, total=len(self), desc=self.desc or "epoch", leave=False, disable=None)
+            if self.progress
+            else batches
+        )
+        pin = self.dataloader.pin_memory
         served, causes = 0, []
         for n, raw in enumerate(bar):
             report: PlanReport = raw["report"]
