@@ -30,10 +30,12 @@ class-clustered 16-d embeddings for SpiderCache), as a training loop would. Repo
 real second epoch ranks them all). ``--warm``: the first epoch goes on past its window
 until the cache is full (or the epoch ends), and only the second epoch's window is
 timed: a window of 100 batches fills 2% of a 10% cache at 1.28M ids, so without it no
-policy evicts while it is timed.
+policy evicts while it is timed. ``--stagger F`` (the service): the second job registers
+once the first has planned a share F of its first epoch (a sweep's next run), and only
+that epoch's window, the two jobs out of step, is timed (the later epochs start both).
 
     python benchmarks/plan_scale.py [--sizes 60000,1281167,10000000] [--systems ...]
-        [--scored] [--warm] [--epochs 2]
+        [--scored] [--warm] [--epochs 2] [--stagger 0.5]
 """
 
 from __future__ import annotations
@@ -204,12 +206,15 @@ BLOCK = 50
 
 
 def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool,
-                warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
+                warm: bool = False, epochs: int = 2, stagger: float = 0.0) -> dict:  # fmt: skip
     from hotset.service.coordinator import JobCoordinator
 
     n = len(manifest)
     co = JobCoordinator(int(0.1 * manifest.total_bytes), max_samples=n, sampling=mode, seed=0)
-    jobs = [co.register(f"job{j}", manifest.keys, manifest.sizes, batch_size) for j in (0, 1)]
+    jobs = [co.register("job0", manifest.keys, manifest.sizes, batch_size)]
+    for _ in range(int(stagger * n / batch_size)):  # the second job joins mid-epoch
+        co.plan(jobs[0], 0)
+    jobs.append(co.register("job1", manifest.keys, manifest.sizes, batch_size))
     starts, planned, busy, longest = [], 0, 0.0, 0.0
     blocks: list[tuple[float, float]] = []  # the second epoch's, per BLOCK batches
     for epoch in range(epochs):
@@ -218,7 +223,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
             co.plan(j, epoch)
         starts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        timed = not (warm and epoch == 0)
+        timed = epoch == 0 if stagger else not (warm and epoch == 0)
         block = [0, 0.0, 0.0]  # samples, seconds, longest
         for k in batch_numbers(epoch, batches, n, batch_size, warm, co.policy):
             for j in jobs:
@@ -246,25 +251,30 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
 
 
 def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored: bool,
-        warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
+        warm: bool = False, epochs: int = 2, stagger: float = 0.0) -> dict:  # fmt: skip
     """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
     slows allocations, so the times come from a run without it."""
     make_manifest(10)  # imports are not the manifest's memory
     with tempfile.TemporaryDirectory() as tmp:
         columns = Path(tmp) / "columns"
-        return _one(system, n, batches, batch_size, memory, scored, warm, epochs, columns)
+        return _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger,
+                    columns)  # fmt: skip
 
 
-def _one(system, n, batches, batch_size, memory, scored, warm, epochs, columns: Path):
+def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, columns: Path):
     if memory:
         tracemalloc.start()
     manifest = mapped_manifest(n, columns)
     if memory:
         manifest_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-    run = run_service if system in SERVICE_SYSTEMS else run_planner
-    r = run(SERVICE_SYSTEMS.get(system, system), manifest, batches, batch_size, scored, warm,
-            epochs)  # fmt: skip
+    args = (manifest, batches, batch_size, scored, warm, epochs)
+    if system in SERVICE_SYSTEMS:
+        r = run_service(SERVICE_SYSTEMS[system], *args, stagger=stagger)
+    elif stagger:
+        raise SystemExit(f"--stagger: the service's systems only, not {system}")
+    else:
+        r = run_planner(system, *args)
     if memory:
         top = tracemalloc.get_traced_memory()[1]
         return {
@@ -312,6 +322,9 @@ def main() -> None:
                     help="every id scored before the windows, as after a first epoch")  # fmt: skip
     ap.add_argument("--warm", action="store_true",
                     help="the first epoch fills the cache; the second's is timed")  # fmt: skip
+    ap.add_argument("--stagger", type=float, default=0.0,
+                    help="the service's second job joins after this share of the first's "
+                         "first epoch, which alone is timed")  # fmt: skip
     ap.add_argument("--epochs", type=int, default=2,
                     help="epochs run (3 or more: later_start_ms, the longest start after "
                          "the second epoch's)")  # fmt: skip
@@ -322,9 +335,12 @@ def main() -> None:
     sizes += ["--epochs", str(args.epochs)]
     sizes += ["--scored"] if args.scored else []
     sizes += ["--warm"] if args.warm else []
+    sizes += ["--stagger", str(args.stagger)] if args.stagger else []
+    if not 0.0 <= args.stagger < 1.0 or (args.stagger and args.warm):
+        ap.error("--stagger takes a share in [0, 1), and not with --warm")
     if args.one:
         r = one(args.one[0], int(args.one[1]), args.batches, args.batch_size, args.memory,
-                args.scored, args.warm, args.epochs)  # fmt: skip
+                args.scored, args.warm, args.epochs, args.stagger)  # fmt: skip
         print(json.dumps(r))
         return
     rows = []
@@ -354,7 +370,8 @@ def main() -> None:
             ("cache_full", ".2f"),
         ],
         meta={"batches": args.batches, "batch_size": args.batch_size, "cache_fraction": 0.1,
-              "scored": args.scored, "warm": args.warm, "epochs": args.epochs},  # fmt: skip
+              "scored": args.scored, "warm": args.warm, "epochs": args.epochs,
+              "stagger": args.stagger},  # fmt: skip
     )
 
 

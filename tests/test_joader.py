@@ -331,8 +331,8 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [1, 1, 2, 2], 0), ("access", [1, 2], 0), ("refs", [1, 3, 3, 3], 0),
      ("access", [1, 3], 0)], [1] * 30, 2,
 )  # fmt: skip
-@example(  # 1, read between two evictions, goes below 5: 4 evicts 1, not 5 (to the loop,
-    # which reads 9 once, as before)
+@example(  # 1, read between two evictions, goes below 5: 4 evicts 1, not 5 (the checked
+    # victims fail: to the merge, which reads 9 once, as before)
     [("refs", [1, 1, 1, 2, 2, 5, 5, 9, 9, 9], 0), ("access", [1, 2, 5, 9], 0),
      ("refs", [3, 3, 3, 4, 4, 4], 0), ("access", [9, 3, 1, 4], 0)], [1] * 30, 4,
 )  # fmt: skip
@@ -351,7 +351,7 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [5, 5, 9, 9] + [8] * 6, 0), ("access", [5, 9, 8], 0), ("refs", [6, 6, 7, 7], 0),
      ("access", [6, 8, 7], 0)], [1] * 30, 3,
 )  # fmt: skip
-@example(  # 7's victim would be 6, admitted just before it, not 8: to the loop
+@example(  # 7's victim is 6, admitted just before it, not 8 (the merge)
     [("refs", [5, 5, 8, 8], 0), ("access", [5, 8], 0), ("refs", [6, 6, 7, 7], 0),
      ("access", [6, 7], 0)], [1] * 30, 2,
 )  # fmt: skip
@@ -365,15 +365,16 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
 )  # fmt: skip
 def test_refcnt_batch_at_once_decides_as_its_steps_do(ops, sizes, capacity):
     """Batches of distinct ids (each access's repeats dropped), which RefCnt decides at
-    once (``_access_at_once``: its newcomers merged with the lowest residents, or its
-    victims checked to be any order's) where it can, against the base loop's steps; the
-    batches drawn take both paths (``test_refcnt_batches_take_both_paths``)."""
+    once (``_access_at_once``: its victims checked to be any order's, or its newcomers
+    merged with the residents in order), against the base loop's steps; the
+    batches drawn take every path (``test_refcnt_batches_take_every_path``)."""
     _drive_refcnt(ops, sizes, capacity, distinct=True)
 
 
-def test_refcnt_batches_take_both_paths():
-    """The batches of the test above, drawn here from a fixed seed, go both ways: decided
-    at once, and by the loop (the comparison is not vacuous for either)."""
+def test_refcnt_batches_take_every_path():
+    """The batches of the test above, drawn here from a fixed seed, go every way (the
+    comparison is not vacuous for any): all newcomers fitting (numpy alone), victims
+    checked, the merge, and in it a resident evicted before its read (a miss then)."""
     from hotset.policy.refcnt import RefCntPolicy
 
     rng = np.random.default_rng(0)
@@ -383,20 +384,36 @@ def test_refcnt_batches_take_both_paths():
          int(rng.integers(2)))
         for _ in range(400)
     ]  # fmt: skip
-    took = []
-    at_once = RefCntPolicy._access_at_once
+    took: list[str] = []
+    at_once, merge, checked = (
+        RefCntPolicy._access_at_once, RefCntPolicy._merge, RefCntPolicy._checked
+    )  # fmt: skip
 
-    def counted(self, ids):
+    def counted_at_once(self, ids):
+        took.append("fit")
         r = at_once(self, ids)
-        took.append(r is not None)
+        if r is None:
+            took[-1] = "loop"
         return r
 
-    RefCntPolicy._access_at_once = counted
+    def counted_merge(self, ids, hit, *args):
+        r = merge(self, ids, hit, *args)
+        took[-1] = "turned" if (hit & ~r.hits).any() else "merged"
+        return r
+
+    def counted_checked(self, *args):
+        r = checked(self, *args)
+        took[-1] = "checked" if r is not None else took[-1]
+        return r
+
+    RefCntPolicy._access_at_once = counted_at_once
+    RefCntPolicy._merge, RefCntPolicy._checked = counted_merge, counted_checked
     try:
         _drive_refcnt(ops, rng.integers(1, 6, 30).tolist(), 20, distinct=True)
     finally:
         RefCntPolicy._access_at_once = at_once
-    assert 0 < sum(took) < len(took), took
+        RefCntPolicy._merge, RefCntPolicy._checked = merge, checked
+    assert {"fit", "checked", "merged", "turned"} <= set(took), took
 
 
 def _drive_refcnt(ops, sizes, capacity, distinct: bool = False) -> None:
