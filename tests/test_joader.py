@@ -500,6 +500,35 @@ def test_jobs_in_step_draw_their_rounds_as_single_rounds_do():
     _rounds_as_single_rounds([set(range(12))] * 3 + [{40, 41, 42}], 9, calls)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.sets(st.integers(0, 60), min_size=1), st.sets(st.integers(0, 60), min_size=1),
+       st.integers(0, 30), st.integers(1, 9), st.integers(0, 30))  # fmt: skip
+@example({0, 1, 2, 3}, {2, 3, 4, 5, 6}, 0, 3, 30)  # each job's own bucket and a shared one
+@example(set(range(20)), set(range(20)), 8, 4, 30)  # the second joins 8 reads late
+def test_two_jobs_out_of_step_draw_their_rounds_as_single_rounds_do(a, b, ahead, n, again):
+    """Two jobs out of step (the second joins after the first read ``ahead``; the first
+    starts its next epoch at call ``again``), on datasets that overlap or not: runs of
+    rounds draw what single rounds draw and leave the same state."""
+    one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
+    for d in (one, many):
+        d.add_job(0, sorted(a))
+    for _ in range(min(ahead, len(a))):
+        assert many.rounds([0], 1) == [one.round([0])]
+    for d in (one, many):
+        d.add_job(1, sorted(b))
+    for call in range(30):
+        if call == again:
+            for d in (one, many):
+                d.start_epoch(0)
+        got = many.rounds([0, 1], n)
+        assert got == [one.round([0, 1]) for _ in got]
+        assert many.left == one.left and many.mask.tolist() == one.mask.tolist()
+        assert many.pos.tolist() == one.pos.tolist()
+        assert {m: x.tolist() for m, x in many.buckets.items()} == {
+            m: x.tolist() for m, x in one.buckets.items()
+        }
+
+
 def _rounds_as_single_rounds(datasets, n: int, calls: list[list[int]]) -> None:
     one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
     for j, d in enumerate(datasets):

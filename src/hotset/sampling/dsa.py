@@ -296,7 +296,9 @@ class DependentSampling:
         order = self._sorted(jobs)
         n = min([n] + [self.left[j] for j in order]) if order else 0
         out: dict[Hashable, list[int]] = {j: [] for j in order}
-        done = self._rounds_in_step(order, n, list(out.values())) if n else 0
+        done = 0
+        while done < n and (step := self._rounds_in_step(order, n - done, list(out.values()))):
+            done += step
         for _ in range(n - done):
             for j, e in self._round(order).items():
                 out[j].append(e)
@@ -308,8 +310,10 @@ class DependentSampling:
         draws line 9 in turn and, where all take V_0, they share a uniform element of it
         that nobody needs after (``_pick``'s draw, ``_clear``'s swap-remove: the draws and
         the state of ``_round``, without its tree); a round where one does not take it is
-        finished by ``_round``. Appends each job's element to its list (``lists`` in
-        ``order``); returns the rounds made."""
+        finished by ``_round``, or here for two jobs whose elements lie in V_0 and in
+        each one's own bucket (one joined the other mid-epoch): J_0 takes V_0 alone, or
+        its own, and J_1 its own. Appends each job's element to its list (``lists`` in
+        ``order``); returns the rounds made (until a bucket empties)."""
         bits, vertex, _ = self._levels(order)
         if len(vertex[0]) != 1:
             return 0
@@ -318,13 +322,52 @@ class DependentSampling:
             return 0
         left, rand, below, pos = self.left, self._rng.random, self._rng.getrandbits, self._pos_mv
         lefts, m = [left[j] for j in order], len(order)
+        own: list[array | None] = [None, None]  # the two jobs' own buckets, where they are
+        if m == 2 and not any(b & ~group for b in self.buckets):
+            own = [self.buckets.get(b) for b in bits]
         for done in range(n):
             c = total = len(bucket)
             took = 0
             while took < m and rand() * lefts[took] < c:  # line 9, S empty
                 c = lefts[took]
                 took += 1
-            if took < m:  # J_took does not take V_0: the tree finishes the round
+            if took < m and own[1] and (took or own[0]):  # two jobs: J_1 takes its own
+                src = bucket if took else own[0]  # J_0 took V_0 alone, or takes its own
+                size = len(src)
+                r = below(size.bit_length())
+                while r >= size:
+                    r = below(size.bit_length())
+                e = src[r]
+                rand()  # J_1's line 9 for its own vertex: taken (it holds all it has left)
+                dst = own[1]
+                r = below(len(dst).bit_length())
+                while r >= len(dst):
+                    r = below(len(dst).bit_length())
+                f = dst[r]
+                last = src.pop()  # ``_clear(e)``, then ``_clear(f)``
+                if last != e:
+                    src[pos[e]] = last
+                    pos[last] = pos[e]
+                if took:  # e now needs only J_1: it ends in f's place
+                    dst[r], pos[e], mask[e] = e, r, bits[1]
+                else:
+                    mask[e] = 0
+                    last = dst.pop()
+                    if last != f:
+                        dst[r] = last
+                        pos[last] = r
+                mask[f] = 0
+                lists[0].append(e)
+                lists[1].append(f)
+                lefts = [lefts[0] - 1, lefts[1] - 1]
+                if not src or not dst:  # a bucket emptied: the caller goes on
+                    for b, lst in ((group if took else bits[0], src), (bits[1], dst)):
+                        if not lst and self.buckets.get(b) is lst:
+                            del self.buckets[b]
+                            self._version += 1
+                    left.update(zip(order, lefts, strict=True))
+                    return done + 1
+            elif took < m:  # J_took does not take V_0: the tree finishes the round
                 left.update(zip(order, lefts, strict=True))
                 picked = self._round(order, drawn=took)
                 for j, got in zip(order, lists, strict=True):
