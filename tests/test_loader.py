@@ -200,6 +200,31 @@ def test_missing_and_corrupt_samples_through_the_loader(fmnist_dir, tmp_path):
     assert skip.counters()["skipped"] == 1
 
 
+def test_persistent_workers_stopped_by_an_error_are_made_again(fmnist_dir, tmp_path):
+    """An epoch that a missing sample ends stops its persistent workers with it; once the
+    sample is back, the next epoch makes new ones and serves every sample."""
+    root = tmp_path / "d"
+    shutil.copytree(fmnist_dir / "train", root)
+    s = FileStorage(str(root), verify=False)
+    gone = root / s.manifest.paths[5]
+    kept = gone.read_bytes()
+    gone.unlink()
+    loader = make_loader(
+        s, batch_size=50, policy="lru", cache_fraction=0.1, store="shared", num_workers=2,
+        persistent_workers=True,
+    )  # fmt: skip
+    before = set(multiprocessing.active_children())
+    try:
+        with pytest.raises(MissingSampleError):
+            run_epoch(loader)
+        assert not set(multiprocessing.active_children()) - before
+        gone.write_bytes(kept)
+        loader.set_epoch(1)
+        assert sorted(run_epoch(loader, s).tolist()) == list(range(len(s)))
+    finally:
+        loader.dataset.store.close(destroy=True)
+
+
 def _lenient_decode(data: bytes) -> np.ndarray:
     try:
         return decode_image(data)
