@@ -396,9 +396,10 @@ def test_refcnt_batches_take_every_path():
             took[-1] = "loop"
         return r
 
-    def counted_merge(self, ids, hit, *args):
-        r = merge(self, ids, hit, *args)
-        took[-1] = "turned" if (hit & ~r.hits).any() else "merged"
+    def counted_merge(self, ids, hit, *args, **kwargs):
+        r = merge(self, ids, hit, *args, **kwargs)
+        if kwargs.get("apart", True):  # (not the loop's reads in turn)
+            took[-1] = "turned" if (hit & ~r.hits).any() else "merged"
         return r
 
     def counted_checked(self, *args):

@@ -128,11 +128,16 @@ class RefCntPolicy(HeapPolicy):
         return out
 
     def access(self, ids) -> AccessResult:
-        """A batch of distinct ids is decided at once where the loop's outcome does not
-        depend on its order (``_access_at_once``); otherwise, and with repeats, the loop."""
+        """The base loop's decisions (``Policy._access`` with this class's steps, which stay
+        the reference): a batch of distinct ids at once where it can be
+        (``_access_at_once``); otherwise (repeats, a single id) ``_merge`` reads each id in
+        its turn and admits straight into the residents' heap."""
         ids = np.asarray(ids, np.int64)
         at_once = self._access_at_once(ids)
-        return at_once if at_once is not None else super().access(ids)
+        if at_once is not None:
+            return at_once
+        every = np.ones(ids.size, bool)  # each read in its turn, as a hit is
+        return self._merge(ids, every, ids, ids, ids[:0], 0, apart=False)
 
     def _access_at_once(self, ids: np.ndarray) -> AccessResult | None:
         """The loop's decisions for a batch of distinct ids, or ``None`` (the loop then
@@ -237,18 +242,20 @@ class RefCntPolicy(HeapPolicy):
             heap.live[k & heap.mask] = k >> heap.bits
             heappush(heap.heap, k)
 
-    def _merge(self, ids, hit, level, count, fit, first) -> AccessResult:
-        """``_access``'s loop from position ``first`` (the first eviction's) on, the batch's
-        earlier reads done (its newcomers ``fit`` admitted, its hits re-keyed; ``level``
-        and ``count``: each read's key level and count after it), with this batch's
-        newcomers kept in a heap of their own (``mine``), not pushed into the residents'
+    def _merge(self, ids, hit, level, count, fit, first, apart: bool = True) -> AccessResult:
+        """The base loop in one loop (counts and pins read through memoryviews, the heaps'
+        entries handled in place) from position ``first`` on, the batch's earlier reads
+        done (its newcomers ``fit`` admitted, its hits re-keyed). A read marked ``hit``
+        consumes its reference in its turn and is a miss there if no longer resident;
+        the others' ``level`` and ``count`` (after the read) were consumed before.
+        An eviction takes the residents' top (made current: stale entries dropped, a
+        count or pin gone up re-keyed) if its level is no higher than the newcomer's
+        count (ties to the newcomer; a pinned one never goes); an admission that cannot
+        free enough puts its victims back. ``apart`` (distinct ids): this batch's
+        newcomers wait in a heap of their own (``mine``), not pushed into the residents'
         (a newcomer is often the next one's victim: 120,000 of 135,000 evictions in a
-        window of Quiver's at 1.28M ids): an eviction takes the lower of the residents'
-        top (made current as in ``_access`` only where it may be the lower) and the
-        newcomers', if its level is no higher than the newcomer's count (ties to the
-        newcomer); an admission that cannot free enough puts its victims back where they
-        came from. A resident evicted before its read is a miss in its turn, as in the
-        loop. The newcomers left join the residents' heap at the end."""
+        window of Quiver's at 1.28M ids), each eviction taking the lower of the two tops;
+        the newcomers left join the residents' heap at the end."""
         sizes, cap, heap = self._sizes, self.capacity_bytes, self._heap
         h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
@@ -258,7 +265,7 @@ class RefCntPolicy(HeapPolicy):
         admitted = ids[fit].tolist()
         evicted: list[int] = []
         turned: list[int] = []  # the hits evicted before their turn: misses
-        residents = 0  # victims popped from the residents' heap
+        residents = 0  # victims popped from the residents' heap, less newcomers pushed in
         end = 1 << 62
         tail = np.arange(first, ids.size)
         tail = tail[hit[tail] | (count[tail] > 0)]  # reads that may change something
@@ -316,7 +323,12 @@ class RefCntPolicy(HeapPolicy):
                     del evicted[len(evicted) - len(popped) :]
                     continue
             used += s
-            heappush(mine, lv << bits | i)
+            if apart:
+                heappush(mine, lv << bits | i)
+            else:
+                live[i] = lv
+                heappush(h, lv << bits | i)
+                residents -= 1
             admitted.append(i)
         heap.count -= residents
         kept = np.array(mine, np.int64)
@@ -331,65 +343,6 @@ class RefCntPolicy(HeapPolicy):
             admitted=admitted[heap.levels[admitted] >= 0],
             evicted=evicted[heap.levels[evicted] < 0],
         )
-
-    def _access(
-        self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
-    ) -> None:
-        """The base miss path (``Policy._access`` with this class's steps, which stay the
-        reference) in one loop: counts and pins read through memoryviews, the heap's
-        entries handled in place; a pinned resident is never a victim since its key
-        outranks every count. The same decisions, without a method call per step."""
-        sizes, cap, used = self._sizes, self.capacity_bytes, self.used
-        refs, pins = memoryview(self.refs), memoryview(self.pinned)
-        heap = self._heap
-        live, h, bits, mask = heap.live, heap.heap, heap.bits, heap.mask
-        members = heap.count
-        for i in ids:
-            r = refs[i]
-            if r > 0:
-                r -= 1  # this read consumes one reference
-                refs[i] = r
-            level = r + PINNED if pins[i] else r
-            was = live[i]
-            if was >= 0:
-                if was != level:
-                    live[i] = level
-                    heappush(h, level << bits | i)
-                hits.append(True)
-                continue
-            hits.append(False)
-            s = sizes[i]
-            if s > cap or r <= 0:  # too big, or nobody reads it again
-                continue
-            if used + s > cap:
-                victims = []
-                while used + s > cap:
-                    _current_top(h, live, refs, pins, bits, mask)
-                    if not h or h[0] >> bits > r:  # ties go to the newcomer
-                        break
-                    k = heappop(h)
-                    j = k & mask
-                    live[j] = -1
-                    victims.append(k)
-                    evicted.append(j)
-                    used -= sizes[j]
-                if used + s > cap:  # the rest is worth more than i: put the victims back
-                    for k in victims:
-                        j = k & mask
-                        live[j] = k >> bits
-                        heappush(h, k)
-                        used += sizes[j]
-                    del evicted[len(evicted) - len(victims) :]
-                    continue
-                members -= len(victims)
-            live[i] = level
-            heappush(h, level << bits | i)
-            members += 1
-            used += s
-            admitted.append(i)
-        self.used = used
-        heap.count = members
-        heap.compact()
 
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs
