@@ -630,9 +630,7 @@ def test_the_l_cache_evicts_the_used_longest_used_first_then_the_unused_first_lo
             r = p.access(rng.integers(0, n, 16))
             pins = r.served[rng.random(r.served.size) < 0.3]
             p.pin(pins)
-            used = p._l_used
-            at = np.arange(used.head, used.end)
-            walk = used.ids[at][used.live(used.ids[at], at, p._where)].tolist()
+            walk = p._l_used.in_order(p._where).tolist()
             walk += [i for i in p.l_residents().tolist() if p._where[i] == icache_module.FRESH]
             want, room, expected = copy.deepcopy(p), p.l_capacity - p.l_used, []
             for i in walk:
@@ -680,9 +678,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     for _ in range(3):
         p.access(rng.integers(0, n, 16))
         feeder.poll()
-    used = p._l_used
-    at = np.arange(used.head, used.end)
-    order = used.ids[at][used.live(used.ids[at], at, p._where)].tolist()
+    order = p._l_used.in_order(p._where).tolist()
     assert order, "the drive used some L residents"
     fresh = p._fresh.ids[p._fresh.start : p._fresh.end].tolist()
     old = p.state_dict()
@@ -700,8 +696,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     loaded = p.l_residents().tolist()
     assert q.l_residents().tolist() == loaded and len(q._l) == len(loaded)
     assert q.h_residents().tolist() == p.h_residents().tolist()
-    at = np.arange(q._l_used.head, q._l_used.end)
-    assert q._l_used.ids[at][q._l_used.live(q._l_used.ids[at], at, q._where)].tolist() == order
+    assert q._l_used.in_order(q._where).tolist() == order
     assert q._fresh.ids[q._fresh.start : q._fresh.end].tolist() == fresh
     r = q.access(rng.integers(0, n, 16))  # and it plans on
     assert r.served.size == 16 and q.used <= q.capacity_bytes

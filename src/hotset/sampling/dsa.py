@@ -344,7 +344,8 @@ class DependentSampling:
                 while r >= len(dst):
                     r = below(len(dst).bit_length())
                 f = dst[r]
-                last = src.pop()  # ``_clear(e)``, then ``_clear(f)``
+                last = src.pop()  # ``_clear(e)``, then ``_clear(f)``: inline, as ``_pick``'s draws
+                # above (calling both measured 15% more per planned sample out of step)
                 if last != e:
                     src[pos[e]] = last
                     pos[last] = pos[e]
