@@ -128,6 +128,38 @@ def test_the_h_list_is_the_most_important_that_fit(levels, fraction, seed, float
         assert (sizes[hot].sum() + sizes[nxt] > capacity).any()
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    levels=st.lists(st.integers(0, 6), min_size=1, max_size=200),
+    fraction=st.floats(0.0, 1.2),
+    share=st.integers(1, 4),
+)
+def test_the_h_list_of_ranked_ids_is_the_h_list_to_fit(levels, fraction, share):
+    """IIS's ``ranked`` (the most important ids in order, down, ties in id order) gives
+    ``h_list_to_fit``'s H-list, whatever its seed, or ``None`` exactly where the first id
+    left out ties with another (a smaller one of equal importance might fit) or is not
+    known to be followed by a less important one (``ranked`` ends at it or before)."""
+    from hotset.policy.icache import h_list_of_ranked, h_list_to_fit
+
+    imp = np.asarray(levels, np.float32) / 6
+    n = imp.size
+    ranked = np.argsort(-imp, kind="stable")[: n // share]
+    sizes = (np.arange(n) * 7919 % 50 + 1).astype(np.int64)
+    capacity = int(fraction * sizes.sum())
+    hot = h_list_of_ranked(ranked, imp, sizes, capacity)
+    fit = int((np.cumsum(sizes[ranked]) <= capacity).sum())
+    tie = fit < ranked.size and (imp == imp[ranked[fit]]).sum() > 1
+    assert (hot is None) == (fit + 1 >= ranked.size < n or tie)
+    if hot is not None:
+        for seed in range(3):
+            assert np.array_equal(hot, h_list_to_fit(imp, sizes, capacity, seed))
+    if ranked.size > 1 and imp[ranked[0]] > imp[ranked[-1]]:  # out of order: refused
+        with pytest.raises(ConfigError, match="ranked"):
+            h_list_of_ranked(ranked[::-1], imp, sizes, sizes.sum())
+    with pytest.raises(ConfigError, match="ranked"):
+        h_list_of_ranked(np.append(ranked, n), imp, sizes, capacity)
+
+
 @pytest.mark.parametrize("fraction", [0.5, 0.95])
 def test_the_h_list_takes_equally_important_samples_at_random(fraction):
     """Ties at the cut are broken at random: of 8 equally important samples of one size

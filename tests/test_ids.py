@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hotset.ids import first_seen, index_dtype, stable_order
+from hotset.ids import first_seen, index_dtype, nonzero_as, stable_order
 
 
 @settings(max_examples=100, deadline=None)
@@ -19,6 +19,14 @@ def test_first_seen_is_np_unique_with_first_positions(case):
     unique, first = first_seen(ids, bound)
     want_unique, want_first = np.unique(ids, return_index=True)
     assert unique.tolist() == want_unique.tolist() and first.tolist() == want_first.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), max_size=200), st.integers(1, 40))
+def test_nonzero_as_is_flatnonzero_cast_block_by_block(mask, block):
+    mask = np.asarray(mask, bool)
+    got = nonzero_as(mask, np.int32, block)
+    assert got.dtype == np.int32 and got.tolist() == np.flatnonzero(mask).tolist()
 
 
 def test_ids_fit_the_smallest_dtype_that_holds_them():

@@ -153,3 +153,46 @@ def test_iis_percentiles_are_the_losses_stable_ranks(losses, unseen):
         assert np.array_equal(s.percentiles(), pct)
     finally:
         iis.RANK_BLOCK = block
+
+
+def test_iis_ranks_placed_on_two_threads_are_one_loops():
+    """``place_ranks`` splits the places in two halves on two threads past 2M ids: every
+    id gets its place over n - 1, as one scatter gives."""
+    n = 2 * iis.BLOCK + 12345
+    assert (n // (2 * iis.RANK_BLOCK)) * iis.RANK_BLOCK >= iis.BLOCK  # two threads
+    order = np.random.default_rng(0).permutation(n).astype(np.uint64)
+    got = np.full(n, -1.0, np.float32)
+    iis.place_ranks(got, order)
+    want = np.empty(n, np.float32)
+    want[order] = np.arange(n) / (n - 1)
+    assert np.array_equal(got, want)
+
+
+def test_iis_keeps_each_sample_by_one_draw_block_by_block(monkeypatch):
+    """An epoch keeps id i where the i-th uniform of one ``rng.random(n)`` call is below
+    its percentile to the power ``keep_exponent``, drawn 7 at a time here: the same
+    draws."""
+    n = 300
+    s = make_sampler("iis", n, seed=5, coverage_epochs=None)
+    s.feedback(np.arange(n), np.random.default_rng(1).random(n))
+    pct = s.percentiles()
+    keep = np.random.default_rng([5, 1]).random(n, np.float32) < pct**s.keep_exponent
+    monkeypatch.setattr(iis, "BLOCK", 7)
+    assert np.sort(s.global_order(1)).tolist() == np.flatnonzero(keep).tolist()
+
+
+def test_iis_hands_the_cache_its_most_important_ids_in_order_once():
+    """With every id scored, the epoch's hints carry ``ranked``: the most important half
+    of the ids, down, their percentiles distinct; given once (then the cache sorts the
+    importances itself, to the same H-list). Not while some ids are unscored (their
+    percentiles tie at 1)."""
+    n = 1000
+    s = make_sampler("iis", n, seed=2)
+    s.feedback(np.arange(n - 1), np.random.default_rng(3).integers(0, 5, n - 1) / 4)
+    assert "ranked" not in s.cache_hints(1)  # one id unscored
+    s.feedback(np.array([n - 1]), np.array([0.5]))
+    h = s.cache_hints(2)
+    ranked, pct = h["ranked"], h["importance"]
+    assert ranked.size == n // 2 and (np.diff(pct[ranked]) < 0).all()
+    assert pct[ranked].min() > np.delete(pct, ranked).max()
+    assert "ranked" not in s.cache_hints(2) and s.cache_hints(2)["importance"] is pct

@@ -11,6 +11,25 @@ def index_dtype(n: int) -> type[np.signedinteger]:
     return np.int32 if n - 1 <= np.iinfo(np.int32).max else np.int64
 
 
+#: positions a block-wise pass takes at a time: its temporaries stay small and are
+#: reused, where one array of n is fresh memory (14M ids: 112 MB to fault in)
+BLOCK = 1 << 20
+
+
+def nonzero_as(mask: np.ndarray, dtype: type, block: int = BLOCK) -> np.ndarray:
+    """``np.flatnonzero(mask).astype(dtype)``, block by block: no int64 array of the
+    mask's true entries before the cast (14M ids: 45 against 50-200 ms here, most of
+    the difference the first touch of that array)."""
+    out = np.empty(int(np.count_nonzero(mask)), dtype)
+    done = 0
+    for start in range(0, mask.size, block):
+        at = np.flatnonzero(mask[start : start + block])
+        at += start
+        out[done : done + at.size] = at
+        done += at.size
+    return out
+
+
 def first_seen(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(ids, return_index=True)`` for ids in ``0 .. bound - 1``, without a
     sort: each id's first position by ``np.minimum.at`` over a ``bound``-long column

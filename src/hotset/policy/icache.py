@@ -43,7 +43,7 @@ from itertools import islice
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import first_positions, index_dtype, stable_order
+from hotset.ids import BLOCK, first_positions, index_dtype, nonzero_as, stable_order
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
@@ -85,6 +85,41 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
     ids = ids[rng.permutation(ids.size)]
     order = ids[stable_order(-importance[ids])]
     hot[order[np.cumsum(sizes[order]) <= capacity]] = True
+    return hot
+
+
+def h_list_of_ranked(ranked, importance: np.ndarray, sizes, capacity: int) -> np.ndarray | None:
+    """:func:`h_list_to_fit`'s H-list from ``ranked``, the most important ids in order
+    (down; IIS's hint, its percentiles' sort): the longest run of them whose bytes fit,
+    read a block at a time, without a sort of the importances. ``None`` where that is
+    not the same H-list whatever :func:`h_list_to_fit`'s random order of equal
+    importances: the first id that does not fit ties with another (a smaller one of
+    equal importance might fit in its place), or it is ``ranked``'s last before every
+    id (what comes next is not known). A ``ranked`` that is not ids in order of
+    ``importance`` (down) is refused."""
+    n, ranked = importance.size, np.asarray(ranked)
+    if ranked.ndim != 1 or ranked.dtype.kind not in "iu" or ranked.size > n or (
+        ranked.size and (ranked.min() < 0 or ranked.max() >= n)
+    ):
+        raise ConfigError(f"the hint 'ranked' must be at most {n} ids in [0, {n})")
+    sizes = np.asarray(sizes, np.int64)
+    fit, total = ranked.size, 0  # the run that fits: ranked[:fit]
+    for lo in range(0, ranked.size, BLOCK):
+        sums = np.cumsum(sizes[ranked[lo : lo + BLOCK]]) + total
+        took = int(np.searchsorted(sums, capacity, side="right"))
+        if took < sums.size:
+            fit = lo + took
+            break
+        total = int(sums[-1])
+    seen = importance[ranked[: fit + 2]]  # the run, its first left out and the next
+    if (seen[1:] > seen[:-1]).any():
+        raise ConfigError("the hint 'ranked' does not list ids by importance, down")
+    if fit + 1 >= ranked.size and ranked.size < n:
+        return None  # the first left out is the last ranked, or none is: what follows?
+    if fit < ranked.size and np.count_nonzero(seen[max(0, fit - 1) : fit + 2] == seen[fit]) > 1:
+        return None  # the first left out ties with the one before or after it
+    hot = np.zeros(n, bool)
+    hot[ranked[:fit]] = True
     return hot
 
 
@@ -509,7 +544,12 @@ class ICachePolicy(Policy):
         if imp.dtype.kind != "f":  # float32 (IIS's percentiles) stays: quantised alike
             imp = imp.astype(np.float64)
         if hints["hot"] is None and imp.shape == (self.num_samples,):
-            hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, self._rng.getrandbits(32))
+            seed, ranked = self._rng.getrandbits(32), hints.get("ranked")
+            hot = None
+            if ranked is not None:  # IIS's sort: the same H-list without one of its own
+                hot = h_list_of_ranked(ranked, imp, self._sizes, self.capacity_bytes)
+            if hot is None:
+                hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, seed)
         else:
             hot = np.asarray(hints["hot"], bool)
         if hot.shape != (self.num_samples,) or imp.shape != hot.shape:
@@ -535,7 +575,7 @@ class ICachePolicy(Policy):
         self._l_used.clear()
         self._served[:] = False
         self._fresh = RandomPool(l_ids[~hot[l_ids]], self._pool.dtype)
-        self._pool = np.flatnonzero(~hot).astype(self._pool.dtype)
+        self._pool = nonzero_as(~hot, self._pool.dtype)
         self._pool_rng = np.random.default_rng([self.seed, self._rng.getrandbits(32)])
         self._cursor, self._wrapped, self._drawn = 0, False, 0
         self._queue = OrderedDict((i, None) for i in self._queue if not hot[i])

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype
+from hotset.ids import index_dtype, nonzero_as
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
 #: up to this many distinct need masks (and 16 jobs), a regroup scans the masks once per
@@ -98,7 +98,7 @@ class DependentSampling:
         if ids.dtype != self.dtype or not (ids[1:] > ids[:-1]).all():  # else kept as is
             present = np.zeros(self.universe, bool)  # sorted and unique in O(universe)
             present[ids] = True
-            ids = np.flatnonzero(present).astype(self.dtype)
+            ids = nonzero_as(present, self.dtype)
         self.bit[job] = free[0]
         self.datasets[job] = ids
         self.left[job] = 0
@@ -146,9 +146,9 @@ class DependentSampling:
             found = np.flatnonzero(np.bincount(self.mask.astype(np.uint16))[1:]) + 1
             if found.size <= SCAN_MASKS:  # few masks: one pass each (14M ids: 0.3 s)
                 for m in found.tolist():
-                    self._fill(m, np.flatnonzero(self.mask == m).astype(self.dtype))
+                    self._fill(m, nonzero_as(self.mask == m, self.dtype))
                 return
-        live = np.flatnonzero(self.mask).astype(self.dtype)
+        live = nonzero_as(self.mask, self.dtype)
         if not live.size:
             return
         masks = self.mask[live]  # narrow: numpy's radix sort of uint16, 3x faster

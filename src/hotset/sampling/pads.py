@@ -33,7 +33,7 @@ from functools import partial
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype
+from hotset.ids import index_dtype, nonzero_as
 from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
@@ -146,7 +146,7 @@ class PADSSampler(Sampler):
         keeps. Each part is left unshuffled (``ShuffledAsRead`` shuffles it as it is
         read); returns the ids and where the hits end."""
         w = self.weights()
-        held = np.flatnonzero(self._cached).astype(index_dtype(self.num_samples))
+        held = nonzero_as(self._cached, index_dtype(self.num_samples))
         w_held = w[held]
         w[held] = 0.0  # the weights of the misses
         w_hit, w_miss = float(w_held.sum()), float(w.sum())
