@@ -257,9 +257,14 @@ class SpiderSampler(Sampler):
         return hints
 
     # -- sampling ----------------------------------------------------------------------
-    def probabilities(self) -> np.ndarray:
+    def weights(self) -> np.ndarray:
+        """Each id's sampling weight, proportional to its probability: its score (at
+        least 1e-12), a new array (the draw keeps its cumulative sums in it)."""
         with self._lock:
-            w = np.maximum(self.board.score, 1e-12)
+            return np.maximum(self.board.score, 1e-12)
+
+    def probabilities(self) -> np.ndarray:
+        w = self.weights()
         return w / w.sum()
 
     def global_order(self, epoch: int) -> np.ndarray:
@@ -273,7 +278,7 @@ class SpiderSampler(Sampler):
             if epoch == 0 or self.prior is None:
                 order = np.arange(n, dtype=index_dtype(n))
             else:
-                order = draw_weighted(rng, self.probabilities(), n, overwrite=True, shuffle=False)
+                order = draw_weighted(rng, self.weights(), n, overwrite=True, shuffle=False)
                 order = self.coverage.ensure(order, epoch, rng)
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = ShuffledAsRead(order, rng)
