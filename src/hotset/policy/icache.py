@@ -52,14 +52,22 @@ SCALE = float(1 << 24)
 log = logging.getLogger(__name__)
 
 
-def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -> np.ndarray:
+def h_list_to_fit(
+    importance: np.ndarray, sizes, capacity: int, seed: int = 0, ranked=None
+) -> np.ndarray:
     """The H-list a cache of ``capacity`` bytes holds (III-A's overhead example: a 20%
     cache, 20% of the samples): the most important samples whose bytes together fit,
     equal importance in a random order (float64 importances closer than ``2**-28``
-    relative count as equal: :func:`hotset.ids.stable_order`)."""
+    relative count as equal: :func:`hotset.ids.stable_order`). ``ranked``: the most
+    important ids in order, down (IIS's sort, handed with its percentiles): the run of
+    them that fits, where that is this H-list for every seed (:func:`h_list_of_ranked`),
+    without a sort here."""
     importance = np.asarray(importance)
     if importance.dtype.kind != "f":  # float32 stays: the same order, half the bytes
         importance = importance.astype(np.float64)
+    hot = None if ranked is None else h_list_of_ranked(ranked, importance, sizes, capacity)
+    if hot is not None:
+        return hot
     sizes = np.asarray(sizes, np.int64)
     n = importance.size
     rng = np.random.default_rng(seed)
@@ -90,7 +98,7 @@ def h_list_to_fit(importance: np.ndarray, sizes, capacity: int, seed: int = 0) -
 
 def h_list_of_ranked(ranked, importance: np.ndarray, sizes, capacity: int) -> np.ndarray | None:
     """:func:`h_list_to_fit`'s H-list from ``ranked``, the most important ids in order
-    (down; IIS's hint, its percentiles' sort): the longest run of them whose bytes fit,
+    (down): the longest run of them whose bytes fit,
     read a block at a time, without a sort of the importances. ``None`` where that is
     not the same H-list whatever :func:`h_list_to_fit`'s random order of equal
     importances: the first id that does not fit ties with another (a smaller one of
@@ -544,12 +552,8 @@ class ICachePolicy(Policy):
         if imp.dtype.kind != "f":  # float32 (IIS's percentiles) stays: quantised alike
             imp = imp.astype(np.float64)
         if hints["hot"] is None and imp.shape == (self.num_samples,):
-            seed, ranked = self._rng.getrandbits(32), hints.get("ranked")
-            hot = None
-            if ranked is not None:  # IIS's sort: the same H-list without one of its own
-                hot = h_list_of_ranked(ranked, imp, self._sizes, self.capacity_bytes)
-            if hot is None:
-                hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, seed)
+            hot = h_list_to_fit(imp, self._sizes, self.capacity_bytes, self._rng.getrandbits(32),
+                                hints.get("ranked"))  # fmt: skip
         else:
             hot = np.asarray(hints["hot"], bool)
         if hot.shape != (self.num_samples,) or imp.shape != hot.shape:
