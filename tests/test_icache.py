@@ -160,6 +160,44 @@ def test_the_h_list_of_ranked_ids_is_the_h_list_to_fit(levels, fraction, share):
         h_list_of_ranked(np.append(ranked, n), imp, sizes, capacity)
 
 
+def test_plans_are_the_same_with_iis_s_ranked_ids_or_without(monkeypatch):
+    """What a run of IIS and iCACHE serves (each batch's ids, hits, admissions and
+    evictions, four epochs with feedback) is the same whether the cache takes its
+    H-list from IIS's ranked ids or sorts the importances itself; the ranked ids were
+    taken at each scored start."""
+    from hotset.sampling.iis import IISSampler
+
+    n = 4000
+    sizes = (np.arange(n) * 7919 % 50 + 10).astype(np.int64)
+    losses = np.random.default_rng(0).random(n)
+
+    def plans() -> list[list[int]]:
+        policy = make_policy("icache", int(0.1 * sizes.sum()), sizes=sizes)
+        planner = Planner(make_sampler("iis", n, seed=1), policy, 64)
+        out = []
+        for epoch in range(4):
+            planner.set_epoch(epoch)
+            for plan in planner:
+                out.append([plan.ids.tolist(), plan.hits.tolist(), plan.admitted.tolist(),
+                            plan.evicted.tolist()])  # fmt: skip
+                planner.feedback(plan.ids, losses[plan.ids] + epoch)
+        return out
+
+    taken = []
+    ranked = icache_module.h_list_of_ranked
+    monkeypatch.setattr(icache_module, "h_list_of_ranked",
+                        lambda *a: taken.append(r := ranked(*a)) or r)  # fmt: skip
+    with_ranked = plans()
+    assert len(taken) == 3 and all(t is not None for t in taken)
+    hints = IISSampler.cache_hints
+
+    def unranked(self, epoch: int) -> dict:
+        return {k: v for k, v in hints(self, epoch).items() if k != "ranked"}
+
+    monkeypatch.setattr(IISSampler, "cache_hints", unranked)
+    assert plans() == with_ranked and len(taken) == 3
+
+
 @pytest.mark.parametrize("fraction", [0.5, 0.95])
 def test_the_h_list_takes_equally_important_samples_at_random(fraction):
     """Ties at the cut are broken at random: of 8 equally important samples of one size
