@@ -373,6 +373,9 @@ def test_app_ghost_cache_is_every_trained_sample_unless_windowed():
         decisions[name] = p.access([1]).admitted.tolist() + p.access([n - 1]).admitted.tolist()
     # n - 1 was never trained: out of APP's ghost cache, but PQ admits it on its prior
     assert decisions == {"app": [1], "app-window": [], "pq": [1]}
+    # the board keeps when each score was given only for a window that asked (8 B per id)
+    with pytest.raises(ConfigError, match="track_recent"):
+        ScoreBoard(n).recent(np.arange(n), 5.0)
 
 
 @pytest.mark.parametrize("system", ["shade", "spider", "icache"])

@@ -191,6 +191,8 @@ class Planner:
     """
 
     owns_cache = True
+    #: the type of the per-id columns that track plans in flight (2 B per id)
+    tracking_dtype = np.int16
 
     def __init__(
         self,
@@ -244,10 +246,13 @@ class Planner:
         self.wait_s = float(wait_s)
         # plans handed out, not consumed: (seq, the ids it pinned)
         self._inflight: deque[tuple[int, np.ndarray]] = deque()
-        # per id, the last plan that wrote / deleted it: in flight if >= the oldest in flight
+        # per id, the last plan that wrote / deleted it, as its seq - _base (2 B per id;
+        # -1: before _base, which moves up as plans are reconciled): in flight if >= the
+        # oldest in flight
         tracked = policy.num_samples if self.executes else 0
-        self._writer = np.full(tracked, -1, np.int32)  # (2^31 plans: 150k epochs of 14M)
-        self._deleter = np.full(tracked, -1, np.int32)
+        self._writer = np.full(tracked, -1, self.tracking_dtype)
+        self._deleter = np.full(tracked, -1, self.tracking_dtype)
+        self._base = 0
         self._last_delete = -1  # the last plan that deleted anything
         self._seq = 0
         self._order = _EMPTY  # the epoch being planned, as drawn at its start
@@ -377,13 +382,35 @@ class Planner:
         """The policy learns what plan ``seq`` really did."""
         with self.lock:
             lost = np.concatenate([report.lost, report.absent])
-            lost = lost[self._writer[lost] <= seq]  # one a later plan writes is its to report
+            # one a later plan writes is its to report
+            lost = lost[self._writer[lost] <= seq - self._base]
             self.phantoms += len(self.policy.reconcile(report.stored, lost))
 
     def deleted_in_flight(self, ids: np.ndarray) -> np.ndarray:
         """Mask of ``ids`` that a plan in flight deletes (lock held)."""
         oldest = self._inflight[0][0] if self._inflight else self._seq
-        return self._deleter[ids] >= oldest
+        return self._deleter[ids] >= oldest - self._base
+
+    def _rebase(self) -> None:
+        """Make room for the next plan's seq in ``_writer`` and ``_deleter``: count from
+        the oldest plan that can still be asked about (in flight, or its report still to
+        reconcile); those before it read -1. Where that does not move (2^15 plans
+        unreconciled) the columns widen to int32."""
+        floor = self._inflight[0][0] if self._inflight else self._seq
+        if self._reports:
+            floor = min(floor, self._reports[0][0])
+        shift = floor - self._base
+        if shift <= 0:
+            self._writer = self._writer.astype(np.int32)
+            self._deleter = self._deleter.astype(np.int32)
+            return
+        for a in (self._writer, self._deleter):
+            if shift > np.iinfo(a.dtype).max:  # none is in flight: all before the floor
+                a.fill(-1)
+            else:
+                a[a < shift] = shift - 1
+                a -= shift
+        self._base = floor
 
     def _release_all(self) -> None:
         """Plans handed out and never consumed (an abandoned epoch) hold nothing now,
@@ -597,12 +624,15 @@ class Planner:
         if not self.executes:
             self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
             return 0.0, admitted, fetch
+        if self._seq - self._base > np.iinfo(self._writer.dtype).max:
+            self._rebase()
         oldest = self._inflight[0][0] if self._inflight else self._seq
+        in_flight = oldest - self._base  # as the columns count
         writes = np.concatenate([admitted, fetch])
-        blocked = self._deleter[writes] >= oldest
+        blocked = self._deleter[writes] >= in_flight
         if blocked.any():
             self.phantoms += len(self.policy.discard(writes[blocked]))
-            admitted, fetch = (a[self._deleter[a] < oldest] for a in (admitted, fetch))
+            admitted, fetch = (a[self._deleter[a] < in_flight] for a in (admitted, fetch))
             writes = writes[~blocked]
         seq, self._seq = self._seq, self._seq + 1
         pins = np.concatenate([reads, writes])
@@ -610,11 +640,11 @@ class Planner:
         self._inflight.append((seq, pins))
         # its worker may have to wait for earlier workers: for the reads they write, or for
         # the room their deletions free before its own writes fit
-        wait = (self._writer[reads] >= oldest).any() or (
+        wait = (self._writer[reads] >= in_flight).any() or (
             writes.size and self._last_delete >= oldest
         )
-        self._writer[writes] = seq
-        self._deleter[deletes] = seq
+        self._writer[writes] = seq - self._base
+        self._deleter[deletes] = seq - self._base
         if deletes.size:
             self._last_delete = seq
         return (self.wait_s if wait else 0.0), admitted, fetch

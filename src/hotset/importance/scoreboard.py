@@ -14,10 +14,12 @@ from hotset.errors import ConfigError
 
 class ScoreBoard:
     """``score[i]``: latest importance of sample ``i`` (``initial`` until it gets one);
-    ``loss[i]``: its latest per-sample loss; ``updated[i]``: the feedback step of its
-    latest score (-1: never scored). ``scores=False``: the score is the loss itself
-    (iCACHE's IIS), one array instead of two (8 B per id); a never-scored sample's loss
-    is then ``initial``, not NaN, so that a policy keyed by scores reads a number."""
+    ``loss[i]``: its latest per-sample loss; ``updated[i]``: 0 once it has a score, -1
+    before (1 B per id; a state saved when it held the feedback step loads alike).
+    ``scores=False``: the score is the loss itself (iCACHE's IIS), one array instead of
+    two (8 B per id); a never-scored sample's loss is then ``initial``, not NaN, so that a
+    policy keyed by scores reads a number. When each score was given (8 B per id) is kept
+    only for a reader of ``recent`` that asked for it (``track_recent``)."""
 
     def __init__(self, num_samples: int, initial: float = 1.0, scores: bool = True) -> None:
         if num_samples <= 0:
@@ -26,10 +28,10 @@ class ScoreBoard:
         if scores:
             self.score = np.full(self.num_samples, float(initial))
         self.loss = np.full(self.num_samples, np.nan if scores else float(initial))
-        self.updated = np.full(self.num_samples, -1, np.int32)  # 4 B per id: 2^31 steps
+        self.updated = np.full(self.num_samples, -1, np.int8)
         self.step = 0
         self.scores_given = 0  # ids scored over all steps (with repeats)
-        self.given_at = np.full(self.num_samples, 0, np.int64)  # scores_given at i's latest
+        self.given_at: np.ndarray | None = None  # scores_given at i's latest (track_recent)
 
     @property
     def own_scores(self) -> bool:
@@ -51,13 +53,23 @@ class ScoreBoard:
         if self.own_scores:
             self.score[ids] = scores
         self.loss[ids] = losses
-        self.updated[ids] = self.step
-        self.given_at[ids] = self.scores_given
+        self.updated[ids] = 0
+        if self.given_at is not None:
+            self.given_at[ids] = self.scores_given
         self.step += 1
         self.scores_given += int(ids.size)
 
+    def track_recent(self) -> None:
+        """Keep when each score is given, for ``recent`` (scores given before count as
+        given at the first step)."""
+        if self.given_at is None:
+            self.given_at = np.zeros(self.num_samples, np.int64)
+
     def recent(self, ids: np.ndarray, window: float) -> np.ndarray:
-        """Whether each of ``ids`` has a score given among the last ``window`` scores."""
+        """Whether each of ``ids`` has a score given among the last ``window`` scores
+        (``track_recent`` called before they were given)."""
+        if self.given_at is None:
+            raise ConfigError("the score board keeps no score's time: call track_recent()")
         return (self.updated[ids] >= 0) & (self.scores_given - self.given_at[ids] < window)
 
     def fill_unseen(self, value: float) -> None:

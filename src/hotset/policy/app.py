@@ -33,6 +33,11 @@ class APPPolicy(PriorityPolicy):
             raise ConfigError(f"ghost_epochs must be > 0 or None, got {ghost_epochs}")
         self.ghost_epochs = None if ghost_epochs is None else float(ghost_epochs)
 
+    def attach_scores(self, board) -> None:
+        super().attach_scores(board)
+        if self.ghost_epochs is not None:  # the window needs when each score was given
+            board.track_recent()
+
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:  # line 12: ghost_cache.exist(s)
         if self.ghost_epochs is None:
             return self.board.updated[ids] >= 0

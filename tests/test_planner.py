@@ -1,0 +1,86 @@
+"""The planner's tracking of plans in flight, over as many plans as its columns count."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hotset.plan import Planner, PlanReport
+from hotset.policy.base import make_policy
+from hotset.sampling.base import make_sampler
+from hotset.store import MemoryStore
+
+
+class NarrowPlanner(Planner):
+    tracking_dtype = np.int8  # rebased every 127 plans
+
+
+class WidePlanner(Planner):
+    tracking_dtype = np.int64  # never rebased
+
+
+def _run(cls: type[Planner], seed: int, depth: int, lost: float, quit_at: int) -> list:
+    """Eight epochs of a loader that keeps ``depth`` plans in flight, loses a share of
+    each plan's writes and of its hits, and gives up the fourth epoch after ``quit_at``
+    plans; every plan's decisions, the phantoms and the cache at the end."""
+    n, batch = 120, 3
+    policy = make_policy("lru", 12, sizes=np.ones(n, np.int64))
+    planner = cls(make_sampler("uniform", n, seed=seed), policy, batch, store=MemoryStore(1))
+    rng = np.random.default_rng(seed)
+    seen = []
+
+    def consume(plan) -> None:
+        writes = np.concatenate([plan.admitted, plan.fetch])
+        gone = rng.random(writes.size) < lost
+        absent = plan.ids[plan.hits][rng.random(int(plan.hits.sum())) < lost]
+        planner.batch_consumed(PlanReport(stored=writes[~gone], lost=writes[gone], absent=absent))
+
+    for epoch in range(8):
+        planner.set_epoch(epoch)
+        pending: deque = deque()
+        for k, plan in enumerate(planner):
+            seen.append((plan.ids, plan.hits, plan.admitted, plan.evicted, plan.fetch,
+                         plan.wait_s))  # fmt: skip
+            pending.append(plan)
+            while len(pending) > depth:
+                consume(pending.popleft())
+            if epoch == 3 and k == quit_at:
+                break  # abandoned: the plans in flight are never reported
+        else:
+            while pending:
+                consume(pending.popleft())
+    seen.append((planner.phantoms, np.sort(policy.cached_ids())))
+    return seen
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    depth=st.sampled_from([0, 1, 3, 9, 40]),
+    lost=st.sampled_from([0.0, 0.1, 0.5]),
+    quit_at=st.integers(0, 39),
+)
+def test_plans_are_the_same_whichever_columns_track_those_in_flight(seed, depth, lost, quit_at):
+    """Rebased every 127 plans (int8) or never (int64), the planner decides alike: the
+    same served ids, hits, writes, deletions and waits for every plan, the same phantoms
+    and the same cache, over 320 plans (two rebases) with up to 40 in flight, writes lost and
+    reported absent, and an epoch abandoned with plans in flight."""
+    narrow = _run(NarrowPlanner, seed, depth, lost, quit_at)
+    wide = _run(WidePlanner, seed, depth, lost, quit_at)
+    assert len(narrow) == len(wide)
+    for a, b in zip(narrow, wide, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_plans_unreconciled_past_the_columns_range_widen_them():
+    """More plans in flight than an int8 counts (130): the columns widen, and the plans
+    are those of columns that never needed to."""
+    narrow = _run(NarrowPlanner, 3, 130, 0.1, 39)
+    wide = _run(WidePlanner, 3, 130, 0.1, 39)
+    for a, b in zip(narrow, wide, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
