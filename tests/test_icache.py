@@ -440,6 +440,49 @@ def test_icache_never_exceeds_capacity_and_planned_hits_are_resident(seed, cap, 
             assert p.used <= p.capacity_bytes
 
 
+class OneByOne(icache_module.ICachePolicy):
+    """Algorithm 1, lines 7-17, as written: every H position in turn."""
+
+    def _admit_h_in_turn(self, ids, h_pos, misses, hits):
+        take, turned = [], []
+        for p in h_pos.tolist():
+            i = int(ids[p])
+            hits[p] = bool(self._where[i] == icache_module.H)
+            if not hits[p] and self.is_h[i]:
+                if self._admit_h(i):
+                    take.append(i)
+            elif not hits[p]:
+                turned.append(p)
+        return np.array(take, np.int64), turned
+
+
+@settings(max_examples=150, deadline=None)
+@given(*SMALL_CACHES, st.booleans(), st.lists(st.integers(0, 79), max_size=6))
+def test_the_misses_refused_together_are_those_algorithm_1_refuses_one_by_one(
+    seed, cap, pkg, h_frac, scored, pins
+):
+    """The H-misses a full H-cache refuses at once (no room, the least important
+    resident at least as important) settle together; the batches are served, hit,
+    admitted and evicted as Algorithm 1's loop over every position decides them, with
+    all ids hot and of one importance (a first epoch), or an H-list and levels with
+    ties, pinned residents and a shadow heap being rebuilt."""
+    n, rng, kw = _small_cache(seed, pkg)
+    fast, slow = make_policy("icache", cap, **kw), OneByOne(cap, **kw)
+    fast.pinned[pins] += 1
+    slow.pinned[pins] += 1
+    for _ in range(3):
+        if scored:
+            new = hints(rng.random(n) < h_frac, rng.integers(0, 4, n) / 4)
+            fast.apply_hints(new)
+            slow.apply_hints(new)
+        for _ in range(6):
+            batch = rng.integers(0, n, 24)
+            a, b = fast.access(batch), slow.access(batch)
+            for field in ("served", "hits", "admitted", "evicted", "substituted"):
+                assert np.array_equal(getattr(a, field), getattr(b, field)), field
+            assert fast.h_used == slow.h_used
+
+
 @settings(max_examples=150, deadline=None)
 @given(*SMALL_CACHES)
 def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg, h_frac):

@@ -641,6 +641,42 @@ class ICachePolicy(Policy):
         (self.heap if self.shadow is None else self.shadow).push(i, q)
         return True
 
+    def _admit_h_in_turn(
+        self, ids: np.ndarray, h_pos: np.ndarray, misses: np.ndarray, hits: np.ndarray
+    ) -> tuple[np.ndarray, list[int]]:
+        """Algorithm 1, lines 7-17, for the batch's H positions ``h_pos`` in turn
+        (``misses``: those not resident at the batch's start): a resident is a hit, a hot
+        miss goes to ``_admit_h``, a resident evicted before its turn that is not hot is an
+        L-miss. Returns the ids admitted and those positions (``turned``); sets ``hits``.
+        Up to the first hot miss that ``_admit_h`` would not refuse at once, nothing
+        changes: the misses without room, with the least important resident at least as
+        important (line 14), are refused together (every miss of a full cache in the
+        first epoch, where all ids are H-samples of one importance)."""
+        i, cap = ids[misses], self.h_capacity
+        sizes = np.frombuffer(self._sizes, np.int64)[i]
+        refused = sizes > cap - self.h_used
+        top = self._src().peek()
+        if top is not None:
+            refused &= self._level[i] <= top[1]
+        act = np.flatnonzero(~refused & (sizes <= cap))
+        take: list[int] = []
+        turned: list[int] = []
+        if not act.size:
+            return np.zeros(0, np.int64), turned
+        rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
+        now, is_h = memoryview(self._where), memoryview(self.is_h)
+        for p, i in zip(rest.tolist(), ids[rest].tolist(), strict=True):
+            if now[i] == H:
+                hits[p] = True
+            elif is_h[i]:
+                hits[p] = False
+                if self._admit_h(i):
+                    take.append(i)
+            else:
+                hits[p] = False
+                turned.append(p)
+        return np.array(take, np.int64), turned
+
     def _admit_h_all(self, new: np.ndarray) -> bool:
         """The batch's H-misses ``new`` (distinct, none resident) admitted at once where
         all of them fit the H-cache's free room, which is what ``_admit_h`` one by one
@@ -699,18 +735,7 @@ class ICachePolicy(Policy):
                 hits[misses[first]] = False
                 admitted = ids[misses[first]]
         if misses.size and not filled:
-            now, is_h, take = memoryview(self._where), memoryview(self.is_h), []
-            for p, i in zip(h_pos.tolist(), ids[h_pos].tolist(), strict=True):
-                if now[i] == H:
-                    hits[p] = True
-                elif is_h[i]:
-                    hits[p] = False
-                    if self._admit_h(i):
-                        take.append(i)
-                else:
-                    hits[p] = False
-                    turned.append(p)
-            admitted = np.array(take, np.int64)
+            admitted, turned = self._admit_h_in_turn(ids, h_pos, misses, hits)
         # L-misses: queued for the next packages (III-C) and substituted (lines 19-24)
         l_miss = np.flatnonzero(~hot & (where == NONE))
         if turned:
