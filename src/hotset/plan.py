@@ -408,7 +408,7 @@ class Planner:
             if shift > np.iinfo(a.dtype).max:  # none is in flight: all before the floor
                 a.fill(-1)
             else:
-                a[a < shift] = shift - 1
+                np.maximum(a, shift - 1, out=a)  # those before the floor: -1
                 a -= shift
         self._base = floor
 
