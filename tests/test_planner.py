@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -22,13 +25,17 @@ class WidePlanner(Planner):
     tracking_dtype = np.int64  # never rebased
 
 
-def _run(cls: type[Planner], seed: int, depth: int, lost: float, quit_at: int) -> list:
+def _run(cls: type[Planner], seed: int, depth: int, lost: float, quit_at: int,
+         n: int = 120, capacity: int = 12, **options) -> list:  # fmt: skip
     """Eight epochs of a loader that keeps ``depth`` plans in flight, loses a share of
     each plan's writes and of its hits, and gives up the fourth epoch after ``quit_at``
-    plans; every plan's decisions, the phantoms and the cache at the end."""
-    n, batch = 120, 3
-    policy = make_policy("lru", 12, sizes=np.ones(n, np.int64))
-    planner = cls(make_sampler("uniform", n, seed=seed), policy, batch, store=MemoryStore(1))
+    plans; every plan's decisions, the phantoms and the cache at the end (LRU over
+    ``n`` ids of a byte, ``capacity`` bytes). ``options``: the planner's (``ranks``,
+    ``sync_every``)."""
+    batch = 3
+    policy = make_policy("lru", capacity, sizes=np.ones(n, np.int64))
+    planner = cls(make_sampler("uniform", n, seed=seed), policy, batch, store=MemoryStore(1),
+                  **options)  # fmt: skip
     rng = np.random.default_rng(seed)
     seen = []
 
@@ -52,8 +59,17 @@ def _run(cls: type[Planner], seed: int, depth: int, lost: float, quit_at: int) -
         else:
             while pending:
                 consume(pending.popleft())
+    planner.flush()  # (with ranks: the reports still to exchange)
     seen.append((planner.phantoms, np.sort(policy.cached_ids())))
+    planner.close()
     return seen
+
+
+def _same(narrow: list, wide: list) -> None:
+    assert len(narrow) == len(wide)
+    for a, b in zip(narrow, wide, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
 
 
 @settings(max_examples=25, deadline=None)
@@ -69,18 +85,41 @@ def test_plans_are_the_same_whichever_columns_track_those_in_flight(seed, depth,
     and the same cache, over 320 plans (two rebases) with up to 40 in flight, writes lost and
     reported absent, and an epoch abandoned with plans in flight."""
     narrow = _run(NarrowPlanner, seed, depth, lost, quit_at)
-    wide = _run(WidePlanner, seed, depth, lost, quit_at)
-    assert len(narrow) == len(wide)
-    for a, b in zip(narrow, wide, strict=True):
-        for x, y in zip(a, b, strict=True):
-            np.testing.assert_array_equal(x, y)
+    _same(narrow, _run(WidePlanner, seed, depth, lost, quit_at))
 
 
 def test_plans_unreconciled_past_the_columns_range_widen_them():
     """More plans in flight than an int8 counts (130): the columns widen, and the plans
     are those of columns that never needed to."""
-    narrow = _run(NarrowPlanner, 3, 130, 0.1, 39)
-    wide = _run(WidePlanner, 3, 130, 0.1, 39)
-    for a, b in zip(narrow, wide, strict=True):
-        for x, y in zip(a, b, strict=True):
-            np.testing.assert_array_equal(x, y)
+    _same(_run(NarrowPlanner, 3, 130, 0.1, 39), _run(WidePlanner, 3, 130, 0.1, 39))
+
+
+def _rank(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from hotset.distributed import RankGroup
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    runs = {}
+    for cls in (NarrowPlanner, WidePlanner):
+        plans = _run(cls, 5, 1, 0.3, 17, n=480, capacity=120, ranks=RankGroup(), sync_every=9)
+        runs[cls.__name__] = [[np.asarray(x).tolist() for x in plan] for plan in plans]
+    Path(out, f"rank{rank}.json").write_text(json.dumps(runs))
+    dist.destroy_process_group()
+
+
+def test_reports_waiting_for_the_ranks_exchange_keep_their_plans_tracked(tmp_path):
+    """Two ranks (gloo) exchange their reports every 9 steps: a rebase keeps the plans
+    whose reports wait for the exchange, and each rank plans with int8 columns as with
+    int64 ones (640 global plans, writes lost, an epoch abandoned)."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, f"file://{tmp_path}/pg", str(tmp_path)))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0]
+    for r in range(2):
+        runs = json.loads((tmp_path / f"rank{r}.json").read_text())
+        _same(runs["NarrowPlanner"], runs["WidePlanner"])
