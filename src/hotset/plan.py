@@ -386,17 +386,20 @@ class Planner:
             lost = lost[self._writer[lost] <= seq - self._base]
             self.phantoms += len(self.policy.reconcile(report.stored, lost))
 
+    def _oldest(self) -> int:
+        """The oldest plan in flight (where none is, the next one's seq)."""
+        return self._inflight[0][0] if self._inflight else self._seq
+
     def deleted_in_flight(self, ids: np.ndarray) -> np.ndarray:
         """Mask of ``ids`` that a plan in flight deletes (lock held)."""
-        oldest = self._inflight[0][0] if self._inflight else self._seq
-        return self._deleter[ids] >= oldest - self._base
+        return self._deleter[ids] >= self._oldest() - self._base
 
     def _rebase(self) -> None:
         """Make room for the next plan's seq in ``_writer`` and ``_deleter``: count from
         the oldest plan that can still be asked about (in flight, or its report still to
         reconcile); those before it read -1. Where that does not move (2^15 plans
         unreconciled) the columns widen to int32."""
-        floor = self._inflight[0][0] if self._inflight else self._seq
+        floor = self._oldest()
         if self._reports:
             floor = min(floor, self._reports[0][0])
         shift = floor - self._base
@@ -576,7 +579,7 @@ class Planner:
                 if gap >= 0:
                     self.readahead.gap = gap
                 staged, producer = self.readahead.take(index)
-                staging = producer >= (self._inflight[0][0] if self._inflight else self._seq)
+                staging = producer >= self._oldest()
                 reads = np.setdiff1d(np.concatenate([served[~r.hits], fetch]), staged)
                 stage, free = self.readahead.plan(index, reads, self._resident, self._seq)
                 offered = self.policy.offer(free) if free.size else _EMPTY
@@ -626,7 +629,7 @@ class Planner:
             return 0.0, admitted, fetch
         if self._seq - self._base > np.iinfo(self._writer.dtype).max:
             self._rebase()
-        oldest = self._inflight[0][0] if self._inflight else self._seq
+        oldest = self._oldest()
         in_flight = oldest - self._base  # as the columns count
         writes = np.concatenate([admitted, fetch])
         blocked = self._deleter[writes] >= in_flight

@@ -29,7 +29,6 @@ class ScoreBoard:
             self.score = np.full(self.num_samples, float(initial))
         self.loss = np.full(self.num_samples, np.nan if scores else float(initial))
         self.updated = np.full(self.num_samples, -1, np.int8)
-        self.step = 0
         self.scores_given = 0  # ids scored over all steps (with repeats)
         self.given_at: np.ndarray | None = None  # scores_given at i's latest (track_recent)
 
@@ -56,7 +55,6 @@ class ScoreBoard:
         self.updated[ids] = 0
         if self.given_at is not None:
             self.given_at[ids] = self.scores_given
-        self.step += 1
         self.scores_given += int(ids.size)
 
     def track_recent(self) -> None:

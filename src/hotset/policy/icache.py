@@ -98,8 +98,8 @@ def h_list_to_fit(
 
 def h_list_of_ranked(ranked, importance: np.ndarray, sizes, capacity: int) -> np.ndarray | None:
     """:func:`h_list_to_fit`'s H-list from ``ranked``, the most important ids in order
-    (down): the longest run of them whose bytes fit,
-    read a block at a time, without a sort of the importances. ``None`` where that is
+    (down): the longest run of them whose bytes fit, read a block at a time, without a
+    sort of the importances. ``None`` where that is
     not the same H-list whatever :func:`h_list_to_fit`'s random order of equal
     importances: the first id that does not fit ties with another (a smaller one of
     equal importance might fit in its place), or it is ``ranked``'s last before every
@@ -659,10 +659,10 @@ class ICachePolicy(Policy):
         if top is not None:
             refused &= self._level[i] <= top[1]
         act = np.flatnonzero(~refused & (sizes <= cap))
+        if not act.size:
+            return np.zeros(0, np.int64), []
         take: list[int] = []
         turned: list[int] = []
-        if not act.size:
-            return np.zeros(0, np.int64), turned
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
         for p, i in zip(rest.tolist(), ids[rest].tolist(), strict=True):
