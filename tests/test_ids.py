@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hotset.ids import first_seen, index_dtype, nonzero_as, stable_order
+from hotset.ids import first_seen, index_dtype, nonzero_as, sorted_by_top_bits, stable_order
 
 
 @settings(max_examples=100, deadline=None)
@@ -64,3 +64,15 @@ def test_stable_order_of_float64_values_differs_only_between_near_ties(values):
     b = max(1, (values.size - 1).bit_length())
     bound = np.maximum(np.abs(got), np.abs(want)) * 2.0 ** (b - 51) + 2.0 ** (b - 1074)
     assert np.all(np.abs(got - want) <= bound)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(0, width=32), st.sampled_from([0.0, 1e-45, np.inf])),
+                min_size=1, max_size=300))  # fmt: skip
+def test_keys_of_float64_losses_are_those_their_bits_flipped_make(values):
+    """float64 values from +0.0 to +inf (losses) take the keys' short path (their bits as
+    they are): the same keys as the flipped bits of float32 values give."""
+    values = np.asarray(values, np.float32)
+    b = max(1, (values.size - 1).bit_length())
+    want = sorted_by_top_bits(values, b, 7).tolist()  # float32: the bits flipped
+    assert sorted_by_top_bits(values.astype(np.float64), b, 7).tolist() == want

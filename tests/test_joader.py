@@ -6,11 +6,30 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from scipy.stats import chisquare
+from scipy.stats import chi2_contingency, chisquare
 
 from hotset import ConfigError, make_policy
 from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sim.jobs import access_sequence, replay, table2_cases
+
+
+class RoundByRound(DependentSampling):
+    """Runs of rounds drawn with ``round``'s draws (``_rounds_in_step``, the tree), never
+    at once: the runs these tests compare draw by draw with single rounds."""
+
+    at_once_min = 1 << 62
+
+
+class AtOnce(DependentSampling):
+    """Every run of two or more rounds that can be drawn at once is; counts them."""
+
+    at_once_min = 2
+    made = 0
+
+    def _rounds_at_once(self, order, n, parts):
+        k = super()._rounds_at_once(order, n, parts)
+        self.made += k
+        return k
 
 
 def reference_tree(remaining: list[set[int]]) -> tuple[list[set[int]], list[set[int]]]:
@@ -510,7 +529,7 @@ def test_two_jobs_out_of_step_draw_their_rounds_as_single_rounds_do(a, b, ahead,
     """Two jobs out of step (the second joins after the first read ``ahead``; the first
     starts its next epoch at call ``again``), on datasets that overlap or not: runs of
     rounds draw what single rounds draw and leave the same state."""
-    one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
+    one, many = DependentSampling(61, seed=5), RoundByRound(61, seed=5)
     for d in (one, many):
         d.add_job(0, sorted(a))
     for _ in range(min(ahead, len(a))):
@@ -531,7 +550,7 @@ def test_two_jobs_out_of_step_draw_their_rounds_as_single_rounds_do(a, b, ahead,
 
 
 def _rounds_as_single_rounds(datasets, n: int, calls: list[list[int]]) -> None:
-    one, many = DependentSampling(61, seed=5), DependentSampling(61, seed=5)
+    one, many = DependentSampling(61, seed=5), RoundByRound(61, seed=5)
     for j, d in enumerate(datasets):
         one.add_job(j, sorted(d))
         many.add_job(j, sorted(d))
@@ -545,3 +564,102 @@ def _rounds_as_single_rounds(datasets, n: int, calls: list[list[int]]) -> None:
         assert {m: b.tolist() for m, b in many.buckets.items()} == {
             m: b.tolist() for m, b in one.buckets.items()
         }
+
+
+def _check_state(dsa: DependentSampling, remaining: dict) -> None:
+    """Every bucket's ids have its mask and their slots in ``pos``; each job's bit is on
+    exactly the elements it has left, and ``left`` counts them."""
+    bucketed = set()
+    for m, b in dsa.buckets.items():
+        for k, e in enumerate(b.tolist()):
+            assert dsa.pos[e] == k and dsa.mask[e] == m
+            bucketed.add(e)
+    assert bucketed == set(np.flatnonzero(dsa.mask).tolist())
+    for j, rest in remaining.items():
+        bit = np.uint64(1 << dsa.bit[j])
+        assert set(np.flatnonzero(dsa.mask & bit).tolist()) == rest
+        assert dsa.left[j] == len(rest)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 119), min_size=2), st.sets(st.integers(0, 119), min_size=2),
+       st.integers(0, 60), st.lists(st.integers(2, 40), min_size=1, max_size=12),
+       st.integers(0, 12))  # fmt: skip
+def test_runs_drawn_at_once_read_each_element_once_per_epoch(a, b, ahead, ns, again):
+    """Runs of rounds drawn at once (the first job alone, in step, then two jobs out of
+    step on datasets that overlap or not; the first job starting its next epoch at call
+    ``again``): each job reads each of its elements once per epoch, and the buckets,
+    masks, slots and counts left are what they must be."""
+    dsa = AtOnce(120, seed=3)
+    data = {0: a, 1: b}
+    dsa.add_job(0, sorted(a))
+    remaining, read = {0: set(a)}, {0: []}
+    for e in dsa.picks([0], min(ahead, len(a) - 1))[0].tolist():
+        remaining[0].remove(e)
+        read[0].append(e)
+    dsa.add_job(1, sorted(b))
+    remaining[1], read[1] = set(b), []
+    for call, n in enumerate(ns):
+        if call == again:
+            dsa.start_epoch(0)
+            remaining[0], read[0] = set(a), []
+        for j, got in dsa.picks([0, 1], n).items():
+            for e in got.tolist():
+                assert e in remaining[j]  # never twice in an epoch, never outside D_j
+                remaining[j].remove(e)
+                read[j].append(e)
+            if not remaining[j]:
+                assert sorted(read[j]) == sorted(data[j])
+        _check_state(dsa, remaining)
+
+
+def test_runs_drawn_at_once_are_taken_in_step_and_out_of_step():
+    """The service's cases: jobs in step on one dataset, and a second job joined
+    mid-epoch (V_0 and each job's own bucket) draw their runs at once."""
+    in_step = AtOnce(300, seed=1)
+    for j in range(3):
+        in_step.add_job(j, np.arange(300))
+    got = in_step.picks([0, 1, 2], 64)
+    assert in_step.made == 64 and got[0].tolist() == got[1].tolist() == got[2].tolist()
+    apart = AtOnce(300, seed=1)
+    apart.add_job(0, np.arange(300))
+    apart.picks([0], 100)
+    apart.add_job(1, np.arange(300))
+    made = apart.made
+    apart.picks([0, 1], 64)
+    assert apart.made - made == 64
+
+
+def _round_kinds(dsa: DependentSampling, rounds: int, trials: int) -> tuple:
+    """Over ``trials`` epoch starts of jobs 0 (ids 0-29) and 1 (10-49), the kind of each
+    of the first ``rounds`` rounds (0: both read the element, 1: job 0 read an element
+    of both alone, 2: job 0 read its own) and each job's last pick."""
+    kinds = np.zeros((rounds, 3), np.int64)
+    last0, last1 = np.zeros(30, np.int64), np.zeros(50, np.int64)
+    for _ in range(trials):
+        dsa.start_epoch(0)
+        dsa.start_epoch(1)
+        got = dsa.picks([0, 1], rounds)
+        for t, (e, f) in enumerate(zip(got[0].tolist(), got[1].tolist(), strict=True)):
+            kinds[t, 0 if e == f else 1 if e >= 10 else 2] += 1
+        last0[got[0][-1]] += 1
+        last1[got[1][-1]] += 1
+    return kinds, last0, last1[10:]
+
+
+def test_runs_drawn_at_once_have_the_law_of_single_rounds():
+    """Two jobs out of step: the kinds of each of the first five rounds drawn at once
+    against rounds drawn one at a time (chi-square of the two tables), and each job's
+    fifth pick uniform over its dataset (Theorem 2)."""
+    sides = []
+    for cls in (AtOnce, RoundByRound):
+        dsa = cls(50, seed=11)
+        dsa.add_job(0, np.arange(30))
+        dsa.add_job(1, np.arange(10, 50))
+        sides.append(_round_kinds(dsa, 5, 3000))
+        if cls is AtOnce:
+            assert dsa.made == 5 * 3000
+    for t in range(5):
+        assert chi2_contingency(np.stack([sides[0][0][t], sides[1][0][t]])).pvalue > 1e-3
+    for last in sides[0][1:]:
+        assert chisquare(last).pvalue > 1e-3

@@ -15,11 +15,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hotset
 from hotset import ConfigError, ServiceError
 from hotset.compare_jobs import SCENARIOS, JobsConfig, compare_jobs, scenario_jobs
 from hotset.service.coordinator import JobCoordinator
+from hotset.service.modes import IdQueue
 from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
 from hotset.storage.columns import DigestColumn
@@ -543,3 +546,20 @@ def test_a_job_alone_under_refcnt_keeps_its_next_epoch(sampling):
         ratios[next_epoch] = hits / reads
     assert 0.45 <= ratios[True] <= 0.55, ratios
     assert ratios[False] < 0.15, ratios
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.lists(st.integers(0, 99), max_size=9), st.integers(-1, 12))))
+def test_a_jobs_queue_hands_out_its_ids_in_the_order_they_came(ops):
+    """Runs of sampled ids in (lists), batches taken from the front (numbers; -1: all)."""
+    queue, want = IdQueue(), []
+    for op in ops:
+        if isinstance(op, list):
+            queue.extend(np.array(op, np.int64))
+            want += op
+        else:
+            n = None if op < 0 else op
+            got = queue.take(n).tolist()
+            assert got == want[: len(want) if n is None else n]
+            want = want[len(got) :]
+        assert len(queue) == len(want)

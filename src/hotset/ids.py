@@ -14,6 +14,8 @@ def index_dtype(n: int) -> type[np.signedinteger]:
 #: positions a block-wise pass takes at a time: its temporaries stay small and are
 #: reused, where one array of n is fresh memory (14M ids: 112 MB to fault in)
 BLOCK = 1 << 20
+#: +inf's bits as float64: every float64 at or below them (as uint64) is +0.0 .. +inf
+INF_BITS = 0x7FF0000000000000
 
 
 def nonzero_as(mask: np.ndarray, dtype: type, block: int = BLOCK) -> np.ndarray:
@@ -81,9 +83,18 @@ def sorted_by_top_bits(values: np.ndarray, b: int, block: int = 1 << 18) -> np.n
     nan = np.empty(block, bool)
     place = np.arange(block, dtype=np.uint64)
     shift, sign = np.uint64(b), np.uint64(1 << 63)
+    # float64 from +0.0 to +inf (losses): the bits order as the floats do, and the keys
+    # are the bits with the sign bit set (as the flip sets it) and the low ``b`` cleared
+    plain = values.dtype == np.float64 and n and values.view(np.uint64).max() <= INF_BITS
+    top = np.uint64(~((1 << b) - 1) & ((1 << 64) - 1))
     for start in range(0, n, block):
         m = min(block, n - start)
         f, u = flip[:m], out[start : start + m]
+        if plain:
+            np.bitwise_and(values[start : start + m].view(np.uint64), top, out=u)
+            np.add(place[:m], np.uint64(start) | sign, out=f)
+            u |= f
+            continue
         if floats:
             k = keys[:m]
             np.add(values[start : start + m], 0.0, out=k)  # -0.0 becomes 0.0

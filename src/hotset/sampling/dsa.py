@@ -22,6 +22,9 @@ elements J_k needs whose mask does not contain G_k.
   merged as Definition 1 requires.
 * **Partial sampling** (appendix C): a round may name only some jobs (the fast ones);
   the tree is re-sorted by what the named jobs have left, every round.
+* **Runs of rounds** (``picks``, a service's batch): where the jobs are in step, or two
+  jobs out of step need only their shared bucket and their own, a run is drawn in numpy
+  (``bucket_draws``) with the law of the rounds one at a time and draws of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype, nonzero_as
+from hotset.sampling.bucket_draws import first_takes, take
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
 #: up to this many distinct need masks (and 16 jobs), a regroup scans the masks once per
@@ -57,6 +61,10 @@ class Vertex:
 class DependentSampling:
     """DSA over jobs whose datasets are id sets of one universe ``0 .. universe - 1``."""
 
+    #: a run of at least this many rounds, none of which can empty a bucket, is drawn at
+    #: once (``_rounds_at_once``); shorter runs a round at a time
+    at_once_min = 32
+
     def __init__(self, universe: int, seed: int = 0) -> None:
         if universe <= 0:
             raise ConfigError(f"universe must be > 0, got {universe}")
@@ -75,6 +83,7 @@ class DependentSampling:
         self.bit: dict[Hashable, int] = {}
         self.left: dict[Hashable, int] = {}  # |R_j|: what job j still reads this epoch
         self._rng = random.Random(seed)
+        self._draws = np.random.default_rng(seed)  # the runs drawn at once
         self._version = 0  # bumped when the set of buckets changes
         self._cached_levels: tuple = ((), -1, None)  # (order, version, levels)
 
@@ -283,26 +292,104 @@ class DependentSampling:
         return self._round(order) if order else {}
 
     def rounds(self, jobs: Iterable[Hashable], n: int) -> list[dict[Hashable, int]]:
-        """``n`` rounds over ``jobs`` as ``n`` calls of ``round`` give them (the same
-        draws), but at most as many as the job with least left has (none runs out before
-        the last)."""
-        picks = self.picks(jobs, n)
+        """``n`` rounds over ``jobs`` as ``n`` calls of ``round`` would draw them, but at
+        most as many as the job with least left has (none runs out before the last)."""
+        picks = {j: e.tolist() for j, e in self.picks(jobs, n).items()}
         return [dict(zip(picks, col, strict=True)) for col in zip(*picks.values(), strict=True)]
 
-    def picks(self, jobs: Iterable[Hashable], n: int) -> dict[Hashable, list[int]]:
+    def picks(self, jobs: Iterable[Hashable], n: int) -> dict[Hashable, np.ndarray]:
         """``rounds(jobs, n)`` as each job's elements in order (every round takes one
         from each job with something left). The jobs are sorted once: each round takes
-        one element from each, so their order holds."""
+        one element from each, so their order holds. Runs of rounds where the jobs are in
+        step, or two jobs out of step, are drawn at once (``_rounds_at_once``: rounds of
+        the same law, their own draws), then a round at a time where V_0 is one bucket
+        (``_rounds_in_step``: ``round``'s draws), else by ``round``."""
         order = self._sorted(jobs)
         n = min([n] + [self.left[j] for j in order]) if order else 0
-        out: dict[Hashable, list[int]] = {j: [] for j in order}
+        parts: list[list] = [[] for _ in order]  # per job: runs of its elements
         done = 0
-        while done < n and (step := self._rounds_in_step(order, n - done, list(out.values()))):
+        while done < n:
+            step = self._rounds_at_once(order, n - done, parts)
+            if not step:
+                lists: list[list[int]] = [[] for _ in order]
+                step = self._rounds_in_step(order, n - done, lists)
+                if not step:
+                    break
+                for part, got in zip(parts, lists, strict=True):
+                    part.append(got)
             done += step
-        for _ in range(n - done):
-            for j, e in self._round(order).items():
-                out[j].append(e)
-        return out
+        if done < n:
+            rest = [self._round(order) for _ in range(n - done)]
+            for part, j in zip(parts, order, strict=True):
+                part.append([r[j] for r in rest])
+        return {
+            j: np.concatenate([np.asarray(p, np.int64) for p in part]) if part else
+            np.zeros(0, np.int64) for j, part in zip(order, parts, strict=True)
+        }  # fmt: skip
+
+    def _rounds_at_once(self, order: list[Hashable], n: int, parts: list[list]) -> int:
+        """Up to ``n`` rounds in numpy (``bucket_draws``), where V_0 is one bucket of the
+        elements every job of ``order`` needs and no bucket drawn from can run out:
+        jobs in step (each has only V_0 left: every job takes it, line 9's probability
+        being 1, and all share a uniform element of it), or two jobs that need nothing
+        but V_0 and their own buckets (one joined mid-epoch). For those, each round J_0
+        takes V_0 with probability |V_0| / |R_0| (``first_takes``); then J_1 with
+        |R_0| / |R_1| (they share a uniform element of V_0), or it reads a uniform element
+        of its own, where J_0's element takes its place (it needs only J_1 now); where
+        J_0 does not take V_0, it reads a uniform element of its own and J_1 of its own.
+        The law of ``round``'s rounds, with draws of their own. Appends each job's run to
+        its part; returns the rounds made (0: none drawn here)."""
+        if n < self.at_once_min:
+            return 0
+        bits, vertex, _ = self._levels(order)
+        if len(vertex[0]) != 1:
+            return 0
+        shared, group = vertex[0][0], sum(bits)
+        if self._mask_mv[shared[0]] != group:
+            return 0
+        v, lefts, rng = len(shared), [self.left[j] for j in order], self._draws
+        if all(x == v for x in lefts):  # in step
+            k = min(n, v - 1)
+            if k < self.at_once_min:
+                return 0
+            read = take(shared, self.pos, rng.integers(0, v - np.arange(k)))
+            self.mask[read] = 0
+            for part in parts:
+                part.append(read)
+        else:
+            if len(order) != 2 or any(m & ~group for m in self.buckets):
+                return 0
+            own = [self.buckets.get(b) for b in bits]
+            a, b = (len(x) if x is not None else 0 for x in own)
+            if lefts != [v + a, v + b]:
+                return 0
+            k = min(n, v - 1, a - 1 if a else n, b - 1 if b else n)
+            if k < self.at_once_min:
+                return 0
+            t = np.arange(k)
+            u = rng.random((2, k))
+            first = first_takes(u[0], lefts[0] - t, v)  # J_0 takes V_0
+            both = first & (u[1] * (lefts[1] - t) < lefts[0] - t)  # and J_1 shares it
+            apart = ~both  # J_1 reads its own bucket
+            alone = ~first  # J_0 reads its own
+            j0 = np.empty(k, np.int64)
+            j0[first] = take(shared, self.pos, rng.integers(0, v - np.arange(first.sum())))
+            if alone.any():
+                j0[alone] = take(own[0], self.pos, rng.integers(0, a - np.arange(alone.sum())))
+            j1 = j0.copy()
+            if apart.any():  # J_0's element of V_0, read alone, takes the place of J_1's
+                removes = alone[apart]
+                puts = np.where(removes, -1, j0[apart])
+                self.mask[j0[first & apart]] = bits[1]
+                left = b - (np.cumsum(removes) - removes)
+                j1[apart] = take(own[1], self.pos, rng.integers(0, left), puts)
+                self.mask[j1[apart]] = 0
+            self.mask[j0[both | alone]] = 0
+            parts[0].append(j0)
+            parts[1].append(j1)
+        for j in order:
+            self.left[j] -= k
+        return k
 
     def _rounds_in_step(self, order: list[Hashable], n: int, lists: list[list[int]]) -> int:
         """Up to ``n`` rounds while V_0, the elements every job of ``order`` needs, is one

@@ -35,7 +35,7 @@ import numpy as np
 from hotset.errors import ConfigError, UnknownJob
 from hotset.ids import first_seen, index_dtype
 from hotset.service.benefit import Benefit
-from hotset.service.modes import ALLOCATION, SAMPLING
+from hotset.service.modes import ALLOCATION, SAMPLING, IdQueue
 from hotset.service.partitions import PartitionedPolicy
 from hotset.storage.columns import DigestColumn, concat, key_column
 
@@ -66,7 +66,7 @@ class Job:
     saving: float | None = None  # the latest conclusive one's ``saving``
     epoch: int = -1  # the epoch being planned
     sampling_epoch: int = -1  # the epoch the sampler fills (it may run ahead)
-    queues: dict[int, deque] = field(default_factory=dict)  # epoch -> sampled, not planned
+    queues: dict[int, IdQueue] = field(default_factory=dict)  # epoch -> sampled, not planned
     inflight: deque = field(default_factory=deque)  # (seq, gids) planned, not yet consumed
     seq: int = 0  # non-empty plans handed out so far
     batches: int = 0
@@ -268,7 +268,7 @@ class JobCoordinator:
         ids of epochs before ``before`` (all, when ``leaving``) and, when leaving or
         restarting, what the sampler had left of its epoch."""
         drop = [e for e in job.queues if leaving or e < before]
-        unread = [np.array(job.queues.pop(e), np.int64) for e in drop]
+        unread = [job.queues.pop(e).take(None) for e in drop]
         if leaving or job.sampling_epoch < before:
             unread.append(self.mode.release(job_id, job, leaving))
         if leaving:  # its planned batches will never be read, nor its next epoch
@@ -281,7 +281,7 @@ class JobCoordinator:
     def start_sampling(self, job_id: int, job: Job, epoch: int) -> None:
         """The sampler begins ``epoch`` for the job: its ids are referenced once more."""
         job.sampling_epoch = epoch
-        job.queues.setdefault(epoch, deque())
+        job.queues.setdefault(epoch, IdQueue())
         self.policy.add_references(self.mode.start_epoch(job_id, job, epoch), +1)
 
     def _start_epoch(self, job_id: int, job: Job, epoch: int) -> None:

@@ -31,6 +31,42 @@ if TYPE_CHECKING:
 _NONE = np.zeros(0, np.int64)
 
 
+class IdQueue:
+    """Sampled ids of one epoch not yet planned, in order: the runs the sampler gave
+    (numpy arrays), a batch taken from the front at a time (no Python object per id)."""
+
+    __slots__ = ("_runs", "_size")
+
+    def __init__(self) -> None:
+        self._runs: deque[np.ndarray] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def extend(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids, np.int64)
+        if ids.size:
+            self._runs.append(ids)
+            self._size += ids.size
+
+    def take(self, n: int | None) -> np.ndarray:
+        """The first ``n`` ids (all of them: ``None``; fewer where fewer are queued),
+        taken off the queue."""
+        n = self._size if n is None else max(0, min(n, self._size))
+        out, got = [], 0
+        while got < n:
+            run = self._runs[0]
+            if run.size <= n - got:
+                out.append(self._runs.popleft())
+            else:
+                out.append(run[: n - got])
+                self._runs[0] = run[n - got :]
+            got += out[-1].size
+        self._size -= n
+        return out[0] if len(out) == 1 else np.concatenate([_NONE, *out])
+
+
 class SamplingMode(ABC):
     """Base: the shared policy serves each batch of ids the mode samples. A subclass
     implements ``start_epoch`` (the job's order for an epoch), ``fill`` (queue the next
@@ -64,7 +100,7 @@ class SamplingMode(ABC):
         gets one reference): all of ``job.unique``, or of its subset for the epoch,
         less what ``job.keep`` drops (read before the job re-registered)."""
 
-    def fill(self, job_id: int, job: Job, queue: deque) -> None:  # noqa: B027 - optional
+    def fill(self, job_id: int, job: Job, queue: IdQueue) -> None:  # noqa: B027 - optional
         """Sample until ``queue`` holds a batch (or the job's epoch is all sampled)."""
 
     @abstractmethod
@@ -78,10 +114,9 @@ class SamplingMode(ABC):
 
     def batch(self, job_id: int, job: Job, cache: bool):
         """The job's next batch: (gids, hit mask, admitted ids, evicted ids)."""
-        queue = job.queues.setdefault(job.epoch, deque())
+        queue = job.queues.setdefault(job.epoch, IdQueue())
         self.fill(job_id, job, queue)
-        n = min(job.batch_size, len(queue))
-        gids = np.array([queue.popleft() for _ in range(n)], np.int64)
+        gids = queue.take(job.batch_size)
         policy = self.co.policy
         if not cache:  # the reads still happen: they consume their references
             policy.add_references(gids, -1)
@@ -121,8 +156,8 @@ class IndependentSampling(SamplingMode):
         self.orders[job_id] = Unsampled(order, self._shuffle(job_id, epoch))
         return order
 
-    def fill(self, job_id: int, job: Job, queue: deque) -> None:
-        queue.extend(self.orders[job_id].take(job.batch_size - len(queue)).tolist())
+    def fill(self, job_id: int, job: Job, queue: IdQueue) -> None:
+        queue.extend(self.orders[job_id].take(job.batch_size - len(queue)).copy())
 
     def left(self, job_id: int) -> int:
         return len(self.orders[job_id]) if job_id in self.orders else 0
@@ -141,7 +176,7 @@ class SubstitutableHits(IndependentSampling):
 
     name = "quiver"
 
-    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+    def fill(self, job_id: int, job: Job, queue: IdQueue) -> None:
         order = self.orders[job_id]
         need = job.batch_size - len(queue)
         if need <= 0 or not len(order):
@@ -152,7 +187,7 @@ class SubstitutableHits(IndependentSampling):
         rest = np.flatnonzero(~held)[: need - cached.size]
         left = np.ones(window.size, bool)
         left[cached] = left[rest] = False
-        queue.extend(window[np.concatenate([cached, rest])].tolist())
+        queue.extend(window[np.concatenate([cached, rest])])
         order.put_back(window[left])  # the others: next in line, in order
 
 
@@ -285,7 +320,7 @@ class DependentSamplingMode(SamplingMode):
         jobs that far ahead wait)."""
         return self.co.lookahead * job.batch_size - job.queued()
 
-    def fill(self, job_id: int, job: Job, queue: deque) -> None:
+    def fill(self, job_id: int, job: Job, queue: IdQueue) -> None:
         jobs, left = self.co.jobs, self.dsa.left
         while len(queue) < job.batch_size and job.sampling_epoch == job.epoch:
             if not left.get(job_id):  # an epoch resumed with nothing left to read
