@@ -70,8 +70,11 @@ def take_at_once(
     return read
 
 
-def take(bucket: array, pos: np.ndarray, slots: np.ndarray, puts: np.ndarray | None = None):
-    """A run of draws: ``take_at_once`` where it holds, else ``take_in_turn``."""
+def take(
+    bucket: array, pos: np.ndarray, slots: np.ndarray, puts: np.ndarray | None = None
+) -> np.ndarray:
+    """A run of draws (all removals where ``puts`` is ``None``): ``take_at_once`` where
+    it holds, else ``take_in_turn``. ``pos`` is of the bucket's item type."""
     puts = np.full(slots.size, REMOVE, np.int64) if puts is None else puts
     read = take_at_once(bucket, pos, slots, puts)
     return take_in_turn(bucket, memoryview(pos), slots, puts) if read is None else read

@@ -38,7 +38,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype, nonzero_as
-from hotset.sampling.bucket_draws import first_takes, take
+from hotset.sampling.bucket_draws import REMOVE, first_takes, take
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
 #: up to this many distinct need masks (and 16 jobs), a regroup scans the masks once per
@@ -379,7 +379,7 @@ class DependentSampling:
             j1 = j0.copy()
             if apart.any():  # J_0's element of V_0, read alone, takes the place of J_1's
                 removes = alone[apart]
-                puts = np.where(removes, -1, j0[apart])
+                puts = np.where(removes, REMOVE, j0[apart])
                 self.mask[j0[first & apart]] = bits[1]
                 left = b - (np.cumsum(removes) - removes)
                 j1[apart] = take(own[1], self.pos, rng.integers(0, left), puts)
