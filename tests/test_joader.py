@@ -663,3 +663,32 @@ def test_runs_drawn_at_once_have_the_law_of_single_rounds():
         assert chi2_contingency(np.stack([sides[0][0][t], sides[1][0][t]])).pvalue > 1e-3
     for last in sides[0][1:]:
         assert chisquare(last).pvalue > 1e-3
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.lists(st.integers(0, 30)), st.sets(st.integers(0, 30)).map(sorted),
+                 st.tuples(st.integers(0, 30), st.integers(0, 30)).map(lambda t: range(*t))),
+       st.sampled_from([-2, -1, 1, 3]), st.sampled_from([np.int32, np.int64]))  # fmt: skip
+def test_refcnt_counts_references_as_add_at_does(ids, delta, dtype):
+    """Ids in any order with repeats (``np.add.at``), ascending and distinct (a gather
+    and a write), or a range (a slice): each id gains ``delta`` per time it is listed,
+    and counts stay at or above zero."""
+    policy = make_policy("refcnt", 100, sizes=np.ones(31, np.int64))
+    policy.add_references(np.arange(31), 1)  # a range
+    ids = np.array(list(ids), dtype)
+    want = np.ones(31, np.int64)
+    np.add.at(want, ids.astype(np.int64), delta)
+    policy.add_references(ids, delta)
+    assert policy.refs.tolist() == np.maximum(want, 0).tolist()
+
+
+def test_an_epoch_started_on_given_ids_needs_exactly_those():
+    """``start_epoch`` with the ids a job has left (a range, taken as a slice, or not;
+    in no order, the first and last as far apart as a range of their count's)."""
+    cases = (np.arange(5, 15, dtype=np.int32), np.array([3, 4, 9, 30]), np.array([7]),
+             np.array([0, 5, 2]))  # fmt: skip
+    for left in cases:
+        dsa = DependentSampling(40, seed=0)
+        dsa.add_job("a", np.arange(40))
+        dsa.start_epoch("a", left)
+        check_tree(dsa, {"a": set(left.tolist())})

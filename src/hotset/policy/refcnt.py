@@ -97,9 +97,17 @@ class RefCntPolicy(HeapPolicy):
         return self._heap.peek(self._key)
 
     def add_references(self, ids, delta: int = 1) -> None:
-        """``delta`` future reads of each of ``ids`` (negative: a job left)."""
-        ids = np.asarray(ids, np.int64)
-        np.add.at(self.refs, ids, int(delta))
+        """``delta`` future reads of each of ``ids`` (negative: a job left), a repeated id
+        once per repeat. Ids ascending and distinct (a job's epoch) without ``np.add.at``
+        (14M ids: a range's slice, else one gather and one write)."""
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            ids = ids.astype(np.int64)
+        if ids.size and (ids.size == 1 or bool((ids[1:] > ids[:-1]).all())):
+            lo, hi = int(ids[0]), int(ids[-1]) + 1
+            self.refs[slice(lo, hi) if hi - lo == ids.size else ids] += int(delta)
+        else:
+            np.add.at(self.refs, ids, int(delta))
         if delta < 0:
             np.maximum(self.refs, 0, out=self.refs)
             self._rekey(ids)

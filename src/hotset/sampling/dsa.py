@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype, nonzero_as
+from hotset.ids import BLOCK, index_dtype, nonzero_as
 from hotset.sampling.bucket_draws import REMOVE, first_takes, take
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
@@ -132,9 +132,15 @@ class DependentSampling:
         ``ids`` of it (a job resuming an epoch it had partly read)."""
         if self.left[job]:
             self.end_epoch(job)
-        ids = self.datasets[job] if ids is None else np.asarray(ids, np.int64)
+        ids = self.datasets[job] if ids is None else np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            ids = ids.astype(np.int64)
         self.left[job] = int(ids.size)
-        if ids is self.datasets[job] and int(ids[-1]) - int(ids[0]) + 1 == ids.size:
+        if (
+            ids.size
+            and int(ids[-1]) - int(ids[0]) + 1 == ids.size
+            and (ids is self.datasets[job] or bool((ids[1:] > ids[:-1]).all()))
+        ):
             ids = slice(int(ids[0]), int(ids[-1]) + 1)  # sorted, distinct, contiguous
         self.mask[ids] |= np.uint64(1 << self._bit(job))
         self._regroup()
@@ -171,7 +177,14 @@ class DependentSampling:
         """Bucket ``m`` holds ``ids``, in that order."""
         bucket = self.buckets[m] = array(self._code)
         bucket.frombytes(memoryview(np.ascontiguousarray(ids, self.dtype)).cast("B"))
-        self.pos[ids] = np.arange(ids.size)
+        self._number(ids, 0)
+
+    def _number(self, ids: np.ndarray, start: int) -> None:
+        """``pos[ids] = start, start + 1, ...``, a block at a time (no array of 14M
+        numbers to fault in at every epoch start)."""
+        for lo in range(0, ids.size, BLOCK):
+            part = ids[lo : lo + BLOCK]
+            self.pos[part] = np.arange(start + lo, start + lo + part.size, dtype=self.dtype)
 
     def _drop_bit(self, b: int) -> np.ndarray:
         """Clear bit ``b`` everywhere: each bucket that has it merges into the bucket
@@ -187,8 +200,8 @@ class DependentSampling:
                 continue
             dst = self.buckets.setdefault(m & ~b, array(self._code))
             self.mask[arr] = m & ~b
-            self.pos[arr] = np.arange(len(dst), len(dst) + arr.size)
-            dst.frombytes(arr.tobytes())
+            self._number(arr, len(dst))
+            dst.frombytes(memoryview(arr).cast("B"))
         return np.concatenate(moved).astype(np.int64) if moved else np.zeros(0, np.int64)
 
     def _clear(self, e: int, bits: int) -> None:
