@@ -68,6 +68,8 @@ def test_sorted_search_is_searchsorted(a, v, block):
     v.sort()
     got = sorted_search(a, v, block)
     assert np.array_equal(got, np.searchsorted(a, v, side="right"))
+    into = np.full(v.size, -1, np.int32)  # a draw's ids, written in place
+    assert sorted_search(a, v, block, out=into) is into and np.array_equal(into, got)
 
 
 @pytest.mark.parametrize("block", [1, 2, 4096])
