@@ -7,7 +7,14 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hotset.ids import first_seen, index_dtype, nonzero_as, sorted_by_top_bits, stable_order
+from hotset.ids import (
+    first_seen,
+    index_dtype,
+    nonzero_as,
+    nonzero_at,
+    sorted_by_top_bits,
+    stable_order,
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -76,3 +83,14 @@ def test_keys_of_float64_losses_are_those_their_bits_flipped_make(values):
     b = max(1, (values.size - 1).bit_length())
     want = sorted_by_top_bits(values, b, 7).tolist()  # float32: the bits flipped
     assert sorted_by_top_bits(values.astype(np.float64), b, 7).tolist() == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.booleans(), max_size=200), st.integers(1, 9), st.data())
+def test_nonzero_at_is_flatnonzero_at_ranks_block_by_block(mask, block, data):
+    mask = np.array(mask, bool)
+    count = int(mask.sum())
+    ranks = np.array(sorted(data.draw(st.sets(st.integers(0, max(0, count - 1)), max_size=count))),
+                     np.int64) if count else np.zeros(0, np.int64)  # fmt: skip
+    got = nonzero_at(mask, ranks, np.int32, block)
+    assert got.dtype == np.int32 and got.tolist() == np.flatnonzero(mask)[ranks].tolist()

@@ -43,7 +43,14 @@ from itertools import islice
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import BLOCK, first_positions, index_dtype, nonzero_as, stable_order
+from hotset.ids import (
+    BLOCK,
+    first_positions,
+    index_dtype,
+    nonzero_as,
+    nonzero_at,
+    stable_order,
+)
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
@@ -80,10 +87,14 @@ def h_list_to_fit(
     ids = None
     if k < n:
         cut = np.partition(importance, n - k)[n - k]
-        above, at = np.flatnonzero(importance > cut), np.flatnonzero(importance == cut)
+        dtype = index_dtype(n)
+        above, ties = nonzero_as(importance > cut, dtype), importance == cut
         m = k - above.size  # >= 1: at most k - 1 ids are more important than the k-th
-        if m < at.size:
-            at = at[subset(at.size, m, rng)]
+        count = int(np.count_nonzero(ties))
+        if m < count:  # m of the ties at random, without all their positions (most ids)
+            at = nonzero_at(ties, subset(count, m, rng), dtype)
+        else:
+            at = nonzero_as(ties, dtype)
         ids = np.concatenate([above, at])
         if sizes[ids].sum() <= capacity:
             ids = None
