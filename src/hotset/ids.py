@@ -18,6 +18,23 @@ BLOCK = 1 << 20
 INF_BITS = 0x7FF0000000000000
 
 
+def as_ids(ids) -> np.ndarray:
+    """``ids`` as an integer array, without a copy where they are one (a job's int32 ids
+    stay int32: no 14M int64 copy)."""
+    ids = np.asarray(ids)
+    return ids if ids.dtype.kind in "iu" else ids.astype(np.int64)
+
+
+def distinct_index(ids: np.ndarray, otherwise):
+    """How to index a column at ``ids`` once each: a slice where they are a range
+    (ascending, distinct, contiguous), ``ids`` where ascending and distinct (one check
+    of n), else ``otherwise`` (they may repeat: ``np.add.at``'s case)."""
+    if not ids.size or not (ids.size == 1 or bool((ids[1:] > ids[:-1]).all())):
+        return otherwise
+    lo, hi = int(ids[0]), int(ids[-1]) + 1
+    return slice(lo, hi) if hi - lo == ids.size else ids
+
+
 def nonzero_as(mask: np.ndarray, dtype: type, block: int = BLOCK) -> np.ndarray:
     """``np.flatnonzero(mask).astype(dtype)``, block by block: no int64 array of the
     mask's true entries before the cast (14M ids: 45 against 50-200 ms here, most of

@@ -18,6 +18,7 @@ from heapq import heapify, heappop, heappush, heapreplace
 
 import numpy as np
 
+from hotset.ids import as_ids, distinct_index
 from hotset.policy.base import AccessResult, register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
@@ -100,14 +101,12 @@ class RefCntPolicy(HeapPolicy):
         """``delta`` future reads of each of ``ids`` (negative: a job left), a repeated id
         once per repeat. Ids ascending and distinct (a job's epoch) without ``np.add.at``
         (14M ids: a range's slice, else one gather and one write)."""
-        ids = np.asarray(ids)
-        if ids.dtype.kind not in "iu":
-            ids = ids.astype(np.int64)
-        if ids.size and (ids.size == 1 or bool((ids[1:] > ids[:-1]).all())):
-            lo, hi = int(ids[0]), int(ids[-1]) + 1
-            self.refs[slice(lo, hi) if hi - lo == ids.size else ids] += int(delta)
-        else:
+        ids = as_ids(ids)
+        index = distinct_index(ids, None)
+        if index is None:
             np.add.at(self.refs, ids, int(delta))
+        else:
+            self.refs[index] += int(delta)
         if delta < 0:
             np.maximum(self.refs, 0, out=self.refs)
             self._rekey(ids)

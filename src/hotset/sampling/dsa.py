@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import BLOCK, index_dtype, nonzero_as
+from hotset.ids import BLOCK, as_ids, distinct_index, index_dtype, nonzero_as
 from hotset.sampling.bucket_draws import REMOVE, first_takes, take
 
 MAX_JOBS = 64  # one bit of a uint64 need mask per job
@@ -132,17 +132,9 @@ class DependentSampling:
         ``ids`` of it (a job resuming an epoch it had partly read)."""
         if self.left[job]:
             self.end_epoch(job)
-        ids = self.datasets[job] if ids is None else np.asarray(ids)
-        if ids.dtype.kind not in "iu":
-            ids = ids.astype(np.int64)
+        ids = as_ids(self.datasets[job] if ids is None else ids)
         self.left[job] = int(ids.size)
-        if (
-            ids.size
-            and int(ids[-1]) - int(ids[0]) + 1 == ids.size
-            and (ids is self.datasets[job] or bool((ids[1:] > ids[:-1]).all()))
-        ):
-            ids = slice(int(ids[0]), int(ids[-1]) + 1)  # sorted, distinct, contiguous
-        self.mask[ids] |= np.uint64(1 << self._bit(job))
+        self.mask[distinct_index(ids, ids)] |= np.uint64(1 << self._bit(job))
         self._regroup()
 
     def _bit(self, job: Hashable) -> int:
@@ -340,6 +332,15 @@ class DependentSampling:
             np.zeros(0, np.int64) for j, part in zip(order, parts, strict=True)
         }  # fmt: skip
 
+    def _v0_alone(self, order: list[Hashable]) -> tuple[list[int], array, int] | None:
+        """(the jobs' bits, V_0's bucket, their mask) where V_0, the elements every job of
+        ``order`` needs, is one bucket that no other job needs; else ``None``."""
+        bits, vertex, _ = self._levels(order)
+        if len(vertex[0]) != 1:
+            return None
+        bucket, group = vertex[0][0], sum(bits)  # distinct bits
+        return (bits, bucket, group) if self._mask_mv[bucket[0]] == group else None
+
     def _rounds_at_once(self, order: list[Hashable], n: int, parts: list[list]) -> int:
         """Up to ``n`` rounds in numpy (``bucket_draws``), where V_0 is one bucket of the
         elements every job of ``order`` needs and no bucket drawn from can run out:
@@ -354,12 +355,10 @@ class DependentSampling:
         its part; returns the rounds made (0: none drawn here)."""
         if n < self.at_once_min:
             return 0
-        bits, vertex, _ = self._levels(order)
-        if len(vertex[0]) != 1:
+        found = self._v0_alone(order)
+        if found is None:
             return 0
-        shared, group = vertex[0][0], sum(bits)
-        if self._mask_mv[shared[0]] != group:
-            return 0
+        bits, shared, group = found
         v, lefts, rng = len(shared), [self.left[j] for j in order], self._draws
         if all(x == v for x in lefts):  # in step
             k = min(n, v - 1)
@@ -414,12 +413,11 @@ class DependentSampling:
         each one's own bucket (one joined the other mid-epoch): J_0 takes V_0 alone, or
         its own, and J_1 its own. Appends each job's element to its list (``lists`` in
         ``order``); returns the rounds made (until a bucket empties)."""
-        bits, vertex, _ = self._levels(order)
-        if len(vertex[0]) != 1:
+        found = self._v0_alone(order)
+        if found is None:
             return 0
-        bucket, group, mask = vertex[0][0], sum(bits), self._mask_mv  # distinct bits
-        if mask[bucket[0]] != group:
-            return 0
+        bits, bucket, group = found
+        mask = self._mask_mv
         left, rand, below, pos = self.left, self._rng.random, self._rng.getrandbits, self._pos_mv
         lefts, m = [left[j] for j in order], len(order)
         own: list[array | None] = [None, None]  # the two jobs' own buckets, where they are
