@@ -382,6 +382,16 @@ def test_refcnt_inlined_loop_decides_as_its_steps_do(ops, sizes, capacity):
     [("refs", [5, 5, 5, 9, 9, 9], 0), ("access", [5, 9], 0), ("refs", [3, 3, 4, 4, 4, 4], 0),
      ("pin", [3], 0), ("access", [3, 4], 0)], [1] * 30, 2,
 )  # fmt: skip
+@example(  # 3 evicts 1 and 2 (five bytes): room for 1, read next (a miss, admitted
+    # again) and for 4: admitted in turn, 3, 1, 4
+    [("refs", [1, 1, 1, 2, 2, 2], 0), ("access", [1, 2], 0), ("refs", [3, 3, 3, 4, 4], 0),
+     ("access", [3, 1, 4], 0)], [1, 1, 5, 2] + [1] * 26, 6,
+)  # fmt: skip
+@example(  # 3 takes 1 and 2 and cannot free enough: they go back; 2, read, goes below 1,
+    # and 4 evicts 2, then 1 (in that order)
+    [("refs", [1, 1, 1, 2, 2, 2] + [5] * 10, 0), ("access", [1, 2, 5], 0),
+     ("refs", [3, 3, 3, 4, 4, 4], 0), ("access", [3, 2, 4], 0)], [1, 1, 1, 3, 2] + [1] * 25, 3,
+)  # fmt: skip
 def test_refcnt_batch_at_once_decides_as_its_steps_do(ops, sizes, capacity):
     """Batches of distinct ids (each access's repeats dropped), which RefCnt decides at
     once (``_access_at_once``: its victims checked to be any order's, or its newcomers

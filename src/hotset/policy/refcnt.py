@@ -262,23 +262,30 @@ class RefCntPolicy(HeapPolicy):
         newcomers wait in a heap of their own (``mine``), not pushed into the residents'
         (a newcomer is often the next one's victim: 120,000 of 135,000 evictions in a
         window of Quiver's at 1.28M ids), each eviction taking the lower of the two tops;
-        the newcomers left join the residents' heap at the end."""
+        the newcomers left join the residents' heap at the end. The victims' keys go to
+        one list in the order they leave (``gone``: ``~key`` for a resident's), which
+        is both the evicted ids and what an admission puts back."""
         sizes, cap, heap = self._sizes, self.capacity_bytes, self._heap
         h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
-        used = self.used + int(np.frombuffer(sizes, np.int64)[ids[fit]].sum())
-        mine = (level[fit] << bits | ids[fit]).tolist()  # the newcomers admitted, kept
-        heapify(mine)
-        admitted = ids[fit].tolist()
-        evicted: list[int] = []
+        all_sizes = np.frombuffer(sizes, np.int64)
+        used = self.used + int(all_sizes[ids[fit]].sum())
+        end = 1 << 62  # ``mine``'s last entry, never taken
+        mine = (level[fit] << bits | ids[fit]).tolist() + [end]  # the newcomers admitted,
+        heapify(mine)  # kept
+        admitted: list[int] = []  # (not apart; apart: found by position at the end)
+        gone: list[int] = []  # the victims' keys in turn, ~key for a resident
         turned: list[int] = []  # the hits evicted before their turn: misses
         residents = 0  # victims popped from the residents' heap, less newcomers pushed in
-        end = 1 << 62
         tail = np.arange(first, ids.size)
-        tail = tail[hit[tail] | (count[tail] > 0)]  # reads that may change something
-        for p, i, lv, r, was_hit in zip(tail.tolist(), ids[tail].tolist(), level[tail].tolist(),
-                                        count[tail].tolist(), hit[tail].tolist(),
-                                        strict=True):  # fmt: skip
+        tail_sizes = all_sizes[ids[tail]]  # the reads that may change something (not a
+        may = hit[tail] | ((count[tail] > 0) & (tail_sizes <= cap))  # newcomer larger
+        tail, tail_sizes = tail[may], tail_sizes[may]  # than the cache)
+        at = ids[tail]
+        for p, i, k, r, was_hit, s in zip(
+            tail.tolist(), at.tolist(), (level[tail] << bits | at).tolist(),
+            count[tail].tolist(), hit[tail].tolist(), tail_sizes.tolist(), strict=True,
+        ):  # fmt: skip
             if was_hit:
                 was = live[i]
                 r = refs[i]
@@ -292,59 +299,72 @@ class RefCntPolicy(HeapPolicy):
                         heappush(h, lv << bits | i)
                     continue
                 turned.append(p)
-                if r <= 0:
+                if r <= 0 or s > cap:
                     continue
-            s = sizes[i]
-            if s > cap:
-                continue
+                k = lv << bits | i
             if used + s > cap:
-                popped: list[int] = []  # the victims' keys, ~key for a resident
-                while used + s > cap:
-                    b = mine[0] if mine else end
-                    if h and h[0] < b:  # the residents' top may be the lower
-                        _current_top(h, live, refs, pins, bits, mask)
-                    k = h[0] if h and h[0] < b else b
-                    if k == end or k >> bits > r:  # nothing left, or worth more than i
-                        break
-                    j = k & mask
-                    if k == b:
-                        heappop(mine)
-                        popped.append(k)
-                    else:
+                mark = len(gone)
+                while True:  # the lower of the two tops, while it is worth no more than i
+                    b = mine[0]
+                    if h and h[0] < b:
+                        t = h[0]
+                        j, key = t & mask, t >> bits
+                        if live[j] != key or (refs[j] + PINNED if pins[j] else refs[j]) != key:
+                            _current_top(h, live, refs, pins, bits, mask)
+                            continue  # (stale, or its count went up: looked at again)
+                        if key > r:
+                            break
                         heappop(h)
                         live[j] = -1
                         residents += 1
-                        popped.append(~k)
-                    evicted.append(j)
+                        gone.append(~t)
+                    elif b == end or b >> bits > r:
+                        break
+                    else:
+                        j = b & mask
+                        heappop(mine)
+                        gone.append(b)
                     used -= sizes[j]
+                    if used + s <= cap:
+                        break
                 if used + s > cap:  # the rest is worth more than i: what it took goes back
-                    for k in popped:
-                        if k < 0:
-                            k = ~k
-                            live[k & mask] = k >> bits
-                            heappush(h, k)
+                    for t in gone[mark:]:
+                        if t < 0:
+                            t = ~t
+                            live[t & mask] = t >> bits
+                            heappush(h, t)
                             residents -= 1
                         else:
-                            heappush(mine, k)
-                        used += sizes[k & mask]
-                    del evicted[len(evicted) - len(popped) :]
+                            heappush(mine, t)
+                        used += sizes[t & mask]
+                    del gone[mark:]
                     continue
             used += s
             if apart:
-                heappush(mine, lv << bits | i)
+                heappush(mine, k)
             else:
-                live[i] = lv
-                heappush(h, lv << bits | i)
+                live[i] = k >> bits
+                heappush(h, k)
                 residents -= 1
-            admitted.append(i)
+                admitted.append(i)
         heap.count -= residents
         kept = np.array(mine, np.int64)
+        kept = kept[kept != end]
         heap.add(kept & mask, kept >> bits)
         self.used = used
         hits = hit.copy()
         hits[turned] = False
-        admitted = np.fromiter(dict.fromkeys(admitted), np.int64)
-        evicted = np.fromiter(dict.fromkeys(evicted), np.int64)
+        if apart:  # distinct ids: a newcomer or turned hit resident now was admitted
+            tried = np.sort(np.concatenate([tail[~hit[tail]], np.array(turned, np.int64)]))
+            admitted = ids[np.concatenate([fit, tried])]  # in turn
+        else:
+            admitted = np.fromiter(dict.fromkeys(admitted), np.int64)
+        if bits + PINNED.bit_length() > 62:  # keys beyond int64: one at a time
+            gone = [(~t if t < 0 else t) & mask for t in gone]
+        else:
+            gone = np.array(gone, np.int64)
+            gone = (np.where(gone < 0, ~gone, gone) & mask).tolist()
+        evicted = np.fromiter(dict.fromkeys(gone), np.int64)
         return AccessResult(
             hits=hits,
             admitted=admitted[heap.levels[admitted] >= 0],
