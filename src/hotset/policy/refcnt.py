@@ -270,17 +270,18 @@ class RefCntPolicy(HeapPolicy):
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
         all_sizes = np.frombuffer(sizes, np.int64)
         used = self.used + int(all_sizes[ids[fit]].sum())
-        end = 1 << 62  # ``mine``'s last entry, never taken
-        mine = (level[fit] << bits | ids[fit]).tolist() + [end]  # the newcomers admitted,
-        heapify(mine)  # kept
+        end = 1 << 62  # above this batch's keys: ``mine``'s last entry, never taken
+        mine = (level[fit] << bits | ids[fit]).tolist() + [end]  # the newcomers kept apart
+        heapify(mine)
         admitted: list[int] = []  # (not apart; apart: found by position at the end)
         gone: list[int] = []  # the victims' keys in turn, ~key for a resident
         turned: list[int] = []  # the hits evicted before their turn: misses
         residents = 0  # victims popped from the residents' heap, less newcomers pushed in
+        # the reads that may change something (not a newcomer larger than the cache)
         tail = np.arange(first, ids.size)
-        tail_sizes = all_sizes[ids[tail]]  # the reads that may change something (not a
-        may = hit[tail] | ((count[tail] > 0) & (tail_sizes <= cap))  # newcomer larger
-        tail, tail_sizes = tail[may], tail_sizes[may]  # than the cache)
+        tail_sizes = all_sizes[ids[tail]]
+        may = hit[tail] | ((count[tail] > 0) & (tail_sizes <= cap))
+        tail, tail_sizes = tail[may], tail_sizes[may]
         at = ids[tail]
         for p, i, k, r, was_hit, s in zip(
             tail.tolist(), at.tolist(), (level[tail] << bits | at).tolist(),
