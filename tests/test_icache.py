@@ -258,18 +258,48 @@ def test_a_new_split_evicts_at_once_what_one_by_one_would(
         p.apply_hints(hints(np.ones(30), rng.integers(0, 4, 30) / 4))
         assert p.shadow is not None or not p.h_residents().size
     p.pinned[np.array(pins, np.int64)] += 1
-    p._evict_next.clear()
+    p._take_evicted()
     at_once, in_turn = copy.deepcopy(p), copy.deepcopy(p)
     at_once.set_split(share)
     in_turn.rebuild_step(in_turn._rebuild)
     evict_in_turn(in_turn, at_once.h_capacity)
-    assert in_turn._evict_next == at_once._evict_next[: len(in_turn._evict_next)]
+    one_by_one = in_turn._take_evicted().tolist()
+    assert one_by_one == at_once._take_evicted()[: len(one_by_one)].tolist()
     assert at_once.h_used == in_turn.h_used
     assert at_once.h_residents().tolist() == in_turn.h_residents().tolist()  # the same H
     assert np.array_equal(at_once.heap.in_order(), in_turn.heap.in_order())
     assert [at_once.heap.pop() for _ in range(len(at_once.heap))] == [
         in_turn.heap.pop() for _ in range(len(in_turn.heap))
     ]
+
+
+def test_a_new_splits_evictions_are_reported_by_the_next_batch_once_and_first():
+    """The residents a smaller H-cache evicts at once (0 and 1, the least important)
+    come first in the next batch's evictions, once each: 0, admitted again into the
+    room 1 left and evicted again in that batch for 20, is listed at its first place;
+    the batch after lists only its own."""
+    sizes = np.full(40, 10)
+    sizes[[1, 20]] = 50
+    p = make_policy("icache", 400, sizes=sizes, h_share=1.0, package_bytes=10)
+    p.apply_hints(hints(np.ones(40), np.arange(40) / 40))
+    p.access(np.arange(10))
+    p.set_split(0.3125)  # an H-cache of 125 bytes: 15 of the 140 held must go
+    assert p.access(np.array([0, 20])).evicted.tolist() == [0, 1, 2]
+    assert p.access(np.array([21])).evicted.tolist() == [3]
+
+
+def test_a_smaller_l_caches_removals_are_reported_by_the_next_batch():
+    """A new split that shrinks the L-cache removes its residents the first loaded
+    first; the next batch lists them (its store deletes them), the one after does not."""
+    p = make_policy("icache", 400, sizes=np.full(40, 10), h_share=0.5, package_bytes=20)
+    p.apply_hints(hints(np.arange(40) < 20, np.arange(40) / 40))  # 20-39: L-samples
+    feeder = p.make_feeder(lock=None)
+    p.access(np.arange(20, 40))  # L-misses, loaded in packages in turn
+    feeder.poll()
+    assert p.l_residents().tolist() == list(range(20, 30))
+    p.set_split(0.9)  # an L-cache of 40 bytes
+    assert p.access(np.array([5])).evicted.tolist() == list(range(20, 26))
+    assert p.access(np.array([6])).evicted.tolist() == []
 
 
 def test_h_cache_follows_algorithm_1():
@@ -774,6 +804,17 @@ def test_substitutes_are_drawn_uniformly_from_those_left_as_more_arrive():
     assert len(counts) == 36
     c = np.array(list(counts.values()))
     assert float(((c - trials / 36) ** 2 / (trials / 36)).sum()) < 66.6  # 35 dof, p = 0.001
+
+
+def test_substitutes_are_distinct_where_an_id_sits_twice_among_the_unused():
+    """An L resident loaded, evicted and loaded again in one epoch is twice in the pool of
+    unused ones: the substitutes drawn hold it once."""
+    p = make_policy("icache", 400, sizes=np.full(40, 10), h_share=0.5)
+    p.apply_hints(hints(np.zeros(40, bool), np.zeros(40)))
+    ids = np.arange(8)
+    p._where[ids] = icache_module.FRESH
+    p._fresh.add(np.concatenate([ids, ids[::-1]]))
+    assert sorted(p._take_fresh(16).tolist()) == ids.tolist()
 
 
 def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():

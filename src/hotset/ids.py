@@ -79,6 +79,14 @@ def first_seen(ids: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     return unique, first[unique]
 
 
+def distinct(ids: np.ndarray) -> bool:
+    """Whether no value of ``ids`` comes twice (one sort of a copy: a batch's ids)."""
+    if ids.size < 2:
+        return True
+    order = np.sort(ids)
+    return not bool((order[1:] == order[:-1]).any())
+
+
 def first_positions(ids: np.ndarray) -> np.ndarray:
     """Where each distinct value of ``ids`` first comes, ascending: ``ids[first_positions
     (ids)]`` lists them in the order they come (a batch's distinct ids; a sort of the

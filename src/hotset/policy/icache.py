@@ -45,6 +45,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.ids import (
     BLOCK,
+    distinct,
     first_positions,
     index_dtype,
     nonzero_as,
@@ -337,7 +338,8 @@ class ICachePolicy(Policy):
         self.freq_h = self.freq_l = 0  # accesses this epoch (III-A's frequencies)
         self.swaps = 0  # completed shadow-heap swaps
         self._rng = random.Random(seed)
-        self._evict_next: list[int] = []
+        self._evict_next: list[int] = []  # evicted in the batch, one by one
+        self._evict_bulk: list[np.ndarray] = []  # removed at once before it (a new split)
         self._due = np.zeros(0, np.int64)  # ids the coverage floor needs trained as themselves
         self._warned = False
         self.set_split(h_share)
@@ -361,7 +363,9 @@ class ICachePolicy(Policy):
             )  # fmt: skip
         self.rebuild_step(self._rebuild)  # a rebuild in progress ends: one heap to shrink
         self._shrink_h()
-        self._evict_next += self._free_l(0)
+        freed = self._free_l(0)
+        if freed:
+            self._evict_bulk.append(np.array(freed, np.int64))
         self.used = self.h_used + self.l_used
 
     def _shrink_h(self) -> None:
@@ -384,7 +388,7 @@ class ICachePolicy(Policy):
         rest = order[stays]
         self.heap.remove(victims, rest=rest)
         self._where[victims] = NONE
-        self._evict_next += victims.tolist()
+        self._evict_bulk.append(victims)
 
     def load_state_dict(self, state: dict) -> None:
         """A state saved before the places were one array (``_l``: id -> used, the used
@@ -676,13 +680,20 @@ class ICachePolicy(Policy):
         turned: list[int] = []
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
+        level, sizes = memoryview(self._level), self._sizes
+        top = -1  # the least important resident's level while ``_admit_h`` changed nothing
         for p, i in zip(rest.tolist(), ids[rest].tolist(), strict=True):
             if now[i] == H:
                 hits[p] = True
             elif is_h[i]:
                 hits[p] = False
+                s = sizes[i]
+                if self.h_used + s > cap and (s > cap or level[i] <= top):
+                    continue  # refused at once, as ``_admit_h`` would: nothing to undo
                 if self._admit_h(i):
                     take.append(i)
+                least = self._src().peek()
+                top = -1 if least is None else least[1]
             else:
                 hits[p] = False
                 turned.append(p)
@@ -708,7 +719,8 @@ class ICachePolicy(Policy):
         while k > 0 and len(self._fresh):
             drawn = self._fresh.take(k, self._pick_rng)
             drawn = drawn[(where[drawn] == FRESH) & ~is_h[drawn]]  # others: left since
-            drawn = drawn[first_positions(drawn)]  # an id added twice, once
+            if not distinct(drawn):
+                drawn = drawn[first_positions(drawn)]  # an id added twice, once
             where[drawn] = USED
             out.append(drawn)
             k -= drawn.size
@@ -763,8 +775,7 @@ class ICachePolicy(Policy):
         self.freq_l += ids.size - freq_h
         self.rebuild_step(self.rebuild_per_batch)
         self.used = self.h_used + self.l_used
-        evicted = np.array(list(dict.fromkeys(self._evict_next)), np.int64)
-        self._evict_next = []
+        evicted = self._take_evicted()
         return AccessResult(
             hits=hits,
             admitted=admitted[self._where[admitted] == H] if admitted.size else admitted,
@@ -772,6 +783,16 @@ class ICachePolicy(Policy):
             served=served,
             substituted=sub,
         )
+
+    def _take_evicted(self) -> np.ndarray:
+        """The ids evicted since the last batch, in order, each once: those removed at
+        once before it first (a new split: distinct), then the batch's, one by one."""
+        evicted = np.fromiter(dict.fromkeys(self._evict_next), np.int64)
+        if self._evict_bulk:
+            bulk = np.concatenate(self._evict_bulk)
+            evicted = np.concatenate([bulk, evicted[~np.isin(evicted, bulk)]])
+        self._evict_next, self._evict_bulk = [], []
+        return evicted
 
     # -- L-cache packages (the feeder's side) ------------------------------------------
     def l_fresh(self) -> int:
@@ -992,13 +1013,15 @@ class ICachePolicy(Policy):
     def _settle_fresh(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
         """``ids`` (none cached, hot or served; ``queued``: the queue's next ones),
         ``nbytes`` in all, are unused L residents: ``_settle`` at once."""
-        listed = ids.tolist()
         self._where[ids] = FRESH
         self._l.append(ids, self._where)
-        self._fresh.add(listed)
-        pop = self._queue.popitem if queued else None
-        for _ in listed if queued else ():
-            pop(last=False)
+        self._fresh.add(ids)
+        if queued and 2 * ids.size >= len(self._queue):  # most of it: what is left, anew
+            self._queue = OrderedDict.fromkeys(islice(self._queue, ids.size, None))
+        elif queued:
+            pop = self._queue.popitem
+            for _ in range(ids.size):
+                pop(last=False)
         self.l_used += nbytes
         self.used = self.h_used + self.l_used
 
