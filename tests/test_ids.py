@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hotset.ids import (
+    distinct,
     first_seen,
     index_dtype,
     nonzero_as,
@@ -26,6 +27,13 @@ def test_first_seen_is_np_unique_with_first_positions(case):
     unique, first = first_seen(ids, bound)
     want_unique, want_first = np.unique(ids, return_index=True)
     assert unique.tolist() == want_unique.tolist() and first.tolist() == want_first.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-5, 40), max_size=60))
+def test_distinct_says_whether_no_id_comes_twice(ids):
+    ids = np.asarray(ids, np.int64)
+    assert distinct(ids) == (np.unique(ids).size == ids.size)
 
 
 @settings(max_examples=100, deadline=None)

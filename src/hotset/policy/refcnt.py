@@ -18,7 +18,7 @@ from heapq import heapify, heappop, heappush, heapreplace
 
 import numpy as np
 
-from hotset.ids import as_ids, distinct_index
+from hotset.ids import as_ids, distinct, distinct_index
 from hotset.policy.base import AccessResult, register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
@@ -155,8 +155,7 @@ class RefCntPolicy(HeapPolicy):
         heap = self._heap
         if ids.size < 2 or heap.bits + PINNED.bit_length() > 62 or heap._taken:
             return None
-        order = np.sort(ids)
-        if (order[1:] == order[:-1]).any():
+        if not distinct(ids):
             return None
         r = np.maximum(self.refs[ids] - 1, 0)  # counts after this read
         level = r + np.where(self.pinned[ids] > 0, PINNED, 0)

@@ -20,6 +20,8 @@ from array import array
 
 import numpy as np
 
+from hotset.ids import distinct
+
 #: a put of ``take``: the draw removes the id it reads
 REMOVE = -1
 
@@ -54,8 +56,7 @@ def take_at_once(
     moves = removes & (slots != last)
     # the removals' last slots differ from each other: a value twice is a slot drawn
     # twice or a last slot drawn (one sort of the run; np.isin's table spans the bucket)
-    seen = np.sort(np.concatenate([slots, last[moves]]))
-    if (seen[1:] == seen[:-1]).any():
+    if not distinct(np.concatenate([slots, last[moves]])):
         return None
     ids = np.frombuffer(bucket, pos.dtype)
     read = ids[slots].astype(np.int64)
