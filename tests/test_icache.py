@@ -866,6 +866,9 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     assert r.l_residents().tolist() == loaded and len(r) == len(p)
     elsewhere = next(i for i in range(n) if i not in loaded)  # not an L resident
     for bad, why in (({**p.state_dict(), "_l": dict.fromkeys(loaded[1:])}, "does not count"),
-                     ({**p.state_dict(), "_l": dict.fromkeys([*loaded, elsewhere])}, "once each")):
+                     ({**p.state_dict(), "_l": dict.fromkeys([*loaded, elsewhere])}, "once each"),
+                     ({**p.state_dict(), "_evict_next": [999]}, "_evict_next holds ids not"),
+                     ({**p.state_dict(), "_evict_bulk": [np.array([999])]}, "_evict_bulk holds"),
+                     ({**p.state_dict(), "_evict_bulk": [np.array([1.5])]}, "not arrays of ids")):
         with pytest.raises(ConfigError, match=why):
             q.load_state_dict(bad)

@@ -410,6 +410,13 @@ class ICachePolicy(Policy):
             raise ConfigError("a saved iCACHE state's L-cache orders are not hotset's")
         if len(state["_l"]) != np.count_nonzero(where >= FRESH):
             raise ConfigError("a saved iCACHE state's _l does not count its L residents")
+        _saved_ids(state, "_evict_next", n)  # the evictions the next batch reports
+        bulk = state.get("_evict_bulk", [])  # (a state saved before them has none)
+        if not (isinstance(bulk, list) and all(
+            isinstance(a, np.ndarray) and a.ndim == 1 and a.dtype.kind in "iu" for a in bulk
+        )):  # fmt: skip
+            raise ConfigError("a saved iCACHE state's _evict_bulk is not arrays of ids")
+        _saved_ids({"_evict_bulk": np.concatenate(bulk) if bulk else ()}, "_evict_bulk", n)
         super().load_state_dict(state)
 
     def _load_order(self, ids: np.ndarray, where: np.ndarray) -> LoadOrder:
