@@ -673,13 +673,13 @@ class ICachePolicy(Policy):
         Up to the first hot miss that ``_admit_h`` would not refuse at once, nothing
         changes: the misses without room, with the least important resident at least as
         important (line 14), are refused together (every miss of a full cache in the
-        first epoch, where all ids are H-samples of one importance)."""
+        first epoch, where all ids are H-samples of one importance); after it, such a miss
+        is refused in its turn against the least important level then, without a call."""
         i, cap = ids[misses], self.h_capacity
         sizes = np.frombuffer(self._sizes, np.int64)[i]
         refused = sizes > cap - self.h_used
-        top = self._src().peek()
-        if top is not None:
-            refused &= self._level[i] <= top[1]
+        top = self._least_level()  # -1: none (every level is >= 0)
+        refused &= self._level[i] <= top
         act = np.flatnonzero(~refused & (sizes <= cap))
         if not act.size:
             return np.zeros(0, np.int64), []
@@ -687,24 +687,27 @@ class ICachePolicy(Policy):
         turned: list[int] = []
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
-        level, sizes = memoryview(self._level), self._sizes
-        top = -1  # the least important resident's level while ``_admit_h`` changed nothing
+        level, size_of = memoryview(self._level), self._sizes
         for p, i in zip(rest.tolist(), ids[rest].tolist(), strict=True):
             if now[i] == H:
                 hits[p] = True
             elif is_h[i]:
                 hits[p] = False
-                s = sizes[i]
+                s = size_of[i]
                 if self.h_used + s > cap and (s > cap or level[i] <= top):
-                    continue  # refused at once, as ``_admit_h`` would: nothing to undo
+                    continue  # refused at once, as above
                 if self._admit_h(i):
                     take.append(i)
-                least = self._src().peek()
-                top = -1 if least is None else least[1]
+                top = self._least_level()
             else:
                 hits[p] = False
                 turned.append(p)
         return np.array(take, np.int64), turned
+
+    def _least_level(self) -> int:
+        """The least important H resident's level (line 14's bar), -1 where none is."""
+        least = self._src().peek()
+        return -1 if least is None else least[1]
 
     def _admit_h_all(self, new: np.ndarray) -> bool:
         """The batch's H-misses ``new`` (distinct, none resident) admitted at once where
