@@ -776,7 +776,9 @@ class ICachePolicy(Policy):
         if self._due.size:  # the coverage floor's: read, not substituted
             l_miss = l_miss[~np.isin(ids[l_miss], self._due)]
         if l_miss.size:
-            self._queue.update(dict.fromkeys(ids[l_miss].tolist()))
+            queue = self._queue  # (``update`` from a dict makes a tuple per id: a young
+            for i in ids[l_miss].tolist():  # generation's worth, promoted while alive)
+                queue[i] = None
             picked = self._take_fresh(l_miss.size)
             at = l_miss[: picked.size]
             served[at], hits[at], sub[at] = picked, True, True
@@ -963,13 +965,15 @@ class ICachePolicy(Policy):
         are wanted and whole from one source: the queue's next misses (when any are
         queued) or else the pool's next L-samples; a package takes them in order until
         its bytes reach ``package_bytes``. Returns how many: 0 where that is not simple
-        (a queued id cached or served this epoch already, a package that would skip an
-        id too large for the L-cache, the pool's end or an L resident in its walk that
-        making room for them evicts, or not one whole package), and
-        ``l_load_now`` goes on one by one. The same decisions: a package's ids are the
-        ones its walk takes, and the room is made by the walk the steps make in turn
-        (the residents from before first; a package's own ids are reached only once
-        those are gone, and then package by package)."""
+        (a queued id cached or in the H-list, a package that would skip an id too large
+        for the L-cache, the pool's end or an L resident in its walk that making room
+        for them evicts, or not one whole package), and ``l_load_now`` goes on one by
+        one. The same decisions: a package's ids are the ones its walk takes (a queued
+        miss served this epoch already is loaded used, and counts for no unused one),
+        and the room is made by the walk the steps make in turn (the residents from
+        before first; a package's own ids are reached only once those are gone, and
+        then package by package; where a package has used ids, which go first, the
+        room is made at once only from the used residents from before)."""
         want = self._fresh_wanted() - len(self._fresh)
         limit = min(self.package_bytes, self.l_capacity)
         if self.loading or want <= 0 or limit <= 0:
@@ -984,14 +988,15 @@ class ICachePolicy(Policy):
                 self._draw_pool_block(self._drawn)
             head = pool[c:end].astype(np.int64)
         ok = (self._where[head] == NONE) & ~self.is_h[head]
-        ok &= ~self._served[head]
         if queued:  # the walk takes every queued id up to the first it may not
             at = np.arange(ok.size if ok.all() else int(np.argmin(ok)))
-        else:  # the pool's walk passes over those it may not take
-            at = np.flatnonzero(ok)
+        else:  # the pool's walk passes over those it may not take, and the served
+            at = np.flatnonzero(ok & ~self._served[head])
+        served = self._served[head[at]]  # queued misses served already: loaded used
         cum = np.cumsum(np.frombuffer(self._sizes, np.int64)[head[at]]).tolist()
+        unused = np.cumsum(~served).tolist()
         ends, base = [0], 0
-        while ends[-1] < want:  # each package's ids are all unused: fresh
+        while (unused[ends[-1] - 1] if ends[-1] else 0) < want:
             j = bisect_left(cum, base + limit)  # where its bytes reach the limit
             if j >= len(cum) or cum[j] - base > self.l_capacity:
                 break
@@ -1010,22 +1015,32 @@ class ICachePolicy(Policy):
         ids = head[at[: ends[-1]]]
         if not queued:
             self._cursor = c + int(at[ends[-1] - 1]) + 1
-        self._remove_l(*victims)
-        if self.l_used + base <= self.l_capacity:
-            self._settle_fresh(ids, base, queued)
-        else:  # the residents from before are gone: package by package, as the steps
+        # a package's used ids go before the unused residents from before: then the room
+        # is made at once only where the used residents from before make it all
+        at_once = not served[: ends[-1]].any() or (self._where[victims[0]] == USED).all()
+        if at_once:
+            self._remove_l(*victims)
+        if at_once and self.l_used + base <= self.l_capacity:
+            self._settle_walked(ids, base, queued)
+        else:  # package by package, as the steps
             for a, b in zip(ends, ends[1:], strict=False):
                 need = cum[b - 1] - (cum[a - 1] if a else 0)
                 self._free_l(need)
-                self._settle_fresh(ids[a:b], need, queued)
+                self._settle_walked(ids[a:b], need, queued)
         return len(ends) - 1
 
-    def _settle_fresh(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
-        """``ids`` (none cached, hot or served; ``queued``: the queue's next ones),
-        ``nbytes`` in all, are unused L residents: ``_settle`` at once."""
-        self._where[ids] = FRESH
+    def _settle_walked(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
+        """``ids`` (none cached or hot; ``queued``: the queue's next ones), ``nbytes`` in
+        all, are L residents: unused, or used where served this epoch already
+        (``_settle`` at once)."""
+        served = self._served[ids]
+        self._where[ids] = np.where(served, USED, FRESH)
         self._l.append(ids, self._where)
-        self._fresh.add(ids)
+        if served.any():
+            self._fresh.add(ids[~served])
+            self._l_used.append(ids[served], self._where)
+        else:
+            self._fresh.add(ids)
         if queued and 2 * ids.size >= len(self._queue):  # most of it: what is left, anew
             self._queue = OrderedDict.fromkeys(islice(self._queue, ids.size, None))
         elif queued:
