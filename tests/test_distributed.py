@@ -138,13 +138,17 @@ SYSTEMS = {
     "shade-k4": {"policy": "app", "sampler": "shade", "sync_every": 4},
     "icache": {"policy": "icache", "sampler": "iis"},
     "spider": {"policy": "spider", "sampler": "spider"},
+    # feedback learnt one batch later (as from a GPU), embeddings too
+    "shade-deferred": {"policy": "app", "sampler": "shade", "defer_feedback": True},
+    "spider-deferred": {"policy": "spider", "sampler": "spider", "defer_feedback": True},
 }
 
 
 @pytest.mark.parametrize(
     ("name", "world"),
     [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
-     ("shade-k4", 2), ("shade", 3)],  # 3 ranks: 1,000 ids padded to whole shards
+     ("shade-k4", 2), ("shade", 3),  # 3 ranks: 1,000 ids padded to whole shards
+     ("shade-deferred", 2), ("spider-deferred", 2)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")

@@ -38,7 +38,7 @@ from hotset.errors import (
     SampleError,
     SkipLimitError,
 )
-from hotset.feedback import as_numpy, checked_losses
+from hotset.feedback import DeferredFeedback, as_numpy
 from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
 from hotset.policy import POLICIES
@@ -423,6 +423,7 @@ class HotsetLoader:
         fits: dict | None = None,
         with_ids: bool = True,
         budget: dict | None = None,
+        defer_feedback: bool | None = None,
         **dataloader_kwargs,
     ) -> None:
         if num_workers > 0 and not dataset.store.shared_across_processes:
@@ -435,6 +436,7 @@ class HotsetLoader:
                 raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
         self.dataset = dataset
         self.planner = planner
+        self._feedback = DeferredFeedback(planner.feedback, defer_feedback)
         self.progress = progress
         self.desc = desc
         self.stats = LoaderStats()
@@ -473,6 +475,7 @@ class HotsetLoader:
         return self
 
     def set_epoch(self, epoch: int) -> None:
+        self._feedback.flush()
         self._epochs_set = True
         self.epoch = int(epoch)
         self.planner.set_epoch(epoch)
@@ -497,6 +500,7 @@ class HotsetLoader:
         return n
 
     def __iter__(self) -> Iterator[Batch]:
+        self._feedback.flush()  # (an epoch left early)
         if self._iterated and not self._epochs_set:
             self._next_epoch()
         self._iterated = True
@@ -546,6 +550,7 @@ class HotsetLoader:
             self.last_ids = torch.from_numpy(raw["ids"])
             batch = Batch(raw["inputs"], targets, self.last_ids)
             yield batch if self.with_ids else batch[:2]
+        self._feedback.flush()  # the last batch's, before the epoch's end
         self.sync_with_store()
         if not served and len(self):
             raise SkipLimitError(
@@ -615,17 +620,16 @@ class HotsetLoader:
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
         (tensors or arrays; default: the batch yielded last): importance samplers and
         score-keyed policies use them. SpiderCache also needs ``embeddings`` (one row per
-        id, from the model's feature layer); see ``wants_embeddings``."""
+        id, from the model's feature layer); see ``wants_embeddings``. Losses on a GPU are
+        learnt when the next batch's feedback comes (``make_loader``'s
+        ``defer_feedback``): this call does not wait for the step to finish."""
         if losses is None:
             raise ConfigError("feedback: give the batch's per-sample losses")
         if ids is None:
             if self.last_ids is None:
                 raise ConfigError("feedback: no batch was served yet; give ids=")
             ids = self.last_ids
-        ids = as_numpy(ids).astype(np.int64)
-        losses = checked_losses(losses, len(ids), ids)
-        emb = None if embeddings is None else as_numpy(embeddings).astype(np.float32)
-        self.planner.feedback(ids, losses, emb)
+        self._feedback.put(as_numpy(ids).astype(np.int64), losses, embeddings)
 
     def log_to(self, writer: Any, step: int | None = None) -> None:
         """Write the counters users watch (hit ratio, storage reads and bytes, late
@@ -637,6 +641,7 @@ class HotsetLoader:
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy after an epoch, for samplers that watch it (SHADE's guard)."""
+        self._feedback.flush()
         self.planner.report_accuracy(float(accuracy))
 
     def counters(self) -> dict:
@@ -671,6 +676,7 @@ class HotsetLoader:
         any point (before the first batch, between batches, after the last, after
         ``set_epoch``, after an abandoned epoch). ``trained``: the batches of this epoch
         trained on, where fewer than were served (a trainer that fetches ahead)."""
+        self._feedback.flush()
         return to_safe({
             "planner": self.planner.state_dict(trained),
             "stats": asdict(self.stats),
@@ -682,6 +688,7 @@ class HotsetLoader:
         batch size, system, options, world size, hotset version) is refused, naming them:
         it would skip or repeat samples."""
         state = from_safe(state)
+        self._feedback.flush()  # (the saved plan replaces what it changed)
         if self.fits is not None:
             saved = state.get("fits") or {}
             diff = [
@@ -756,6 +763,7 @@ def make_loader(
     sync_every: Int = 1,
     readahead_bytes: Int | None = None,
     cache_decoded: bool = False,
+    defer_feedback: bool | None = None,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -807,6 +815,12 @@ def make_loader(
             of the same budget (``cache_fraction`` is of the encoded dataset's bytes;
             ``loader.budget`` shows bytes per sample both ways and how many samples
             fit). Samples must decode to one size (give ``size=``). hotset's option.
+        defer_feedback: ``feedback`` of a batch whose losses are on a GPU is learnt when
+            the next batch's comes (default ``None``: so; ``True``: every batch's, also
+            from the CPU; ``False``: each at once, waiting for its step to finish). The
+            copy of the losses overlaps the step and the planning of the next batches
+            overlaps the GPU's work; the plans made meanwhile see that batch's feedback
+            one batch later (hotset's option: the papers feed back each step).
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
             a record of fields: ``codecs.decode_sample``).
@@ -913,7 +927,7 @@ def make_loader(
         return HotsetLoader(
             dataset, planner, num_workers=num_workers, progress=progress,
             owns_store=owns_store, release=release, fits=fits, with_ids=with_ids,
-            budget=budget, **dataloader_kwargs,
+            budget=budget, defer_feedback=defer_feedback, **dataloader_kwargs,
         )  # fmt: skip
     except BaseException:
         _release(store, owns_store, release)  # nothing else ever will
