@@ -25,6 +25,11 @@ class-clustered 16-d embeddings for SpiderCache), as a training loop would. Repo
   ``NUMPY_MADVISE_HUGEPAGE`` the run had (docs/benchmarks.md: on this VM a huge page's
   first touch is slow, and the second epoch's start pays it).
 
+``--window-at S``: the planner's systems time each window from a share S of its epoch
+(planned up to there untimed): SHADE serves an epoch's cached samples first, so a window
+at its start times hits only, and one at 0.5 its misses, an admission and an eviction
+each with the cache full (``--warm``).
+
 ``--scored``: every id gets a loss before the windows, as after a whole first epoch
 (by default only the windows' batches are scored, so IIS ranks 25,600 losses where a
 real second epoch ranks them all). ``--warm``: the first epoch goes on past its window
@@ -35,7 +40,7 @@ once the first has planned a share F of its first epoch (a sweep's next run), an
 that epoch's window, the two jobs out of step, is timed (the later epochs start both).
 
     python benchmarks/plan_scale.py [--sizes 60000,1281167,10000000] [--systems ...]
-        [--scored] [--warm] [--epochs 2] [--stagger 0.5]
+        [--scored] [--warm] [--epochs 2] [--stagger 0.5] [--window-at 0.5]
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ def batch_numbers(epoch: int, batches: int, n: int, batch_size: int, warm: bool,
 
 
 def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bool,
-                warm: bool = False, epochs: int = 2) -> dict:  # fmt: skip
+                warm: bool = False, epochs: int = 2, window_at: float = 0.0) -> dict:  # fmt: skip
     from hotset.plan import Planner
     from hotset.policy.base import make_policy
     from hotset.sampling.base import make_sampler
@@ -157,11 +162,19 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
             return out
 
         policy._compose = timed
+    if policy.needs_future and window_at:
+        raise SystemExit(f"--window-at: not with {system} (its future is the windows')")
     if policy.needs_future:  # Belady: the windows' accesses, known in advance
         window = batches * batch_size
         policy.set_future(np.concatenate([sampler.epoch_order(e)[:window] for e in range(2)]))
     if scored:
         score_all(sampler, n)
+
+    def learn(plan, progress: float) -> None:
+        emb = embeddings_of(plan.ids, manifest.labels, centers) if sampler.needs_embeddings \
+            else None  # fmt: skip
+        planner.feedback(plan.ids, losses_of(plan.ids, progress), emb)
+
     starts, planned, busy, longest, last = [], 0, 0.0, 0.0, 0.0
     for epoch in range(epochs):
         t0 = time.perf_counter()
@@ -172,15 +185,15 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
         for k, plan in zip(numbers, it, strict=False):
             if k == 0:  # the epoch's start: lazily, with its first batch
                 starts.append(time.perf_counter() - t0)
+                if timed and window_at:  # on to the window's place, untimed
+                    learn(plan, epoch)
+                    for _ in range(int(window_at * len(planner)) - 1):
+                        learn(next(it), epoch)
+                    plan = next(it)
                 t0 = time.perf_counter()
             else:
                 planned += plan.ids.size if timed else 0
-            emb = (
-                embeddings_of(plan.ids, manifest.labels, centers)
-                if sampler.needs_embeddings
-                else None
-            )
-            planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / batches), emb)
+            learn(plan, epoch + k / batches)
             now = time.perf_counter()
             if k > 0:  # from the last batch's feedback to this one's
                 longest = max(longest, now - last)
@@ -251,17 +264,19 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
 
 
 def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored: bool,
-        warm: bool = False, epochs: int = 2, stagger: float = 0.0) -> dict:  # fmt: skip
+        warm: bool = False, epochs: int = 2, stagger: float = 0.0,
+        window_at: float = 0.0) -> dict:  # fmt: skip
     """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
     slows allocations, so the times come from a run without it."""
     make_manifest(10)  # imports are not the manifest's memory
     with tempfile.TemporaryDirectory() as tmp:
         columns = Path(tmp) / "columns"
         return _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger,
-                    columns)  # fmt: skip
+                    window_at, columns)  # fmt: skip
 
 
-def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, columns: Path):
+def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, window_at,
+         columns: Path):  # fmt: skip
     if memory:
         tracemalloc.start()
     manifest = mapped_manifest(n, columns)
@@ -269,12 +284,14 @@ def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, 
         manifest_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
     args = (manifest, batches, batch_size, scored, warm, epochs)
+    if system in SERVICE_SYSTEMS and window_at:
+        raise SystemExit(f"--window-at: the planner's systems only, not {system}")
     if system in SERVICE_SYSTEMS:
         r = run_service(SERVICE_SYSTEMS[system], *args, stagger=stagger)
     elif stagger:
         raise SystemExit(f"--stagger: the service's systems only, not {system}")
     else:
-        r = run_planner(system, *args)
+        r = run_planner(system, *args, window_at=window_at)
     if memory:
         top = tracemalloc.get_traced_memory()[1]
         return {
@@ -325,6 +342,9 @@ def main() -> None:
     ap.add_argument("--stagger", type=float, default=0.0,
                     help="the service's second job joins after this share of the first's "
                          "first epoch, which alone is timed")  # fmt: skip
+    ap.add_argument("--window-at", type=float, default=0.0,
+                    help="the planner's systems: the timed windows start at this share of "
+                         "their epoch (planned up to there untimed)")  # fmt: skip
     ap.add_argument("--epochs", type=int, default=2,
                     help="epochs run (3 or more: later_start_ms, the longest start after "
                          "the second epoch's)")  # fmt: skip
@@ -336,11 +356,14 @@ def main() -> None:
     sizes += ["--scored"] if args.scored else []
     sizes += ["--warm"] if args.warm else []
     sizes += ["--stagger", str(args.stagger)] if args.stagger else []
+    sizes += ["--window-at", str(args.window_at)] if args.window_at else []
+    if not 0.0 <= args.window_at < 1.0:
+        ap.error("--window-at takes a share in [0, 1)")
     if not 0.0 <= args.stagger < 1.0 or (args.stagger and args.warm):
         ap.error("--stagger takes a share in [0, 1), and not with --warm")
     if args.one:
         r = one(args.one[0], int(args.one[1]), args.batches, args.batch_size, args.memory,
-                args.scored, args.warm, args.epochs, args.stagger)  # fmt: skip
+                args.scored, args.warm, args.epochs, args.stagger, args.window_at)  # fmt: skip
         print(json.dumps(r))
         return
     rows = []
@@ -371,7 +394,7 @@ def main() -> None:
         ],
         meta={"batches": args.batches, "batch_size": args.batch_size, "cache_fraction": 0.1,
               "scored": args.scored, "warm": args.warm, "epochs": args.epochs,
-              "stagger": args.stagger},  # fmt: skip
+              "stagger": args.stagger, "window_at": args.window_at},  # fmt: skip
     )
 
 
