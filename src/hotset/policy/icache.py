@@ -474,34 +474,43 @@ class ICachePolicy(Policy):
 
     def _l_victims(self, need: int) -> tuple[np.ndarray, int]:
         """The residents ``_free_l(need)`` removes, in order, and their bytes, found and
-        not removed. Each order is walked a chunk at a time, a chunk's victims at once
-        (its unpinned ids' bytes summed up to what must go); the dead entries at the
-        front of the use order are dropped on the way."""
+        not removed: of each order's first candidates (``_l_candidates``), the fewest
+        whose bytes reach what must go."""
         over = self.l_used + need - self.l_capacity
-        used, where, pinned = self._l_used, self._where, self.pinned
-        sizes = np.frombuffer(self._sizes, np.int64)
         out, got = [], 0
-
-        def take(ids: np.ndarray) -> None:
-            nonlocal got
-            ids = ids[pinned[ids] == 0]
-            freed = np.cumsum(sizes[ids])
+        for order, unused in ((self._l_used, False), (self._l, True)):
+            if got >= over:
+                break
+            ids, sizes, _ = self._l_candidates(order, unused, over - got)
+            freed = np.cumsum(sizes)
             k = min(ids.size, int(np.searchsorted(freed, over - got)) + 1)
             if k:
                 got += int(freed[k - 1])
                 out.append(ids[:k])
-
-        for order, unused in ((used, False), (self._l, True)):
-            at, chunk = order.head, 64
-            while got < over and at < order.end:
-                pos = np.arange(at, min(at + chunk, order.end))
-                ids = order.ids[pos]
-                live = order.live(ids, pos, where)
-                take(ids[live & (where[ids] == FRESH)] if unused else ids[live])
-                if at == order.head:
-                    order.head += ids.size if not live.any() else int(np.argmax(live))
-                at, chunk = at + ids.size, 2 * chunk
         return (np.concatenate(out) if out else np.zeros(0, np.int64)), got
+
+    def _l_candidates(self, order: UseOrder, unused: bool, nbytes: int) -> tuple:
+        """The first unpinned live entries of ``order`` (``unused``: those unused, of the
+        load order), in order, until their bytes reach ``nbytes``: their ids, their
+        sizes, and whether they are all. The order is walked a chunk at a time; the dead
+        entries at its front are dropped on the way."""
+        where, pinned = self._where, self.pinned
+        sizes = np.frombuffer(self._sizes, np.int64)
+        out, got, at, chunk = [], 0, order.head, 64
+        while got < nbytes and at < order.end:
+            pos = np.arange(at, min(at + chunk, order.end))
+            ids = order.ids[pos]
+            live = order.live(ids, pos, where)
+            if at == order.head:
+                order.head += ids.size if not live.any() else int(np.argmax(live))
+            if unused:
+                live &= where[ids] == FRESH
+            ids = ids[live & (pinned[ids] == 0)].astype(np.int64)
+            out.append(ids)
+            got += int(sizes[ids].sum())
+            at, chunk = at + pos.size, 2 * chunk
+        ids = np.concatenate(out) if out else np.zeros(0, np.int64)
+        return ids, sizes[ids], at >= order.end
 
     @property
     def _resident(self):
@@ -1015,19 +1024,57 @@ class ICachePolicy(Policy):
         ids = head[at[: ends[-1]]]
         if not queued:
             self._cursor = c + int(at[ends[-1] - 1]) + 1
-        # a package's used ids go before the unused residents from before: then the room
-        # is made at once only where the used residents from before make it all
-        at_once = not served[: ends[-1]].any() or (self._where[victims[0]] == USED).all()
+        # at once where the residents from before make all the room: the used ones alone
+        # where a package has used ids (which go before the unused from before)
+        at_once = self.l_used - victims[1] + base <= self.l_capacity and (
+            not served[: ends[-1]].any() or (self._where[victims[0]] == USED).all()
+        )
         if at_once:
             self._remove_l(*victims)
-        if at_once and self.l_used + base <= self.l_capacity:
             self._settle_walked(ids, base, queued)
-        else:  # package by package, as the steps
-            for a, b in zip(ends, ends[1:], strict=False):
-                need = cum[b - 1] - (cum[a - 1] if a else 0)
-                self._free_l(need)
-                self._settle_walked(ids[a:b], need, queued)
+        else:
+            self._settle_in_turn(ids, [e - 1 for e in ends[1:]], cum, queued)
         return len(ends) - 1
+
+    def _settle_in_turn(self, ids: np.ndarray, lasts: list[int], cum: list[int],
+                        queued: bool) -> None:  # fmt: skip
+        """The packages ``ids[.. lasts[0]], ..`` (their ids' bytes summed up in ``cum``)
+        loaded one after the other, as ``_free_l`` and ``_settle_walked`` for each in turn
+        would: the room for each is made by the walk of its turn (the used residents, the
+        earlier packages' after those from before, then the unused ones likewise). The
+        walks are made at once, on the orders' first candidates (the room made for all
+        the packages at most, and a sample more) and the packages' own ids."""
+        cap, sizes = self.l_capacity, self._sizes
+        over = self.l_used + cum[lasts[-1]] - cap + self._max_size
+        streams = []  # the used, then the unused: ids and sizes, the next one's place
+        for order, unused in ((self._l_used, False), (self._l, True)):
+            got = self._l_candidates(order, unused, over)[:2] if over > 0 else ((), ())
+            streams.append([got[0].tolist() if len(got[0]) else [],
+                            got[1].tolist() if len(got[1]) else [], 0])  # fmt: skip
+        served = self._served[ids].tolist()
+        free = (self.pinned[ids] == 0).tolist()
+        used, victims, freed, first = self.l_used, [], 0, 0
+        for last in lasts:
+            need = cum[last] - (cum[first - 1] if first else 0)
+            over, got = used + need - cap, 0
+            for stream in streams:
+                out, size, k = stream
+                while got < over and k < len(out):
+                    victims.append(out[k])
+                    got += size[k]
+                    k += 1
+                stream[2] = k
+            used += need - got
+            freed += got
+            for p in range(first, last + 1):  # the package's ids join the walks
+                if free[p]:
+                    stream = streams[0 if served[p] else 1]
+                    stream[0].append(int(ids[p]))
+                    stream[1].append(sizes[ids[p]])
+            first = last + 1
+        self._settle_walked(ids[:first], cum[first - 1], queued)
+        self._remove_l(np.array(victims, np.int64), freed)
+        self.used = self.h_used + self.l_used
 
     def _settle_walked(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
         """``ids`` (none cached or hot; ``queued``: the queue's next ones), ``nbytes`` in
