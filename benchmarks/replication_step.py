@@ -49,6 +49,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from _report import report  # noqa: E402
+from hotset.feedback import DeferredFeedback, per_sample_loss  # noqa: E402
+from hotset.loader import _deterministic  # noqa: E402
+from hotset.plan import Planner, PlanReport  # noqa: E402
+from hotset.policy.base import make_policy  # noqa: E402
+from hotset.sampling.base import make_sampler  # noqa: E402
+from hotset.store import MemoryStore  # noqa: E402
+from hotset.systems import resolve_system  # noqa: E402
 from plan_scale import CLASSES, fullness, losses_of, make_manifest, score_all  # noqa: E402
 
 WARM_STEPS = 2  # per variant and round, untimed (the GPU's clocks, the allocator)
@@ -81,14 +88,6 @@ class Variant:
         self.at = 0
         if system is None:
             return
-        from hotset.feedback import DeferredFeedback
-        from hotset.loader import _deterministic
-        from hotset.plan import Planner, PlanReport
-        from hotset.policy.base import make_policy
-        from hotset.sampling.base import make_sampler
-        from hotset.store import MemoryStore
-        from hotset.systems import resolve_system
-
         sysdef = resolve_system(system)
         s_opts, p_opts = _deterministic(sysdef.sampler, sysdef.policy, sysdef.sampler_options, {})
         n = len(manifest)
@@ -96,7 +95,6 @@ class Variant:
                              sizes=manifest.sizes, seed=0, **p_opts)  # fmt: skip
         sampler = make_sampler(sysdef.sampler, n, seed=0, **s_opts)
         self.planner = Planner(sampler, policy, batch_size * ranks, store=MemoryStore(1))
-        self.report = PlanReport
         self.feedback = DeferredFeedback(self.learn, defer)
         self.fed: deque = deque()  # the plans whose feedback is on its way
         self.learn_s = 0.0
@@ -104,8 +102,7 @@ class Variant:
         self.planner.set_epoch(0)
         plans = iter(self.planner)
         for plan in plans:
-            self.planner.batch_consumed(PlanReport(stored=plan.admitted))
-            self.planner.feedback(plan.ids, losses_of(plan.ids, 0.5))
+            self.untimed(plan, 0.5)
             if fullness(policy) >= 0.99:
                 break
         plans.close()
@@ -128,10 +125,13 @@ class Variant:
             raise SystemExit(f"{self.name}: cannot time {steps} steps from {target} of an "
                              f"epoch of {self.size} at {self.at}: fewer --steps")  # fmt: skip
         while self.at < target:
-            plan = next(self.plans)
-            self.planner.batch_consumed(self.report(stored=plan.admitted))
-            self.planner.feedback(plan.ids, losses_of(plan.ids, 1.5))
+            self.untimed(next(self.plans), 1.5)
             self.at += 1
+
+    def untimed(self, plan, progress: float) -> None:
+        """A plan's report (every admission landed) and the global batch's feedback."""
+        self.planner.batch_consumed(PlanReport(stored=plan.admitted))
+        self.planner.feedback(plan.ids, losses_of(plan.ids, progress))
 
     def learn(self, ids: np.ndarray, losses: np.ndarray, _emb) -> None:
         """This rank's losses of the oldest plan fed back, with the other ranks' (as the
@@ -160,7 +160,7 @@ class Variant:
             c = time.perf_counter()
             if self.plans is not None:
                 plan = next(self.plans)
-                self.planner.batch_consumed(self.report(stored=plan.admitted))
+                self.planner.batch_consumed(PlanReport(stored=plan.admitted))
             control += time.perf_counter() - c
             losses = step()  # this rank's B losses, where the step computes them
             if self.plans is not None:
@@ -185,8 +185,6 @@ def sync(device: torch.device) -> None:
 def make_step(net: torch.nn.Module, args, device: torch.device):
     """README's loop body: per-sample losses, backward, step (launched, not waited for
     on a GPU); returns the losses."""
-    from hotset.feedback import per_sample_loss
-
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device,

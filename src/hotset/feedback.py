@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -67,7 +69,11 @@ class DeferredFeedback:
     meanwhile see that batch's feedback one batch later, the same on every rank (ours: the
     papers feed back each step; a DataLoader's prefetch already plans batches ahead)."""
 
-    def __init__(self, learn, defer: bool | None = None) -> None:
+    def __init__(
+        self,
+        learn: Callable[[np.ndarray, np.ndarray, np.ndarray | None], None],
+        defer: bool | None = None,
+    ) -> None:
         self.learn = learn
         self.defer = defer
         self._pending: tuple | None = None  # ids, losses, embeddings: copies on their way

@@ -481,7 +481,7 @@ class ICachePolicy(Policy):
         for order, unused in ((self._l_used, False), (self._l, True)):
             if got >= over:
                 break
-            ids, sizes, _ = self._l_candidates(order, unused, over - got)
+            ids, sizes = self._l_candidates(order, unused, over - got)
             freed = np.cumsum(sizes)
             k = min(ids.size, int(np.searchsorted(freed, over - got)) + 1)
             if k:
@@ -491,9 +491,9 @@ class ICachePolicy(Policy):
 
     def _l_candidates(self, order: UseOrder, unused: bool, nbytes: int) -> tuple:
         """The first unpinned live entries of ``order`` (``unused``: those unused, of the
-        load order), in order, until their bytes reach ``nbytes``: their ids, their
-        sizes, and whether they are all. The order is walked a chunk at a time; the dead
-        entries at its front are dropped on the way."""
+        load order), in order, until their bytes reach ``nbytes``: their ids and sizes.
+        The order is walked a chunk at a time; the dead entries at its front are dropped
+        on the way."""
         where, pinned = self._where, self.pinned
         sizes = np.frombuffer(self._sizes, np.int64)
         out, got, at, chunk = [], 0, order.head, 64
@@ -510,7 +510,7 @@ class ICachePolicy(Policy):
             got += int(sizes[ids].sum())
             at, chunk = at + pos.size, 2 * chunk
         ids = np.concatenate(out) if out else np.zeros(0, np.int64)
-        return ids, sizes[ids], at >= order.end
+        return ids, sizes[ids]
 
     @property
     def _resident(self):
@@ -1046,13 +1046,13 @@ class ICachePolicy(Policy):
         the packages at most, and a sample more) and the packages' own ids."""
         cap, sizes = self.l_capacity, self._sizes
         over = self.l_used + cum[lasts[-1]] - cap + self._max_size
-        streams = []  # the used, then the unused: ids and sizes, the next one's place
+        streams = []  # the used, then the unused: ids, their sizes, the next one's place
         for order, unused in ((self._l_used, False), (self._l, True)):
-            got = self._l_candidates(order, unused, over)[:2] if over > 0 else ((), ())
-            streams.append([got[0].tolist() if len(got[0]) else [],
-                            got[1].tolist() if len(got[1]) else [], 0])  # fmt: skip
-        served = self._served[ids].tolist()
-        free = (self.pinned[ids] == 0).tolist()
+            found = self._l_candidates(order, unused, over) if over > 0 else (ids[:0], ids[:0])
+            streams.append([found[0].tolist(), found[1].tolist(), 0])
+        ids = ids[: lasts[-1] + 1]
+        walked = zip(ids.tolist(), self._served[ids].tolist(), self.pinned[ids].tolist(),
+                     strict=True)  # fmt: skip
         used, victims, freed, first = self.l_used, [], 0, 0
         for last in lasts:
             need = cum[last] - (cum[first - 1] if first else 0)
@@ -1066,13 +1066,13 @@ class ICachePolicy(Policy):
                 stream[2] = k
             used += need - got
             freed += got
-            for p in range(first, last + 1):  # the package's ids join the walks
-                if free[p]:
-                    stream = streams[0 if served[p] else 1]
-                    stream[0].append(int(ids[p]))
-                    stream[1].append(sizes[ids[p]])
+            for i, served, pins in islice(walked, last + 1 - first):  # they join the walks
+                if not pins:
+                    stream = streams[0 if served else 1]
+                    stream[0].append(i)
+                    stream[1].append(sizes[i])
             first = last + 1
-        self._settle_walked(ids[:first], cum[first - 1], queued)
+        self._settle_walked(ids, cum[lasts[-1]], queued)
         self._remove_l(np.array(victims, np.int64), freed)
         self.used = self.h_used + self.l_used
 
