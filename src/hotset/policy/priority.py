@@ -114,13 +114,13 @@ class PriorityPolicy(HeapPolicy):
         while k < n or turned:
             if turned and (k >= n or turned[0] < todo[k]):
                 p = heappop(turned)
+                hit[p] = False  # (a resident at the start: a miss in its turn)
             else:
-                p, k = todo[k], k + 1
+                p, k = todo[k], k + 1  # (a miss at the start: ``hit[p]`` is False)
             i = ids[p]
             if live[i] >= 0:  # admitted at an earlier position of the batch
                 hit[p] = True
                 continue
-            hit[p] = False
             s = sizes[i]
             if s > cap:
                 continue
@@ -128,7 +128,7 @@ class PriorityPolicy(HeapPolicy):
             if used + s > cap:
                 if not may[p]:
                     continue
-                victims, held = [], []
+                victims, held, before = [], None, used
                 while used + s > cap:
                     while h and live[h[0] & mask] != h[0] >> bits:
                         heappop(h)  # stale entry
@@ -142,16 +142,22 @@ class PriorityPolicy(HeapPolicy):
                     live[j] = -1
                     count -= 1
                     if pins is not None and pins[j]:  # a plan in flight reads/writes it
+                        if held is None:
+                            held = []
                         held.append(top)
                         continue
                     victims.append(top)
                     used -= sizes[j]
-                for top in held if used + s <= cap else held + victims:  # put back
-                    live[top & mask] = top >> bits
-                    heappush(h, top)
-                    count += 1
-                if used + s > cap:
-                    used += sum(sizes[top & mask] for top in victims)
+                refused = used + s > cap
+                if refused:  # every one taken goes back
+                    held = victims if held is None else held + victims
+                    used = before
+                if held is not None:
+                    for top in held:  # put back
+                        live[top & mask] = top >> bits
+                        heappush(h, top)
+                        count += 1
+                if refused:
                     continue
                 for top in victims:
                     j = top & mask
