@@ -216,6 +216,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu":
+        print("no GPU: the step and the planning share the CPU's cores, so the figures say "
+              "nothing of a GPU run (a smoke run: --models tiny --ids 60000 --image-size 32 "
+              "--batch-size 32)", file=sys.stderr)  # fmt: skip
     torch.backends.cudnn.benchmark = True
     t = time.perf_counter()
     manifest = make_manifest(args.ids)
