@@ -86,6 +86,7 @@ class Variant:
         self.control_ms: list[float] = []
         self.plans = None
         self.at = 0
+        self.learn_s = 0.0  # seconds in ``learn``: the planner's share of the feedback
         if system is None:
             return
         sysdef = resolve_system(system)
@@ -97,7 +98,6 @@ class Variant:
         self.planner = Planner(sampler, policy, batch_size * ranks, store=MemoryStore(1))
         self.feedback = DeferredFeedback(self.learn, defer)
         self.fed: deque = deque()  # the plans whose feedback is on its way
-        self.learn_s = 0.0
         # the first epoch, planned until the cache is full; every id scored
         self.planner.set_epoch(0)
         plans = iter(self.planner)
@@ -155,7 +155,7 @@ class Variant:
         step, the feedback of the global batch (the step's losses at this rank's
         positions)."""
         sync(device)
-        t0, control, learnt = time.perf_counter(), 0.0, getattr(self, "learn_s", 0.0)
+        t0, control, learnt = time.perf_counter(), 0.0, self.learn_s
         for _ in range(steps):
             c = time.perf_counter()
             if self.plans is not None:

@@ -43,7 +43,6 @@ def test_a_deferred_batch_is_learnt_when_the_next_ones_feedback_comes(device, de
         board = loader.planner.sampler.board
         for epoch in range(2):
             loader.set_epoch(epoch)
-            seen_before = board.seen.copy()
             served, given = [], board.scores_given
             for _, _, ids in loader:
                 losses = naming(ids, device)
@@ -53,10 +52,9 @@ def test_a_deferred_batch_is_learnt_when_the_next_ones_feedback_comes(device, de
                     last = served[-1].numpy()
                     assert board.seen[last].all()
                     assert np.allclose(board.loss[last], last / 100 + 1)
-                if epoch == 0:  # this one is not (where not seen before)
-                    new = ids.numpy()[~seen_before[ids.numpy()]]
-                    assert not board.seen[np.setdiff1d(new, np.concatenate(
-                        [s.numpy() for s in served] or [[]]))].any()  # fmt: skip
+                if epoch == 0:  # this one is not yet (its ids not served before)
+                    earlier = np.concatenate([s.numpy() for s in served] or [[]])
+                    assert not board.seen[np.setdiff1d(ids.numpy(), earlier)].any()
                 served.append(ids)
             everything = torch.cat(served).numpy()
             assert board.seen[everything].all()  # the last batch's too, at the epoch's end

@@ -42,10 +42,10 @@ def train_epoch(
         opt.zero_grad(set_to_none=True)
         losses.mean().backward()  # Eq. 5
         opt.step()
-        detached = losses.detach().cpu()
-        loader.feedback(ids, detached, None if emb is None else emb.cpu())
+        detached = losses.detach()  # on the device: feedback does not wait for the step
+        loader.feedback(ids, detached, emb)
         if on_batch is not None:
-            on_batch(ids.numpy(), detached.numpy())
-        total += float(detached.sum())
+            on_batch(ids.numpy(), detached.cpu().numpy())
+        total = total + detached.sum().double()  # (read once, at the epoch's end)
         count += int(detached.numel())
-    return total / max(1, count)
+    return float(total) / max(1, count)

@@ -979,10 +979,9 @@ class ICachePolicy(Policy):
         for them evicts, or not one whole package), and ``l_load_now`` goes on one by
         one. The same decisions: a package's ids are the ones its walk takes (a queued
         miss served this epoch already is loaded used, and counts for no unused one),
-        and the room is made by the walk the steps make in turn (the residents from
-        before first; a package's own ids are reached only once those are gone, and
-        then package by package; where a package has used ids, which go first, the
-        room is made at once only from the used residents from before)."""
+        and the room is made by the walk the steps make in turn: at once where the
+        residents from before make it all (the used ones alone where a package has used
+        ids, which go first), else the walks of each turn (``_settle_in_turn``)."""
         want = self._fresh_wanted() - len(self._fresh)
         limit = min(self.package_bytes, self.l_capacity)
         if self.loading or want <= 0 or limit <= 0:
@@ -1024,8 +1023,6 @@ class ICachePolicy(Policy):
         ids = head[at[: ends[-1]]]
         if not queued:
             self._cursor = c + int(at[ends[-1] - 1]) + 1
-        # at once where the residents from before make all the room: the used ones alone
-        # where a package has used ids (which go before the unused from before)
         at_once = self.l_used - victims[1] + base <= self.l_capacity and (
             not served[: ends[-1]].any() or (self._where[victims[0]] == USED).all()
         )
