@@ -194,6 +194,12 @@ V = [0.0] * 9  # the rest of an op's scores
     ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
                    ("pin", [0], [0.0] * 12), ("access", [2], [0.0] * 12)], [1] * 12, 2,
 )  # fmt: skip
+@example(  # 0 is evicted by 2, admitted again at its turn, evicted by 3: its last
+    # position is a miss once (0 admitted there), not a miss and then a hit
+    ("pq", None), [("scores", [0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0, *V[:8]]),
+                   ("access", [0, 1], [0.0] * 12), ("access", [2, 0, 3, 0], [0.0] * 12)],
+    [1, 2, 2, 2] + [1] * 8, 3,
+)  # fmt: skip
 def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, capacity):
     """SHADE's cache (APP) and the priority queue decide in one loop over the batch's
     misses (the residents at its start are hits at once; while the cache fills, all its

@@ -9,7 +9,8 @@ lower id).
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
+from bisect import insort
+from heapq import heappop, heappush, heapreplace
 
 import numpy as np
 
@@ -19,6 +20,17 @@ from hotset.policy.base import register_policy
 from hotset.policy.keyed_heap import HeapPolicy
 
 SCALE = float(1 << 24)
+
+
+def turn(positions: list[int], p: int, todo: list[int], hit: list[bool]) -> None:
+    """A starting resident evicted at ``p`` turns a miss at its positions after ``p``:
+    they join the misses to decide, in order (its first eviction only: its positions
+    are then taken out of the batch's residents, and a second eviction finds them
+    pending already)."""
+    for r in positions:
+        if r > p:
+            insort(todo, r)
+            hit[r] = False
 
 
 @register_policy
@@ -32,7 +44,7 @@ class PriorityPolicy(HeapPolicy):
         super().__init__(capacity_bytes, sizes, seed)
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
-        self._may: list[bool] = []
+        self._may: list[bool] = []  # (False for a sample larger than the cache)
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -84,7 +96,8 @@ class PriorityPolicy(HeapPolicy):
                 f"policy {self.name!r} needs importance scores: use an importance "
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
-        self._q, self._may = self._levels(ids).tolist(), self._may_replace(ids).tolist()
+        fits = np.frombuffer(self._sizes, np.int64)[ids] <= self.capacity_bytes
+        self._q, self._may = self._levels(ids).tolist(), (self._may_replace(ids) & fits).tolist()
         self._batch = ids
 
     def _access(
@@ -93,51 +106,68 @@ class PriorityPolicy(HeapPolicy):
         """The base miss path (``Policy._access`` with this class's steps, which stay the
         reference) on the batch's misses alone, in one loop: the ids resident when the
         batch starts are hits found at once (one evicted by an earlier miss of the batch
-        turns a miss in its turn), the heap handled in place; while the cache fills, all
+        turns a miss in its turn, once however often it is evicted), the heap handled in
+        place (a newcomer for which the least important resident alone makes room takes
+        its entry's place: one sift, not a pop and a push); while the cache fills, all
         the batch's misses at once (``_admit_all``). The same decisions without a loop
         turn per hit nor a method call per step."""
         heap = self._heap
         start = heap.levels[self._batch] >= 0
-        filled = self._admit_all(start, admitted)
+        todo = np.flatnonzero(~start)
+        filled = self._admit_all(start, todo, admitted)
         if filled is not None:
             hits.extend(filled.tolist())
             return
         hit = start.tolist()
-        todo = np.flatnonzero(~start).tolist()
+        todo = todo.tolist()
         sizes, cap, used, qs, may = self._sizes, self.capacity_bytes, self.used, self._q, self._may
         live, h, bits, mask, count = heap.live, heap.heap, heap.bits, heap.mask, heap.count
         pins = memoryview(self.pinned) if self._holds[0] else None
         ties = self.evict_ties
         later: dict[int, list[int]] | None = None  # the starting residents' positions
-        turned: list[int] = []  # positions of starting residents evicted before their turn
-        n, k = len(todo), 0
-        while k < n or turned:
-            if turned and (k >= n or turned[0] < todo[k]):
-                p = heappop(turned)
-                hit[p] = False  # (a resident at the start: a miss in its turn)
-            else:
-                p, k = todo[k], k + 1  # (a miss at the start: ``hit[p]`` is False)
+        # ``todo`` grows as it is walked: a starting resident evicted before its turn is
+        # put in order among the positions not walked yet (``turn``), and walked there
+        for p in todo:
             i = ids[p]
             if live[i] >= 0:  # admitted at an earlier position of the batch
                 hit[p] = True
                 continue
             s = sizes[i]
-            if s > cap:
-                continue
             q = qs[p]
             if used + s > cap:
                 if not may[p]:
                     continue
+                while h and live[(top := h[0]) & mask] != top >> bits:
+                    heappop(h)  # stale entry
+                if not h:
+                    continue  # nothing to evict: not admitted
+                v = top >> bits
+                if v > q or (v == q and not ties):
+                    continue  # the newcomer is the least important: not admitted
+                j = top & mask
+                if used - sizes[j] + s <= cap and (pins is None or not pins[j]):
+                    # the top alone makes the room: the newcomer takes its entry's place
+                    heapreplace(h, q << bits | i)
+                    live[j] = -1
+                    used += s - sizes[j]
+                    evicted.append(j)
+                    if later is None:
+                        later = self._positions_at_start(start, ids)
+                    if j in later:
+                        turn(later.pop(j), p, todo, hit)
+                    live[i] = q
+                    admitted.append(i)
+                    continue
                 victims, held, before = [], None, used
                 while used + s > cap:
-                    while h and live[h[0] & mask] != h[0] >> bits:
+                    while h and live[(top := h[0]) & mask] != top >> bits:
                         heappop(h)  # stale entry
                     if not h:
                         break
-                    v = h[0] >> bits
+                    v = top >> bits
                     if v > q or (v == q and not ties):
                         break  # the newcomer is the least important: not admitted
-                    top = heappop(h)
+                    heappop(h)
                     j = top & mask
                     live[j] = -1
                     count -= 1
@@ -163,12 +193,9 @@ class PriorityPolicy(HeapPolicy):
                     j = top & mask
                     evicted.append(j)
                     if later is None:
-                        later = {}
-                        for r in np.flatnonzero(start).tolist():
-                            later.setdefault(ids[r], []).append(r)
-                    for r in later.get(j, ()):
-                        if r > p:
-                            heappush(turned, r)
+                        later = self._positions_at_start(start, ids)
+                    if j in later:
+                        turn(later.pop(j), p, todo, hit)
             live[i] = q
             heappush(h, q << bits | i)
             count += 1
@@ -179,17 +206,30 @@ class PriorityPolicy(HeapPolicy):
         heap.compact()
         hits.extend(hit)
 
-    def _admit_all(self, start: np.ndarray, admitted: list[int]) -> np.ndarray | None:
-        """Where every miss of the batch fits the free room (the cache is filling), admit
-        them all at once, each at its first position; returns the batch's hits (``start``,
-        the residents when it starts, and the misses' repeats), or ``None`` where they do
-        not all fit. The base loop admits each such miss the same way: nothing is evicted."""
-        positions = np.flatnonzero(~start)
+    @staticmethod
+    def _positions_at_start(start: np.ndarray, ids: list[int]) -> dict[int, list[int]]:
+        """The batch's residents when it starts: id -> its positions in the batch."""
+        later: dict[int, list[int]] = {}
+        for r in np.flatnonzero(start).tolist():
+            later.setdefault(ids[r], []).append(r)
+        return later
+
+    def _admit_all(
+        self, start: np.ndarray, positions: np.ndarray, admitted: list[int]
+    ) -> np.ndarray | None:
+        """Where every miss of the batch (at ``positions``) fits the free room (the cache
+        is filling), admit them all at once, each at its first position; returns the
+        batch's hits (``start``, the residents when it starts, and the misses' repeats),
+        or ``None`` where they do not all fit. The base loop admits each such miss the
+        same way: nothing is evicted."""
         if not positions.size:
             return start
         ids = self._batch[positions]
+        sizes = np.frombuffer(self._sizes, np.int64)[ids]
+        if self.used + int(sizes.max()) > self.capacity_bytes:
+            return None  # (the cache is full: not even the largest fits)
         first = first_positions(ids)  # the admissions, in the batch's order
-        need = int(np.frombuffer(self._sizes, np.int64)[ids[first]].sum())
+        need = int(sizes[first].sum())
         if self.used + need > self.capacity_bytes:
             return None
         hit = start.copy()
