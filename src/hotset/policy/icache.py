@@ -38,6 +38,7 @@ import logging
 import random
 from bisect import bisect_left
 from collections import OrderedDict
+from heapq import heapreplace
 from itertools import islice
 
 import numpy as np
@@ -696,15 +697,24 @@ class ICachePolicy(Policy):
         turned: list[int] = []
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
-        level, size_of = memoryview(self._level), self._sizes
+        level, size_of, pins = memoryview(self._level), self._sizes, memoryview(self.pinned)
+        heap = self.heap if self.shadow is None else None  # (no rebuild: one heap)
         for p, i in zip(rest.tolist(), ids[rest].tolist(), strict=True):
             if now[i] == H:
                 hits[p] = True
             elif is_h[i]:
                 hits[p] = False
                 s = size_of[i]
-                if self.h_used + s > cap and (s > cap or level[i] <= top):
-                    continue  # refused at once, as above
+                if self.h_used + s > cap:
+                    if s > cap or level[i] <= top:
+                        continue  # refused at once, as above
+                    if heap is not None:  # ``top`` is the heap's first entry (peeked)
+                        j = heap.heap[0] & heap.mask
+                        if not pins[j] and self.h_used - size_of[j] + s <= cap:
+                            self._replace_least(heap, j, i, s)
+                            take.append(i)
+                            top = self._least_level()
+                            continue
                 if self._admit_h(i):
                     take.append(i)
                 top = self._least_level()
@@ -712,6 +722,19 @@ class ICachePolicy(Policy):
                 hits[p] = False
                 turned.append(p)
         return np.array(take, np.int64), turned
+
+    def _replace_least(self, heap: KeyedHeap, j: int, i: int, s: int) -> None:
+        """``_admit_h(i)`` where the least important resident ``j`` (the heap's first
+        entry, current, unpinned, less important than ``i``) alone makes room and no
+        rebuild runs: ``i``'s entry takes ``j``'s place at the top (one sift)."""
+        q = int(self._level[i])
+        heapreplace(heap.heap, q << heap.bits | i)
+        heap.live[j] = -1
+        heap.live[i] = q
+        self._where[j] = NONE
+        self._evict_next.append(j)
+        self._where[i] = H
+        self.h_used += s - self._sizes[j]
 
     def _least_level(self) -> int:
         """The least important H resident's level (line 14's bar), -1 where none is."""
