@@ -200,6 +200,12 @@ V = [0.0] * 9  # the rest of an op's scores
                    ("access", [0, 1], [0.0] * 12), ("access", [2, 0, 3, 0], [0.0] * 12)],
     [1, 2, 2, 2] + [1] * 8, 3,
 )  # fmt: skip
+@example(  # as above, 7's first eviction the one where it alone makes room (for 2)
+    ("pq", None), [("access", [10, 7, 11], [0.0] * 12),
+                   ("scores", [8, 2, 4], [3.0, 3.0, 2.0, *V]),
+                   ("access", [2, 4, 7, 8, 7], [0.0] * 12)],
+    [1, 1, 1, 1, 3, 1, 1, 1, 3, 1, 2, 3], 6,
+)  # fmt: skip
 def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, capacity):
     """SHADE's cache (APP) and the priority queue decide in one loop over the batch's
     misses (the residents at its start are hits at once; while the cache fills, all its
