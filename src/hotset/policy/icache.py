@@ -729,10 +729,9 @@ class ICachePolicy(Policy):
         rebuild runs: ``i``'s entry takes ``j``'s place at the top (one sift)."""
         q = int(self._level[i])
         heapreplace(heap.heap, q << heap.bits | i)
-        heap.live[j] = -1
+        self._evicted(j)
         heap.live[i] = q
-        self._where[j] = NONE
-        self._evict_next.append(j)
+        heap.count += 1
         self._where[i] = H
         self.h_used += s - self._sizes[j]
 

@@ -149,46 +149,41 @@ class PriorityPolicy(HeapPolicy):
                     # the top alone makes the room: the newcomer takes its entry's place
                     heapreplace(h, q << bits | i)
                     live[j] = -1
-                    used += s - sizes[j]
-                    evicted.append(j)
-                    if later is None:
-                        later = self._positions_at_start(start, ids)
-                    if j in later:
-                        turn(later.pop(j), p, todo, hit)
-                    live[i] = q
-                    admitted.append(i)
-                    continue
-                victims, held, before = [], None, used
-                while used + s > cap:
-                    while h and live[(top := h[0]) & mask] != top >> bits:
-                        heappop(h)  # stale entry
-                    if not h:
-                        break
-                    v = top >> bits
-                    if v > q or (v == q and not ties):
-                        break  # the newcomer is the least important: not admitted
-                    heappop(h)
-                    j = top & mask
-                    live[j] = -1
-                    count -= 1
-                    if pins is not None and pins[j]:  # a plan in flight reads/writes it
-                        if held is None:
-                            held = []
-                        held.append(top)
-                        continue
-                    victims.append(top)
                     used -= sizes[j]
-                refused = used + s > cap
-                if refused:  # every one taken goes back
-                    held = victims if held is None else held + victims
-                    used = before
-                if held is not None:
-                    for top in held:  # put back
-                        live[top & mask] = top >> bits
-                        heappush(h, top)
-                        count += 1
-                if refused:
-                    continue
+                    victims = (top,)
+                else:  # ``top``: the least important resident, current, below i's level
+                    victims, held, before = [], None, used
+                    while True:
+                        heappop(h)
+                        j = top & mask
+                        live[j] = -1
+                        count -= 1
+                        if pins is not None and pins[j]:  # a plan in flight reads/writes it
+                            if held is None:
+                                held = []
+                            held.append(top)
+                        else:
+                            victims.append(top)
+                            used -= sizes[j]
+                            if used + s <= cap:
+                                break
+                        while h and live[(top := h[0]) & mask] != top >> bits:
+                            heappop(h)  # stale entry
+                        if not h or (v := top >> bits) > q or (v == q and not ties):
+                            break  # the rest is worth more than i
+                    refused = used + s > cap
+                    if refused:  # every one taken goes back
+                        held = victims if held is None else held + victims
+                        used = before
+                    if held is not None:
+                        for top in held:  # put back
+                            live[top & mask] = top >> bits
+                            heappush(h, top)
+                            count += 1
+                    if refused:
+                        continue
+                    heappush(h, q << bits | i)
+                    count += 1
                 for top in victims:
                     j = top & mask
                     evicted.append(j)
@@ -196,9 +191,10 @@ class PriorityPolicy(HeapPolicy):
                         later = self._positions_at_start(start, ids)
                     if j in later:
                         turn(later.pop(j), p, todo, hit)
+            else:
+                heappush(h, q << bits | i)
+                count += 1
             live[i] = q
-            heappush(h, q << bits | i)
-            count += 1
             used += s
             admitted.append(i)
         self.used = used
