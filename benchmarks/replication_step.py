@@ -52,6 +52,7 @@ from _report import report  # noqa: E402
 from hotset.feedback import DeferredFeedback, per_sample_loss  # noqa: E402
 from hotset.loader import _deterministic  # noqa: E402
 from hotset.plan import Planner, PlanReport  # noqa: E402
+from hotset.plan_process import PlannerProcess  # noqa: E402
 from hotset.policy.base import make_policy  # noqa: E402
 from hotset.sampling.base import make_sampler  # noqa: E402
 from hotset.store import MemoryStore  # noqa: E402
@@ -75,13 +76,36 @@ def make_net(name: str, device: torch.device) -> torch.nn.Module:
     return net.to(device, memory_format=torch.channels_last)
 
 
-class Variant:
-    """One system's control plane as a rank of ``ranks`` runs it, its feedback deferred
-    or not (``system=None``: none)."""
+def warmed_planner(system: str, ranks: int, manifest, batch_size: int) -> Planner:
+    """``system``'s planner of global batches as a rank of ``ranks`` makes them, its
+    first epoch planned until the cache is full, every id scored."""
+    sysdef = resolve_system(system)
+    s_opts, p_opts = _deterministic(sysdef.sampler, sysdef.policy, sysdef.sampler_options, {})
+    n = len(manifest)
+    policy = make_policy(sysdef.policy, int(0.1 * manifest.total_bytes),
+                         sizes=manifest.sizes, seed=0, **p_opts)  # fmt: skip
+    sampler = make_sampler(sysdef.sampler, n, seed=0, **s_opts)
+    planner = Planner(sampler, policy, batch_size * ranks, store=MemoryStore(1))
+    planner.set_epoch(0)
+    plans = iter(planner)
+    for plan in plans:
+        planner.batch_consumed(PlanReport(stored=plan.admitted))
+        planner.feedback(plan.ids, losses_of(plan.ids, 0.5))
+        if fullness(policy) >= 0.99:
+            break
+    plans.close()
+    score_all(sampler, n)
+    return planner
 
-    def __init__(self, system: str | None, ranks: int, defer: bool, manifest,
+
+class Variant:
+    """One system's control plane as a rank of ``ranks`` runs it, its feedback learnt at
+    once (``sync``), deferred (``deferred``), or deferred to a planner in a process of
+    its own (``process``, ``planner_process=True``) (``system=None``: none)."""
+
+    def __init__(self, system: str | None, ranks: int, mode: str, manifest,
                  batch_size: int) -> None:  # fmt: skip
-        self.system, self.ranks, self.defer = system, ranks, defer
+        self.system, self.ranks, self.mode = system, ranks, mode
         self.steps_ms: list[float] = []
         self.control_ms: list[float] = []
         self.plans = None
@@ -89,24 +113,14 @@ class Variant:
         self.learn_s = 0.0  # seconds in ``learn``: the planner's share of the feedback
         if system is None:
             return
-        sysdef = resolve_system(system)
-        s_opts, p_opts = _deterministic(sysdef.sampler, sysdef.policy, sysdef.sampler_options, {})
-        n = len(manifest)
-        policy = make_policy(sysdef.policy, int(0.1 * manifest.total_bytes),
-                             sizes=manifest.sizes, seed=0, **p_opts)  # fmt: skip
-        sampler = make_sampler(sysdef.sampler, n, seed=0, **s_opts)
-        self.planner = Planner(sampler, policy, batch_size * ranks, store=MemoryStore(1))
-        self.feedback = DeferredFeedback(self.learn, defer)
+        if mode == "process":  # (made, filled and scored there)
+            self.planner = PlannerProcess(
+                lambda _: warmed_planner(system, ranks, manifest, batch_size), None
+            )
+        else:
+            self.planner = warmed_planner(system, ranks, manifest, batch_size)
+        self.feedback = DeferredFeedback(self.learn, mode != "sync")
         self.fed: deque = deque()  # the plans whose feedback is on its way
-        # the first epoch, planned until the cache is full; every id scored
-        self.planner.set_epoch(0)
-        plans = iter(self.planner)
-        for plan in plans:
-            self.untimed(plan, 0.5)
-            if fullness(policy) >= 0.99:
-                break
-        plans.close()
-        score_all(sampler, n)
         self.epoch = 0
 
     def seek(self, epoch: int, share: float, steps: int) -> None:
@@ -147,7 +161,7 @@ class Variant:
     def name(self) -> str:
         if self.system is None:
             return "none"
-        return f"{self.system} R={self.ranks} {'deferred' if self.defer else 'sync'}"
+        return f"{self.system} R={self.ranks} {self.mode}"
 
     def run(self, step, steps: int, device: torch.device, timed: bool) -> None:
         """``steps`` training steps, each with this variant's control plane: the plan
@@ -214,6 +228,9 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--steps", type=int, default=15, help="timed steps per variant and round")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--feedback", default="sync,deferred,process",
+                    help="where and when the control plane learns: sync, deferred, "
+                         "process (a planner process, deferred)")  # fmt: skip
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -223,11 +240,11 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     t = time.perf_counter()
     manifest = make_manifest(args.ids)
-    variants = [Variant(None, 1, False, manifest, args.batch_size)]
+    variants = [Variant(None, 1, "-", manifest, args.batch_size)]
     for system in args.systems.split(","):
         for r in map(int, args.ranks.split(",")):
-            for defer in (False, True):
-                variants.append(Variant(system, r, defer, manifest, args.batch_size))
+            for mode in args.feedback.split(","):
+                variants.append(Variant(system, r, mode, manifest, args.batch_size))
     print(f"{len(variants)} control planes ready in {time.perf_counter() - t:.1f} s",
           file=sys.stderr)  # fmt: skip
     rows = []
@@ -245,16 +262,16 @@ def main() -> None:
                 v.run(step, WARM_STEPS, device, timed=False)
                 v.run(step, args.steps, device, timed=True)
         none = statistics.mean(variants[0].steps_ms)
-        alone = {(v.system, v.defer): statistics.mean(v.steps_ms)
+        alone = {(v.system, v.mode): statistics.mean(v.steps_ms)
                  for v in variants if v.ranks == 1}  # fmt: skip
         for v in variants:
             ms = statistics.mean(v.steps_ms)
             rows.append({
                 "model": model, "system": v.system or "none", "ranks": v.ranks,
-                "feedback": "-" if v.system is None else "deferred" if v.defer else "sync",
+                "feedback": "-" if v.system is None else v.mode,
                 "global_batch": v.ranks * args.batch_size, "step_ms": ms,
                 "steps_ms": v.steps_ms, "control_ms": statistics.mean(v.control_ms),
-                "vs_r1_pct": 100 * (ms / alone.get((v.system, v.defer), np.nan) - 1),
+                "vs_r1_pct": 100 * (ms / alone.get((v.system, v.mode), np.nan) - 1),
                 "vs_none_pct": 100 * (ms / none - 1),
             })  # fmt: skip
         print(f"  {model} done", file=sys.stderr)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -54,14 +55,16 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
     capacity = loader.dataset.store.capacity_bytes
     record = {"epochs": [], "len": len(loader)}
     plans = hashlib.blake2b(digest_size=8)  # the global plans this rank made, served ids
-    plan = loader.planner._plan  # and hits of each, before it takes its shard
+    process = system.get("planner_process", False)
+    if not process:  # and hits of each, before it takes its shard
+        plan = loader.planner._plan
 
-    def recorded(*args):
-        p = plan(*args)
-        plans.update(p.ids.tobytes() + p.hits.tobytes() + p.admitted.tobytes())
-        return p
+        def recorded(*args):
+            p = plan(*args)
+            plans.update(p.ids.tobytes() + p.hits.tobytes() + p.admitted.tobytes())
+            return p
 
-    loader.planner._plan = recorded
+        loader.planner._plan = recorded
     for epoch in range(3):
         loader.set_epoch(epoch)
         announced = len(loader)
@@ -81,9 +84,14 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             batches += 1
             over += int(loader.dataset.store.used_bytes > capacity)
         c = loader.counters()
-        order = loader.planner._order
-        drawn = loader.planner.sampler.global_order(epoch)  # padded to whole shards
-        drawn = np.concatenate([drawn, np.resize(drawn, -drawn.size % world)])
+        if process:  # the planner's whole state (scores, residents, keys), from its process
+            state = loader.planner.state_dict()
+            plans.update(pickle.dumps((state["sampler"], state["policy"])))
+            order = drawn = np.frombuffer(plans.digest(), np.uint8)
+        else:
+            order = loader.planner._order
+            drawn = loader.planner.sampler.global_order(epoch)  # padded to whole shards
+            drawn = np.concatenate([drawn, np.resize(drawn, -drawn.size % world)])
         tiers = getattr(loader.dataset.store.inner, "local", None)
         if tiers is not None:  # node-local copies: the node's own LMDB, within the plan
             pooled = set(loader.dataset.store.inner.inner.list_keys())
@@ -101,7 +109,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
             "sync_calls": c["sync_calls"] - before["sync_calls"],
             "failures": c["store_failures"] - before["store_failures"],
-            "cached": hashlib.blake2b(
+            "cached": plans.hexdigest() if process else hashlib.blake2b(
                 loader.planner.policy.cached_ids().tobytes(), digest_size=8
             ).hexdigest(),
             "fixes": c["sync_fixes"] - before["sync_fixes"],
@@ -141,6 +149,9 @@ SYSTEMS = {
     # feedback learnt one batch later (as from a GPU), embeddings too
     "shade-deferred": {"policy": "app", "sampler": "shade", "defer_feedback": True},
     "spider-deferred": {"policy": "spider", "sampler": "spider", "defer_feedback": True},
+    # each rank's planner in a process of its own; those processes exchange among them
+    "shade-process": {"policy": "app", "sampler": "shade", "planner_process": True},
+    "icache-process": {"policy": "icache", "sampler": "iis", "planner_process": True},
 }
 
 
@@ -148,7 +159,8 @@ SYSTEMS = {
     ("name", "world"),
     [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
      ("shade-k4", 2), ("shade", 3),  # 3 ranks: 1,000 ids padded to whole shards
-     ("shade-deferred", 2), ("spider-deferred", 2)],
+     ("shade-deferred", 2), ("spider-deferred", 2), ("shade-process", 2),
+     ("icache-process", 3)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
@@ -175,7 +187,7 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         k = SYSTEMS[name].get("sync_every", 1)
         calls = epochs[0]["sync_calls"]
         assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
-    if name == "icache":  # one rank reads and loads the packages
+    if name.startswith("icache"):  # one rank reads and loads the packages
         assert records[0]["epochs"][-1]["package_reads"] > 0
         assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])
 

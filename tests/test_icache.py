@@ -514,6 +514,39 @@ def test_the_misses_refused_together_are_those_algorithm_1_refuses_one_by_one(
 
 
 @settings(max_examples=150, deadline=None)
+@given(*SMALL_CACHES, st.integers(0, 8))
+def test_residents_pinned_by_plans_in_flight_are_passed_as_algorithm_1_passes_them(
+    seed, cap, pkg, h_frac, pinned
+):
+    """Plans in flight pin the latest admissions, the least important residents: each
+    batch pins some residents (and other ids), decided by Algorithm 1's loop over every
+    position, where each admission pops a pinned resident at the top and puts it back;
+    the policy takes it out of the heap once for the batch. The same hits, admissions,
+    evictions and bytes, batch after batch, the pins released between them."""
+    n, rng, kw = _small_cache(seed, pkg)
+    kw["rebuild_per_batch"] = 10**6  # an H-list's heap is rebuilt at once: one heap
+    fast, slow = make_policy("icache", cap, **kw), OneByOne(cap, **kw)
+    for _ in range(3):
+        new = hints(rng.random(n) < h_frac, rng.integers(0, 6, n) / 6)
+        fast.apply_hints(new)
+        slow.apply_hints(new)
+        for _ in range(8):
+            kept = rng.permutation(fast.h_residents())[:pinned]
+            pins = np.concatenate([kept, rng.integers(0, n, 2)])
+            batch = rng.integers(0, n, 24)
+            results = []
+            for p in (fast, slow):
+                p.pin(pins)
+                results.append(p.access(batch))
+                p.pin(pins, -1)
+            a, b = results
+            for field in ("served", "hits", "admitted", "evicted", "substituted"):
+                assert np.array_equal(getattr(a, field), getattr(b, field)), field
+            assert fast.h_used == slow.h_used <= fast.h_capacity
+            assert np.isin(kept, fast.h_residents()).all()  # pinned: never evicted
+
+
+@settings(max_examples=150, deadline=None)
 @given(*SMALL_CACHES)
 def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg, h_frac):
     """The simulator's feeder loads a package in one step (``l_load_now``: no reservation,

@@ -25,6 +25,7 @@ stall. Every rank must make the same calls (iterate the loader, ``feedback``,
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 from dataclasses import replace
 from datetime import timedelta
@@ -65,6 +66,15 @@ class RankGroup:
         self.owned = group is None
         self.group = dist.new_group(backend="gloo", timeout=self.timeout) if self.owned else group
 
+    @classmethod
+    def over(cls, group, rank: int, world: int, timeout: timedelta) -> RankGroup:
+        """Ranks over a process group made directly (``ProcessGroupGloo``, not registered
+        with ``torch.distributed``: the planner processes', ``plan_process.py``)."""
+        self = cls.__new__(cls)
+        self._dist, self.group, self.owned = _Unregistered(), group, False
+        self.rank, self.world, self.timeout = rank, world, timeout
+        return self
+
     def _collective(self, name: str, fn, *args, **kwargs) -> None:
         try:
             fn(*args, group=self.group, **kwargs)
@@ -100,6 +110,44 @@ class RankGroup:
     def hosts(self) -> int:
         """How many machines the ranks run on (a collective)."""
         return len(set(self.all_gather(node_name())))
+
+
+class _Unregistered:
+    """``torch.distributed``'s object collectives that ``RankGroup`` calls, over a process
+    group that is not registered with it (the default group's registry belongs to the
+    process that forked this one): each object pickled to bytes, sizes exchanged first."""
+
+    @staticmethod
+    def all_gather_object(out: list, obj, group) -> None:
+        import torch
+
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in out]
+        group.allgather([sizes], [torch.tensor([data.numel()])]).wait()
+        longest = int(max(sizes))
+        bufs = [torch.empty(longest, dtype=torch.uint8) for _ in out]
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        group.allgather([bufs], [padded]).wait()
+        for i, (buf, size) in enumerate(zip(bufs, sizes, strict=True)):
+            out[i] = pickle.loads(buf[: int(size)].numpy().tobytes())
+
+    @staticmethod
+    def broadcast_object_list(box: list, src: int, group) -> None:
+        import torch
+
+        data = pickle.dumps(box[0]) if group.rank() == src else b""
+        size = torch.tensor([len(data)])
+        group.broadcast(size, src).wait()
+        buf = torch.zeros(int(size), dtype=torch.uint8)
+        if data:
+            buf[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        group.broadcast(buf, src).wait()
+        box[0] = pickle.loads(buf.numpy().tobytes())
+
+    @staticmethod
+    def barrier(group) -> None:
+        group.barrier().wait()
 
 
 def node_name() -> str:

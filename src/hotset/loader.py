@@ -41,6 +41,7 @@ from hotset.errors import (
 from hotset.feedback import DeferredFeedback, as_numpy
 from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
+from hotset.plan_process import PlannerProcess
 from hotset.policy import POLICIES
 from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
@@ -569,23 +570,9 @@ class HotsetLoader:
         ranks = getattr(self.planner, "ranks", None)
         if ranks is not None:
             ranks.barrier()  # every rank's writes of the epoch have landed
-        # the listing and the reconcile under the planner's lock: a package the feeder
-        # loads between them would be in the policy but not in the listing (and forgotten
-        # while the store keeps it), or an entry found extra would be loaded and deleted
-        with self.planner.lock:
-            held = None
-            if ranks is None or ranks.rank == 0:
-                try:
-                    held = self.dataset.ids_of(self.dataset.store.list_keys())
-                except HotsetError as exc:
-                    log.debug("cannot reconcile with the store: %s", exc)
-            if ranks is not None:
-                held = ranks.broadcast(held)
-            if held is None:
-                return
-            extra = self.planner.sync_with_store(held)
-            if ranks is None or ranks.rank == 0:
-                self._delete_extra(extra)
+        listed = self.planner.reconcile_store(self.dataset)
+        if listed and (ranks is None or ranks.rank == 0):
+            self._recount()
         self.dataset.store.trim_copies()  # each node drops copies the plan let go
 
     def _drop_staged(self) -> None:
@@ -599,12 +586,8 @@ class HotsetLoader:
         if stale:
             self.dataset.store.delete_many(stale)
 
-    def _delete_extra(self, extra: np.ndarray) -> None:
-        """Delete the store's entries the plan does not hold; recount the budget when
-        something may have moved it unseen."""
-        if extra.size:
-            log.info("deleting %d store entries the plan does not hold", extra.size)
-            self.dataset.store.delete_many([self.dataset.keys[i] for i in extra.tolist()])
+    def _recount(self) -> None:
+        """Recount the store's budget when something may have moved it unseen."""
         s, c = self.stats, self.planner.counters()
         drift = (s.store_failures, s.refused_puts, s.late_misses, c["phantoms"], c["sync_fixes"])
         if drift != self._drift:
@@ -764,6 +747,7 @@ def make_loader(
     readahead_bytes: Int | None = None,
     cache_decoded: bool = False,
     defer_feedback: bool | None = None,
+    planner_process: bool = False,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -815,6 +799,12 @@ def make_loader(
             of the same budget (``cache_fraction`` is of the encoded dataset's bytes;
             ``loader.budget`` shows bytes per sample both ways and how many samples
             fit). Samples must decode to one size (give ``size=``). hotset's option.
+        planner_process: plan in a process of its own (``plan_process.py``, Linux),
+            one batch ahead of the DataLoader's requests, so that the control plane runs
+            beside the training step on another core instead of on the training thread
+            (where, under many ranks and a short step, SHADE's and iCACHE's planning of
+            the global batch is as long as the step). Plans see feedback a batch later.
+            hotset's option.
         defer_feedback: ``feedback`` of a batch whose losses are on a GPU is learnt when
             the next batch's comes (default ``None``: so; ``True``: every batch's, also
             from the CPU; ``False``: each at once, waiting for its step to finish). The
@@ -890,31 +880,41 @@ def make_loader(
     # one dataset's entries: another job's planner on the same store never touches them
     namespace = dataset_namespace(storage.keys)
     store = NamespacedStore(store, namespace)
-    release = None
+    release = planner = None
     try:
         if ranks is None or ranks.rank == 0:  # one job: its ranks plan together
             release = store.claim()
-        pol = make_policy(
-            policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {})
-        )
         sampler_options = dict(sampler_options or {})
         if sampler_class(sampler).needs_labels:
             sampler_options.setdefault("labels", storage.labels)
         if sampler_options.get("shuffle") == "shards" and storage.extents is not None:
             sampler_options.setdefault("objects", storage.extents[0])  # the shard of each
-        smp = make_sampler(
-            sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
-            **sampler_options,
-        )  # fmt: skip
-        planner = Planner(
-            smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
-            package_dir=package_dir, ranks=ranks, sync_every=sync_every,
-            readahead_bytes=readahead, readahead_lead=max(num_workers, 1),
-        )  # fmt: skip
+
+        def plan_with(group: RankGroup | None) -> Planner:
+            pol = make_policy(
+                policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {})
+            )
+            smp = make_sampler(
+                sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
+                **sampler_options,
+            )  # fmt: skip
+            return Planner(
+                smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
+                package_dir=package_dir, ranks=group, sync_every=sync_every,
+                readahead_bytes=readahead, readahead_lead=max(num_workers, 1),
+            )  # fmt: skip
+
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error,
             max_skipped=max_skipped, collate_fn=collate_fn,
         )  # fmt: skip
+        if planner_process and not store.shared_across_processes:
+            raise ConfigError(
+                f"planner_process=True: store {type(store.inner).__name__} is private to one "
+                "process, and the planner's process reconciles with it (iCACHE's packager "
+                "writes to it): use a shared store ('shared' or a Redis URL)"
+            )
+        planner = PlannerProcess(plan_with, dataset, ranks) if planner_process else plan_with(ranks)
         fits = {
             "hotset": _version(), "dataset": namespace, "samples": len(storage),
             "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
@@ -930,6 +930,8 @@ def make_loader(
             budget=budget, defer_feedback=defer_feedback, **dataloader_kwargs,
         )  # fmt: skip
     except BaseException:
+        if planner is not None:
+            planner.close()
         _release(store, owns_store, release)  # nothing else ever will
         raise
 

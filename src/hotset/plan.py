@@ -8,6 +8,7 @@ to ``Dataset.__getitems__``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from hotset.distributed import RankGroup, shard
-from hotset.errors import ConfigError, RankError
+from hotset.errors import ConfigError, HotsetError, RankError
 from hotset.io.readahead import ReadAhead
 from hotset.io.requests import LatencyFit
 from hotset.policy.base import Policy
@@ -28,6 +29,8 @@ from hotset.sampling.draw import ShuffledAsRead
 if TYPE_CHECKING:
     from hotset.storage.base import Storage
     from hotset.store.base import Store
+
+log = logging.getLogger(__name__)
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
@@ -111,7 +114,7 @@ class PlanSource(Protocol):
     #: whether ``feedback`` needs the batch's embeddings (graph importance)
     wants_embeddings: bool
     #: whether it alone decides what this loader's store namespace holds (then the loader
-    #: hands it the store's contents to reconcile with, ``sync_with_store``)
+    #: has it reconcile with the store's contents at epoch boundaries, ``reconcile_store``)
     owns_cache: bool
 
     def set_epoch(self, epoch: int) -> None: ...
@@ -132,9 +135,10 @@ class PlanSource(Protocol):
         """The loader handed one more batch to the training loop: its plan has run, and
         ``report`` says what really happened."""
 
-    def sync_with_store(self, held: np.ndarray) -> np.ndarray:
-        """The ids the store holds at an epoch boundary: forget residents it lacks;
-        returns the entries it should not hold (to delete)."""
+    def reconcile_store(self, dataset) -> bool:
+        """Where it ``owns_cache``, at an epoch boundary: forget the residents
+        ``dataset``'s store lacks and delete the entries it should not hold (False: the
+        store could not be listed)."""
 
     def flush(self) -> None:
         """Apply what is pending (ranks' reports and feedback) before an epoch boundary."""
@@ -440,6 +444,31 @@ class Planner:
             extra = np.setdiff1d(np.setdiff1d(held, cached), writing)
             self.sync_fixes += len(forgotten) + extra.size
             return extra
+
+    def reconcile_store(self, dataset) -> bool:
+        """Reconcile with what ``dataset``'s store holds at an epoch boundary (every rank
+        at once): rank 0 (or the one job) lists it, every rank forgets the residents it
+        lacks (``sync_with_store``) and the lister deletes the entries the plan does not
+        hold. All under the lock: a package the feeder loads meanwhile would be in the
+        policy but not in the listing (forgotten while the store keeps it), or found
+        extra and deleted. False where the store could not be listed."""
+        lister = self.ranks is None or self.ranks.rank == 0
+        with self.lock:
+            held = None
+            if lister:
+                try:
+                    held = dataset.ids_of(dataset.store.list_keys())
+                except HotsetError as exc:
+                    log.debug("cannot reconcile with the store: %s", exc)
+            if self.ranks is not None:
+                held = self.ranks.broadcast(held)
+            if held is None:
+                return False
+            extra = self.sync_with_store(held)
+            if lister and extra.size:
+                log.info("deleting %d store entries the plan does not hold", extra.size)
+                dataset.store.delete_many([dataset.keys[i] for i in extra.tolist()])
+            return True
 
     def drain(self, timeout: float = 60.0) -> None:
         self.sampler.drain(timeout)

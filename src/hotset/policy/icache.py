@@ -38,7 +38,7 @@ import logging
 import random
 from bisect import bisect_left
 from collections import OrderedDict
-from heapq import heapreplace
+from heapq import heappop, heappush, heapreplace
 from itertools import islice
 
 import numpy as np
@@ -637,9 +637,12 @@ class ICachePolicy(Policy):
         self._where[i] = NONE
         self._evict_next.append(i)
 
-    def _admit_h(self, i: int) -> bool:
+    def _admit_h(self, i: int, parked: list[int] | None = None) -> bool:
         """Algorithm 1, lines 9-16: admit while there is room, else only by displacing
-        residents that are all less important than ``i`` (line 14)."""
+        residents that are all less important than ``i`` (line 14). ``parked``: where no
+        rebuild runs, the pinned residents met at the top are moved there (their heap
+        entries), out of the heap until the caller's batch is decided (pins change only
+        between batches), not popped and pushed back at each admission."""
         s, cap, sizes = self._sizes[i], self.h_capacity, self._sizes
         if s > cap:
             return False
@@ -648,11 +651,15 @@ class ICachePolicy(Policy):
         # its bytes once, and put back every popped entry if no room could be made
         popped: list[tuple[KeyedHeap, int, int]] = []
         victims: dict[int, None] = {}
+        park = parked is not None and self.shadow is None
         while self.h_used + s > cap:
             src = self._src()
             top = src.peek()
             if top is None or top[1] >= q:
                 break
+            if park and self.pinned[top[0]]:
+                parked.append(heappop(src.heap))  # (still a member: resident)
+                continue
             j = src.pop()
             popped.append((src, j, top[1]))
             if j not in victims and not self.pinned[j]:  # a pinned one is put back
@@ -695,6 +702,7 @@ class ICachePolicy(Policy):
             return np.zeros(0, np.int64), []
         take: list[int] = []
         turned: list[int] = []
+        parked: list[int] = []  # pinned residents out of the heap while the batch is walked
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
         level, size_of, pins = memoryview(self._level), self._sizes, memoryview(self.pinned)
@@ -708,19 +716,21 @@ class ICachePolicy(Policy):
                 if self.h_used + s > cap:
                     if s > cap or level[i] <= top:
                         continue  # refused at once, as above
-                    if heap is not None:  # ``top`` is the heap's first entry (peeked)
+                    if heap is not None and top >= 0:  # ``top``: the heap's first (peeked)
                         j = heap.heap[0] & heap.mask
                         if not pins[j] and self.h_used - size_of[j] + s <= cap:
                             self._replace_least(heap, j, i, s)
                             take.append(i)
                             top = self._least_level()
                             continue
-                if self._admit_h(i):
+                if self._admit_h(i, parked):
                     take.append(i)
                 top = self._least_level()
             else:
                 hits[p] = False
                 turned.append(p)
+        for k in parked:  # (no rebuild ran: there is one heap)
+            heappush(self.heap.heap, k)
         return np.array(take, np.int64), turned
 
     def _replace_least(self, heap: KeyedHeap, j: int, i: int, s: int) -> None:

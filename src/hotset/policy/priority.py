@@ -125,6 +125,11 @@ class PriorityPolicy(HeapPolicy):
         pins = memoryview(self.pinned) if self._holds[0] else None
         ties = self.evict_ties
         later: dict[int, list[int]] | None = None  # the starting residents' positions
+        # pinned residents met at the top: they cannot go while this batch is decided (pins
+        # change between batches), so each is taken out of the heap once, not popped and
+        # pushed back at every admission that passes it (plans in flight pin the latest
+        # admissions, the least important residents: thousands at 32 ranks)
+        parked: list[int] = []
         # ``todo`` grows as it is walked: a starting resident evicted before its turn is
         # put in order among the positions not walked yet (``turn``), and walked there
         for p in todo:
@@ -152,17 +157,15 @@ class PriorityPolicy(HeapPolicy):
                     used -= sizes[j]
                     victims = (top,)
                 else:  # ``top``: the least important resident, current, below i's level
-                    victims, held, before = [], None, used
+                    victims, before = [], used
                     while True:
                         heappop(h)
                         j = top & mask
-                        live[j] = -1
-                        count -= 1
-                        if pins is not None and pins[j]:  # a plan in flight reads/writes it
-                            if held is None:
-                                held = []
-                            held.append(top)
+                        if pins is not None and pins[j]:  # a plan in flight reads/writes it:
+                            parked.append(top)  # resident, out of the heap till the batch ends
                         else:
+                            live[j] = -1
+                            count -= 1
                             victims.append(top)
                             used -= sizes[j]
                             if used + s <= cap:
@@ -171,16 +174,12 @@ class PriorityPolicy(HeapPolicy):
                             heappop(h)  # stale entry
                         if not h or (v := top >> bits) > q or (v == q and not ties):
                             break  # the rest is worth more than i
-                    refused = used + s > cap
-                    if refused:  # every one taken goes back
-                        held = victims if held is None else held + victims
+                    if used + s > cap:  # refused: every one taken goes back
                         used = before
-                    if held is not None:
-                        for top in held:  # put back
+                        for top in victims:
                             live[top & mask] = top >> bits
                             heappush(h, top)
-                            count += 1
-                    if refused:
+                        count += len(victims)
                         continue
                     heappush(h, q << bits | i)
                     count += 1
@@ -197,6 +196,8 @@ class PriorityPolicy(HeapPolicy):
             live[i] = q
             used += s
             admitted.append(i)
+        for top in parked:
+            heappush(h, top)
         self.used = used
         heap.count = count
         heap.compact()

@@ -401,9 +401,9 @@ class RemotePlanner:
     def drain(self, timeout: float = 60.0) -> None:
         """Nothing: losses travel with the next plan request."""
 
-    def sync_with_store(self, held: np.ndarray) -> np.ndarray:
+    def reconcile_store(self, dataset) -> bool:
         """Nothing: the service reconciles the shared store."""
-        return held[:0]
+        return False
 
     def flush(self) -> None:
         """Nothing: each rank's plans come from the service."""
