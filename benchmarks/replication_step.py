@@ -12,7 +12,10 @@ the store's tracking of plans in flight, each plan's report reconciled as the lo
 does, and fed back R x B losses a step (the B this model computed at the rank's
 positions, the other ranks' simulated) through the loader's ``DeferredFeedback``: at once
 (``sync``: the loop waits for the step to finish, then plans) or one batch later
-(``deferred``, the default for losses on a GPU: the planning runs while the GPU works).
+(``deferred``, the default for losses on a GPU: the planning runs while the GPU works),
+or deferred to a planner in a process of its own (``process``: ``planner_process=True``,
+planning a batch ahead beside the step; the global plan and the global batch's
+feedback cross its pipe, where a real rank's carry its shard and its own losses).
 Not in it: the exchange between ranks (one all-gather a step whose bytes follow the
 batch: ``distributed_plan.py --ids`` measures it) and the data plane.
 
@@ -22,8 +25,8 @@ mid-training. Each model times an epoch of its own (the second, the third) at
 ``--rounds`` places spread over it, ``--steps`` each (the planner goes on to the next
 place untimed, with no training step): an epoch's cost changes along it (SHADE serves
 the cached samples first, then its misses, each an admission and an eviction with the
-cache full). The variants (no control plane at all; each system at each R, fed back at
-once and deferred) alternate within each round, so that the machine's drift falls on
+cache full). The variants (no control plane at all; each system at each R and each
+``--feedback`` way) alternate within each round, so that the machine's drift falls on
 all alike. Reported per variant: the step's mean over the rounds (the epoch's), the
 control plane's milliseconds per step (planning, feedback, reconciling: on the training
 thread), and the step against the same system and feedback at R=1 (what replication
@@ -104,8 +107,10 @@ class Variant:
     its own (``process``, ``planner_process=True``) (``system=None``: none)."""
 
     def __init__(self, system: str | None, ranks: int, mode: str, manifest,
-                 batch_size: int) -> None:  # fmt: skip
+                 batch_size: int, in_flight: int = 0) -> None:  # fmt: skip
         self.system, self.ranks, self.mode = system, ranks, mode
+        self.in_flight = in_flight  # plans taken ahead of the one trained (a prefetch)
+        self.ahead: deque = deque()
         self.steps_ms: list[float] = []
         self.control_ms: list[float] = []
         self.plans = None
@@ -131,16 +136,24 @@ class Variant:
         if epoch != self.epoch:
             if self.plans is not None:
                 self.plans.close()
+            self.ahead.clear()  # (an abandoned epoch's: the planner releases them)
             self.planner.set_epoch(epoch)
             self.epoch, self.plans, self.at = epoch, iter(self.planner), 0
             self.size = len(self.planner)
         target = int(share * (self.size - steps))
-        if target < self.at or self.size - self.at < steps:
+        if target < self.at or self.size - self.at - self.in_flight < steps:
             raise SystemExit(f"{self.name}: cannot time {steps} steps from {target} of an "
                              f"epoch of {self.size} at {self.at}: fewer --steps")  # fmt: skip
         while self.at < target:
-            self.untimed(next(self.plans), 1.5)
+            self.untimed(self.trained(), 1.5)
             self.at += 1
+
+    def trained(self):
+        """The next plan trained: ``in_flight`` plans after it are taken first, as a
+        DataLoader's prefetch takes them (their reads and writes pinned meanwhile)."""
+        while len(self.ahead) <= self.in_flight:
+            self.ahead.append(next(self.plans))
+        return self.ahead.popleft()
 
     def untimed(self, plan, progress: float) -> None:
         """A plan's report (every admission landed) and the global batch's feedback."""
@@ -173,7 +186,7 @@ class Variant:
         for _ in range(steps):
             c = time.perf_counter()
             if self.plans is not None:
-                plan = next(self.plans)
+                plan = self.trained()
                 self.planner.batch_consumed(PlanReport(stored=plan.admitted))
             control += time.perf_counter() - c
             losses = step()  # this rank's B losses, where the step computes them
@@ -228,6 +241,9 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--steps", type=int, default=15, help="timed steps per variant and round")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--in-flight", type=int, default=0,
+                    help="plans taken ahead of the one trained (a DataLoader's prefetch: "
+                         "num_workers x prefetch_factor)")  # fmt: skip
     ap.add_argument("--feedback", default="sync,deferred,process",
                     help="where and when the control plane learns: sync, deferred, "
                          "process (a planner process, deferred)")  # fmt: skip
@@ -244,7 +260,8 @@ def main() -> None:
     for system in args.systems.split(","):
         for r in map(int, args.ranks.split(",")):
             for mode in args.feedback.split(","):
-                variants.append(Variant(system, r, mode, manifest, args.batch_size))
+                variants.append(Variant(system, r, mode, manifest, args.batch_size,
+                                        args.in_flight))  # fmt: skip
     print(f"{len(variants)} control planes ready in {time.perf_counter() - t:.1f} s",
           file=sys.stderr)  # fmt: skip
     rows = []
@@ -284,7 +301,7 @@ def main() -> None:
         ("vs_none_pct", "+.1f"),
     ], meta={"device": name, "ids": args.ids, "batch_size_per_rank": args.batch_size,
              "image_size": args.image_size, "steps": args.steps,
-             "rounds": args.rounds})  # fmt: skip
+             "rounds": args.rounds, "in_flight": args.in_flight})  # fmt: skip
 
 
 if __name__ == "__main__":

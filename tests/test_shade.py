@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import heapq
 
 import numpy as np
 import pytest
@@ -176,7 +177,7 @@ V = [0.0] * 9  # the rest of an op's scores
     st.sampled_from([("pq", None), ("app", None), ("app", 0.5)]),
     st.lists(
         st.tuples(
-            st.sampled_from(["access", "access", "scores", "pin", "unpin"]),
+            st.sampled_from(["access", "access", "scores", "pin", "unpin", "save"]),
             st.lists(st.integers(0, 11), min_size=1, max_size=10),
             st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0]), min_size=12, max_size=12),
         ),
@@ -189,6 +190,19 @@ V = [0.0] * 9  # the rest of an op's scores
 @example(  # 0, a resident when the batch starts, is evicted by 2 before its turn: a miss
     ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
                    ("access", [2, 0], [0.0] * 12)], [1] * 12, 2,
+)  # fmt: skip
+@example(  # 0 is pinned and passed by 2's admission (1 goes), then a state is saved
+    ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
+                   ("pin", [0], [0.0] * 12), ("access", [2], [0.0] * 12),
+                   ("save", [0], [0.0] * 12), ("unpin", [0], [0.0] * 12),
+                   ("access", [3], [0.0] * 12)], [1] * 12, 2,
+)  # fmt: skip
+@example(  # 0 is pinned and passed by 2's admission (1 goes), released: it goes for 3
+    ("pq", None), [("scores", [0, 1, 2, 3], [1.0, 2.0, 3.0, 3.0, *V[:8]]),
+                   ("access", [0, 1], [0.0] * 12), ("pin", [0], [0.0] * 12),
+                   ("access", [2], [0.0] * 12), ("unpin", [0], [0.0] * 12),
+                   ("scores", [3], [4.0, *V, 0.0, 0.0]), ("access", [3], [0.0] * 12)],
+    [1] * 12, 2,
 )  # fmt: skip
 @example(  # 0 is pinned: 1, the next lowest, goes for 2
     ("pq", None), [("scores", [0, 1, 2], [1.0, 2.0, 3.0, *V]), ("access", [0, 1], [0.0] * 12),
@@ -212,7 +226,7 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
     misses are admitted at once): against the base loop driven by their steps
     (``_victim``, ``_level``), the same hits, admissions, evictions, bytes, residents and
     order of leaving, with repeats in a batch, residents evicted before their turn in it,
-    scores raised and lowered, ties, pins held and released."""
+    scores raised and lowered, ties, pins held and released, states saved meanwhile."""
     from hotset.policy.base import Policy
 
     name, ghost = policy
@@ -237,6 +251,11 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
             for p in (fast, slow):
                 p.pin(held[0], -1)
             held.pop(0)
+        elif op == "save":  # a saved state holds every resident, pinned ones too
+            saved = make_policy(name, capacity, sizes=np.asarray(sizes), **options)
+            order = leaving_order(fast)
+            saved.load_state_dict(fast.state_dict())
+            assert leaving_order(saved) == order == leaving_order(fast)
         elif op == "access":
             a, b = fast.access(ids), slow.access(ids)
             assert a.hits.tolist() == b.hits.tolist()
@@ -249,8 +268,11 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
 
 
 def leaving_order(policy) -> list[int]:
-    """The residents in the order a policy's heap would evict them."""
+    """The residents in the order a policy's heap would evict them (with those pinned
+    residents that are out of it while their plans run)."""
     heap = copy.deepcopy(policy._heap)
+    for k in getattr(policy, "_parked", {}).values():
+        heapq.heappush(heap.heap, k)
     return [heap.pop() for _ in range(len(heap))]
 
 

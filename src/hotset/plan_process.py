@@ -88,7 +88,11 @@ class PlannerProcess:
         self.planner_wait_s = 0.0
         self._closed = False
         self._finalizer = weakref.finalize(self, _stop, proc, self._conn)
-        self.wants_embeddings, readahead = self._call("facts")
+        try:
+            self.wants_embeddings, readahead = self._call("facts")
+        except BaseException:  # (it could not make the planner: the error names why)
+            self.close()
+            raise
         self.readahead = True if readahead else None  # (the loader drops what it staged)
 
     # -- the plans --------------------------------------------------------------------

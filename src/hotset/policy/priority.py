@@ -45,6 +45,39 @@ class PriorityPolicy(HeapPolicy):
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []  # (False for a sample larger than the cache)
+        # residents pinned by plans in flight that a miss met at the heap's top: id -> its
+        # entry, out of the heap until its plans are consumed (``pin``); they cannot go
+        # meanwhile, and plans in flight pin the latest admissions, the least important
+        # residents: thousands at the top at 32 ranks, passed once each, not at every
+        # admission of every batch
+        self._parked: dict[int, int] = {}
+
+    def pin(self, ids, delta: int = 1) -> None:
+        super().pin(ids, delta)
+        if delta < 0 and self._parked:  # those no plan holds now go back to the heap
+            ids = np.asarray(ids, np.int64)
+            parked, h = self._parked, self._heap.heap
+            for i in ids[self.pinned[ids] == 0].tolist():
+                if (k := parked.pop(i, None)) is not None:
+                    heappush(h, k)
+
+    def _unpark_all(self) -> None:
+        h = self._heap.heap
+        for k in self._parked.values():
+            heappush(h, k)
+        self._parked = {}
+
+    def state_dict(self) -> dict:
+        self._unpark_all()  # (the heap is whole in a saved state: no pin survives it)
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._parked = {}  # (its heap replaced the one they were taken from)
+
+    def hold_nothing(self) -> None:
+        super().hold_nothing()
+        self._parked = {}
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -125,11 +158,7 @@ class PriorityPolicy(HeapPolicy):
         pins = memoryview(self.pinned) if self._holds[0] else None
         ties = self.evict_ties
         later: dict[int, list[int]] | None = None  # the starting residents' positions
-        # pinned residents met at the top: they cannot go while this batch is decided (pins
-        # change between batches), so each is taken out of the heap once, not popped and
-        # pushed back at every admission that passes it (plans in flight pin the latest
-        # admissions, the least important residents: thousands at 32 ranks)
-        parked: list[int] = []
+        parked = self._parked
         # ``todo`` grows as it is walked: a starting resident evicted before its turn is
         # put in order among the positions not walked yet (``turn``), and walked there
         for p in todo:
@@ -162,7 +191,7 @@ class PriorityPolicy(HeapPolicy):
                         heappop(h)
                         j = top & mask
                         if pins is not None and pins[j]:  # a plan in flight reads/writes it:
-                            parked.append(top)  # resident, out of the heap till the batch ends
+                            parked[j] = top  # resident, out of the heap till it is released
                         else:
                             live[j] = -1
                             count -= 1
@@ -196,8 +225,6 @@ class PriorityPolicy(HeapPolicy):
             live[i] = q
             used += s
             admitted.append(i)
-        for top in parked:
-            heappush(h, top)
         self.used = used
         heap.count = count
         heap.compact()
