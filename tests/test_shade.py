@@ -447,3 +447,19 @@ def test_the_planner_serves_the_order_as_it_is_shuffled(system):
         order = sampler.global_order(epoch)
         assert np.array_equal(np.concatenate(served), order)
         assert np.array_equal(saved, order)
+
+
+def test_a_pinned_resident_passed_over_goes_back_once_its_pins_are_released_elsewhere():
+    """SpiderCache's importance cache counts its pins in the policy holding it
+    (``share_pins``): a resident passed over while pinned goes back into the heap once
+    that count is released, and is then the first to go."""
+    board = ScoreBoard(4)
+    board.update(np.arange(4), np.array([1.0, 2.0, 3.0, 4.0]), np.zeros(4))
+    holder, cache = make_policy("pq", 2, num_samples=4), make_policy("pq", 2, num_samples=4)
+    holder.share_pins(cache)
+    cache.attach_scores(board)
+    cache.access(np.array([0, 1]))
+    holder.pin(np.array([0]))
+    assert cache.access(np.array([2])).evicted.tolist() == [1]  # 0 is pinned: passed over
+    holder.pin(np.array([0]), -1)
+    assert cache.access(np.array([3])).evicted.tolist() == [0]  # released: the least goes

@@ -12,9 +12,9 @@ another core, beside the step; the training process only passes on what the loop
 reports and takes plans.
 
 Every call the loader makes reaches the child in the order it is made, and the child
-plans batch ``i + 1`` as soon as batch ``i`` is handed out (so a plan sees the feedback
-learnt by then, a batch earlier than in the training process): the same sequence of
-events on every rank, so the ranks' planners decide alike. Under ranks the children
+plans batch ``i + 1`` as soon as batch ``i`` is handed out: a plan is made a batch
+earlier than in the training process and sees the feedback learnt by then. The same
+sequence of events on every rank, so the ranks' planners decide alike. Under ranks the children
 form a gloo group of their own (over a TCP store that rank 0's training process serves)
 and make the planner's collectives there.
 """
@@ -55,9 +55,8 @@ class PlannerProcess:
     """A :class:`~hotset.plan.PlanSource` whose :class:`Planner` (made by ``build`` with
     the planner processes' ranks, ``None`` without) runs in a child process; ``dataset``
     is what it reconciles with the store at epoch boundaries (``None``: nothing), over a
-    store shared across processes. ``planner_wait_s`` counts
-    the time the training process waited for a plan (the planning that did not overlap
-    the step)."""
+    store shared across processes. ``planner_wait_s`` counts the time the training
+    process waited for a plan (the planning that did not overlap the step)."""
 
     owns_cache = True
 

@@ -46,20 +46,21 @@ class PriorityPolicy(HeapPolicy):
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []  # (False for a sample larger than the cache)
         # residents pinned by plans in flight that a miss met at the heap's top: id -> its
-        # entry, out of the heap until its plans are consumed (``pin``); they cannot go
-        # meanwhile, and plans in flight pin the latest admissions, the least important
-        # residents: thousands at the top at 32 ranks, passed once each, not at every
-        # admission of every batch
+        # entry, out of the heap until its plans are consumed; they cannot go meanwhile,
+        # and plans in flight pin the latest admissions, the least important residents:
+        # thousands at the top at 32 ranks, each taken out once, not at every admission
         self._parked: dict[int, int] = {}
 
-    def pin(self, ids, delta: int = 1) -> None:
-        super().pin(ids, delta)
-        if delta < 0 and self._parked:  # those no plan holds now go back to the heap
-            ids = np.asarray(ids, np.int64)
-            parked, h = self._parked, self._heap.heap
+    def _release_parked(self) -> None:
+        """Put the parked residents that no plan pins now back into the heap (checked
+        where evictions are next decided: the pins may be counted by a policy holding
+        this one, as SpiderCache's are)."""
+        parked = self._parked
+        if parked:
+            ids = np.fromiter(parked, np.int64, len(parked))
+            h = self._heap.heap
             for i in ids[self.pinned[ids] == 0].tolist():
-                if (k := parked.pop(i, None)) is not None:
-                    heappush(h, k)
+                heappush(h, parked.pop(i))
 
     def _unpark_all(self) -> None:
         h = self._heap.heap
@@ -104,6 +105,7 @@ class PriorityPolicy(HeapPolicy):
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Set a smaller capacity, evicting the lowest-scored residents to fit; returns them."""
         self.capacity_bytes = int(capacity_bytes)
+        self._release_parked()
         out, held = [], []
         while self.used > self.capacity_bytes:
             j = self._heap.take()
@@ -144,6 +146,7 @@ class PriorityPolicy(HeapPolicy):
         its entry's place: one sift, not a pop and a push); while the cache fills, all
         the batch's misses at once (``_admit_all``). The same decisions without a loop
         turn per hit nor a method call per step."""
+        self._release_parked()
         heap = self._heap
         start = heap.levels[self._batch] >= 0
         todo = np.flatnonzero(~start)
