@@ -372,6 +372,16 @@ class _ShadowBuiltAsInThePaper(icache_module.ICachePolicy):
             self.swaps += 1
 
 
+def accessed_while_pinned(policies, pins: np.ndarray, ids: np.ndarray) -> list:
+    """Each policy's access of ``ids`` while a plan in flight pins ``pins``."""
+    results = []
+    for p in policies:
+        p.pin(pins)
+        results.append(p.access(ids))
+        p.pin(pins, -1)
+    return results
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6), st.integers(4, 40), st.integers(1, 6))
 def test_the_shadow_filled_at_once_evicts_as_the_one_rebuilt_per_batch(seed, cap, per_batch):
@@ -391,12 +401,7 @@ def test_the_shadow_filled_at_once_evicts_as_the_one_rebuilt_per_batch(seed, cap
         for _ in range(rng.integers(1, 6)):
             pins = rng.integers(0, n, rng.integers(0, 4))
             ids = rng.integers(0, n, 6)
-            results = []
-            for p in (ours, paper):
-                p.pin(pins)
-                results.append(p.access(ids))
-                p.pin(pins, -1)
-            a, b = results
+            a, b = accessed_while_pinned((ours, paper), pins, ids)
             assert a.hits.tolist() == b.hits.tolist()
             assert a.admitted.tolist() == b.admitted.tolist()
             assert a.evicted.tolist() == b.evicted.tolist()
@@ -534,12 +539,7 @@ def test_residents_pinned_by_plans_in_flight_are_passed_as_algorithm_1_passes_th
             kept = rng.permutation(fast.h_residents())[:pinned]
             pins = np.concatenate([kept, rng.integers(0, n, 2)])
             batch = rng.integers(0, n, 24)
-            results = []
-            for p in (fast, slow):
-                p.pin(pins)
-                results.append(p.access(batch))
-                p.pin(pins, -1)
-            a, b = results
+            a, b = accessed_while_pinned((fast, slow), pins, batch)
             for field in ("served", "hits", "admitted", "evicted", "substituted"):
                 assert np.array_equal(getattr(a, field), getattr(b, field)), field
             assert fast.h_used == slow.h_used <= fast.h_capacity

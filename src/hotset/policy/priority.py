@@ -51,25 +51,19 @@ class PriorityPolicy(HeapPolicy):
         # thousands at the top at 32 ranks, each taken out once, not at every admission
         self._parked: dict[int, int] = {}
 
-    def _release_parked(self) -> None:
-        """Put the parked residents that no plan pins now back into the heap (checked
-        where evictions are next decided: the pins may be counted by a policy holding
-        this one, as SpiderCache's are)."""
+    def _release_parked(self, every: bool = False) -> None:
+        """Put the parked residents that no plan pins now (``every``: all of them) back
+        into the heap (checked where evictions are next decided: the pins may be counted
+        by a policy holding this one, as SpiderCache's are)."""
         parked = self._parked
         if parked:
             ids = np.fromiter(parked, np.int64, len(parked))
             h = self._heap.heap
-            for i in ids[self.pinned[ids] == 0].tolist():
+            for i in (ids if every else ids[self.pinned[ids] == 0]).tolist():
                 heappush(h, parked.pop(i))
 
-    def _unpark_all(self) -> None:
-        h = self._heap.heap
-        for k in self._parked.values():
-            heappush(h, k)
-        self._parked = {}
-
     def state_dict(self) -> dict:
-        self._unpark_all()  # (the heap is whole in a saved state: no pin survives it)
+        self._release_parked(every=True)  # (a saved state's heap is whole: no pin survives)
         return super().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
