@@ -129,6 +129,48 @@ def test_lfu_evicts_least_frequent():
     assert r.evicted.tolist() == [2] and r.admitted.tolist() == [3]
 
 
+@pytest.mark.parametrize("name", ["lfu", "belady"])  # (pq, sh_pq: test_shade.py)
+@settings(max_examples=60, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 19), min_size=20, max_size=300),
+    sizes=size_lists,
+    capacity=st.integers(20, 200),  # a few residents: the pinned ones are often victims
+    pins=st.data(),
+)
+def test_heap_policies_hold_pinned_victims_as_putting_them_back_decides(
+    name, seq, sizes, capacity, pins
+):
+    """A heap policy's base loop holds a pinned victim out of its heap until a batch finds
+    it unpinned (``KeyedHeap.hold``): the decisions of the loop that puts each back after
+    every admission, with plans in flight pinning what they read, held for two batches."""
+    from hotset.policy.base import Policy
+
+    fast = make_policy(name, capacity, sizes=sizes)
+    slow = make_policy(name, capacity, sizes=sizes)
+    slow.__class__ = type("PutBack", (type(slow),), {"_park": Policy._park})
+    for p in (fast, slow):
+        if p.needs_future:
+            p.set_future(np.asarray(seq))
+    in_flight: list[list[int]] = []
+    for lo in range(0, len(seq), 7):
+        ids = seq[lo : lo + 7]
+        a, b = fast.access(ids), slow.access(ids)
+        assert a.hits.tolist() == b.hits.tolist()
+        assert a.admitted.tolist() == b.admitted.tolist()
+        assert a.evicted.tolist() == b.evicted.tolist()
+        assert not fast.pinned[a.evicted].any()
+        assert fast.used == slow.used <= capacity
+        assert fast.cached_ids().tolist() == slow.cached_ids().tolist()
+        held = sorted(set(ids) | set(pins.draw(st.lists(st.integers(0, 19), max_size=5))))
+        for p in (fast, slow):
+            p.pin(held)
+        in_flight.append(held)
+        if len(in_flight) > 2 or pins.draw(st.booleans()):
+            done = in_flight.pop(0)
+            for p in (fast, slow):
+                p.pin(done, -1)
+
+
 def test_random_is_seeded():
     seq = np.random.default_rng(0).integers(0, 50, 500)
     a = make_policy("random", 10, sizes=np.ones(50, np.int64), seed=5).access(seq).hits
@@ -246,6 +288,9 @@ HEAP_OPS = st.lists(
         st.tuples(st.just("add"), st.sets(st.integers(0, 63), max_size=12), st.integers(0, 9)),
         st.tuples(st.just("remove"), st.sets(st.integers(0, 63), max_size=12)),
         st.tuples(st.just("copy")),
+        st.tuples(st.just("pin"), st.sets(st.integers(0, 63), max_size=12)),
+        st.tuples(st.just("release"), st.sets(st.integers(0, 63), max_size=12)),
+        st.tuples(st.just("evict")),
     ),
     max_size=80,
 )
@@ -261,6 +306,10 @@ HEAP_OPS = st.lists(
 @example(  # a push that changes nothing leaves the dropped id's entry (CI found it)
     [("push", 0, 0), ("push", 1, 0), ("drop", 0), ("push", 1, 0)], 64, -(1 << 20), np.int64
 )
+@example(  # 0 and 1 pinned, held by the first eviction, passed by the second; 0 released
+    [("push", 0, 0), ("push", 1, 1), ("push", 2, 2), ("push", 3, 3), ("pin", {0, 1}),
+     ("evict",), ("evict",), ("release", {0}), ("evict",), ("copy",)], 64, 1024, np.int64,
+)  # fmt: skip
 def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype):
     """Every operation leaves the heap's members and levels those of a plain dict, and
     pops come out by (level, id); with a negative slack every push that changes a level
@@ -268,14 +317,24 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
     at once, or one at a time where they pass int64), and a copy (as a checkpoint makes)
     holds the same; int32 levels (iCACHE's) too. ``in_order`` lists the members as pops
     would give them, ``add`` makes many members at once (into an empty heap or not), and
-    ``remove`` drops many at once (given the rest in order, or not)."""
+    ``remove`` drops many at once (given the rest in order, or not). Pinned members that
+    an eviction takes are held (members still) and never evicted; takes and pops pass
+    only pinned members; released, they are evicted in their turn again."""
     import copy
 
     from hotset.policy.keyed_heap import KeyedHeap
 
-    h, ref = KeyedHeap(num_ids, dtype), {}
+    h, ref, pinned = KeyedHeap(num_ids, dtype), {}, set()
     h.slack = slack
     top = np.iinfo(dtype).max
+
+    def passing_pinned_only(got: list[int]) -> None:
+        order, at = sorted(ref, key=lambda i: (ref[i], i)), 0
+        for i in got:
+            k = order.index(i, at)
+            assert pinned.issuperset(order[at:k]), (got, order, pinned)
+            at = k + 1
+
     for op in ops:
         compacted = op[0] == "rekey"
         if op[0] == "push":
@@ -285,14 +344,16 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
         elif op[0] == "drop":
             h.drop(op[1])
             ref.pop(op[1], None)
-        elif op[0] == "pop" and ref:
-            low = min(ref, key=lambda i: (ref[i], i))
-            assert h.pop() == low
+        elif op[0] == "pop" and h.peek() is None:
+            assert pinned.issuperset(ref)  # every member held
+        elif op[0] == "pop":
+            low = h.pop()
+            passing_pinned_only([low])
             del ref[low]
         elif op[0] in ("put back", "settle"):
             taken = [h.take() for _ in range(op[1])]
             taken = [i for i in taken if i >= 0]
-            assert taken == sorted(ref, key=lambda i: (ref[i], i))[: len(taken)]
+            passing_pinned_only(taken)
             if op[0] == "put back":
                 h.put_back(taken)
             else:
@@ -320,12 +381,27 @@ def test_keyed_heap_holds_what_a_dict_of_levels_would(ops, num_ids, slack, dtype
                 del ref[i]
         elif op[0] == "copy":
             h = copy.deepcopy(h)
+        elif op[0] == "pin":
+            pinned |= op[1] & ref.keys()
+        elif op[0] == "release":
+            pinned -= op[1]
+            pins = np.zeros(num_ids, np.int32)
+            pins[list(pinned)] = 1
+            h.release(pins)
+        elif op[0] == "evict":  # as a policy's eviction: pinned members taken are held
+            low = min((i for i in ref if i not in pinned), key=lambda i: (ref[i], i), default=-1)
+            while (j := h.take()) in pinned:
+                h.hold(j)
+            assert j == low and not h._taken.keys() & pinned
+            h.settle()
+            ref.pop(j, None)
         assert len(h) == len(ref) and h.members().tolist() == sorted(ref)
         assert h.in_order().tolist() == sorted(ref, key=lambda i: (ref[i], i))
         assert [h.live[i] for i in sorted(ref)] == [ref[i] for i in sorted(ref)]
         if slack < 0 and compacted:  # no stale entry left
             assert sorted(h.heap) == sorted(h.key(i, level) for i, level in ref.items())
         assert all((i in h) == (i in ref) for i in range(64))
+    h.release()
     assert [h.pop() for _ in range(len(ref))] == sorted(ref, key=lambda i: (ref[i], i))
     assert h.peek() is None
 

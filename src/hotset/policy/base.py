@@ -151,6 +151,11 @@ class Policy(ABC):
     def _restore(self, victims: list[int]) -> None:  # noqa: B027 - optional hook
         """Put back ``victims`` removed by ``_victim`` for an admission that failed."""
 
+    def _park(self, j: int) -> None:  # noqa: B027 - optional hook
+        """``j``, removed by ``_victim``, is pinned: keep it resident and out of the
+        victims' order until its pins are released (a heap policy's ``KeyedHeap.hold``).
+        Not overridden: it is put back (``_restore``) once the admission is decided."""
+
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
     ) -> None:
@@ -164,6 +169,7 @@ class Policy(ABC):
         on_hit = self._on_hit if cls._on_hit is not base._on_hit else None
         wants = self._wants if cls._wants is not base._wants else None
         victim = self._victim if cls._victim is not base._victim else None
+        park = self._park if cls._park is not base._park else None
         pinned = self.pinned if self._holds[0] else None
         for p, i in enumerate(ids):
             if on_hit(p, i) if on_hit else (live[i] >= 0 if live is not None else i in resident):
@@ -182,7 +188,10 @@ class Policy(ABC):
                     if j < 0:
                         break
                     if pinned is not None and pinned[j]:  # a plan in flight reads/writes it
-                        held.append(j)
+                        if park is None:
+                            held.append(j)
+                        else:
+                            park(j)
                         continue
                     victims.append(j)
                     used -= sizes[j]

@@ -38,7 +38,7 @@ import logging
 import random
 from bisect import bisect_left
 from collections import OrderedDict
-from heapq import heappop, heappush, heapreplace
+from heapq import heappop, heapreplace
 from itertools import islice
 
 import numpy as np
@@ -637,12 +637,11 @@ class ICachePolicy(Policy):
         self._where[i] = NONE
         self._evict_next.append(i)
 
-    def _admit_h(self, i: int, parked: list[int] | None = None) -> bool:
+    def _admit_h(self, i: int) -> bool:
         """Algorithm 1, lines 9-16: admit while there is room, else only by displacing
-        residents that are all less important than ``i`` (line 14). ``parked``: where no
-        rebuild runs, the pinned residents met at the top are moved there (their heap
-        entries), out of the heap until the caller's batch is decided (pins change only
-        between batches), not popped and pushed back at each admission."""
+        residents that are all less important than ``i`` (line 14). Where no rebuild
+        runs, a pinned resident met at the top is held out of the heap until its plans
+        have run (``KeyedHeap.park``), not popped and pushed back at each admission."""
         s, cap, sizes = self._sizes[i], self.h_capacity, self._sizes
         if s > cap:
             return False
@@ -651,14 +650,14 @@ class ICachePolicy(Policy):
         # its bytes once, and put back every popped entry if no room could be made
         popped: list[tuple[KeyedHeap, int, int]] = []
         victims: dict[int, None] = {}
-        park = parked is not None and self.shadow is None
+        park = self.shadow is None
         while self.h_used + s > cap:
             src = self._src()
             top = src.peek()
             if top is None or top[1] >= q:
                 break
             if park and self.pinned[top[0]]:
-                parked.append(heappop(src.heap))  # (still a member: resident)
+                src.park(heappop(src.heap))  # (still a member: resident)
                 continue
             j = src.pop()
             popped.append((src, j, top[1]))
@@ -702,7 +701,6 @@ class ICachePolicy(Policy):
             return np.zeros(0, np.int64), []
         take: list[int] = []
         turned: list[int] = []
-        parked: list[int] = []  # pinned residents out of the heap while the batch is walked
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
         now, is_h = memoryview(self._where), memoryview(self.is_h)
         level, size_of, pins = memoryview(self._level), self._sizes, memoryview(self.pinned)
@@ -723,14 +721,12 @@ class ICachePolicy(Policy):
                             take.append(i)
                             top = self._least_level()
                             continue
-                if self._admit_h(i, parked):
+                if self._admit_h(i):
                     take.append(i)
                 top = self._least_level()
             else:
                 hits[p] = False
                 turned.append(p)
-        for k in parked:  # (no rebuild ran: there is one heap)
-            heappush(self.heap.heap, k)
         return np.array(take, np.int64), turned
 
     def _replace_least(self, heap: KeyedHeap, j: int, i: int, s: int) -> None:
@@ -789,6 +785,7 @@ class ICachePolicy(Policy):
 
     def access(self, ids) -> AccessResult:
         ids = np.asarray(ids, np.int64)
+        self.heap.release(self.pinned)  # (pins change between batches)
         where, hot = self._where[ids], self.is_h[ids]
         served, hits, sub = ids.copy(), where != NONE, np.zeros(ids.size, bool)
         admitted = np.zeros(0, np.int64)

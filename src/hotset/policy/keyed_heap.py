@@ -12,6 +12,16 @@ top and dropped all at once when they outnumber the live ones by more than a sla
 1/64 of the ids (one compaction rule for all: a compaction scans every id's level, and
 the slack keeps that scan below 0.1 us per stale entry dropped while the heap is small,
 at 8.7 MB of stale entries at 14M ids). Levels are >= 0.
+
+A member that a plan in flight pins cannot be evicted, yet plans in flight pin the latest
+admissions, which are often the lowest levels: an eviction that popped each pinned one
+and pushed it back would pass thousands of them at every admission (32 ranks x 256 with
+a DataLoader's prefetch: LFU's epoch took over 15 minutes instead of 9 s). ``hold`` (and
+``park`` for the loops that pop entries themselves) keeps such a member's entry out of
+the heap, still a member, until ``release`` finds it unpinned, which the policies call
+where evictions are next decided (a batch, a shrink): each is passed once. A rebuild of
+the heap (a compaction, ``rekey_all``, ``remove``) and a saved copy hold every member's
+entry again.
 """
 
 from __future__ import annotations
@@ -44,17 +54,25 @@ class KeyedHeap:
         self.live = memoryview(self.levels)  # the same, a Python int per read
         self.count = 0  # members
         self._taken: dict[int, int] = {}  # id -> key, popped for an admission not decided
+        self._parked: dict[int, int] = {}  # id -> key, pinned members out of the heap
         self.slack = max(type(self).slack, num_ids >> 6)  # see the module's docstring
 
     #: stale entries tolerated beyond the live ones before a compaction (at least)
     slack = 1024
 
     def __getstate__(self) -> dict:
-        """Its state without the memoryview (a copy, a checkpoint)."""
-        return {k: v for k, v in vars(self).items() if k != "live"}
+        """Its state without the memoryview (a copy, a checkpoint), the held entries back
+        in the heap (no pin outlives a restart)."""
+        state = {k: v for k, v in vars(self).items() if k != "live"}
+        if self._parked:
+            heap = self.heap + list(self._parked.values())
+            heapq.heapify(heap)
+            state.update(heap=heap, _parked={})
+        return state
 
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
+        self._parked = {}  # (a saved state holds none)
         keys = state.get("live")
         if isinstance(keys, dict):  # saved before ``levels`` were: id -> key
             if not (isinstance(self.bits, int) and 0 < self.bits <= 40):
@@ -137,6 +155,7 @@ class KeyedHeap:
         else:
             rest = np.asarray(rest, np.int64)
             self.heap = self._keys(rest, self.levels[rest])  # ascending: a heap
+            self._parked.clear()
 
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` is a member."""
@@ -149,6 +168,7 @@ class KeyedHeap:
         ids, levels = self.members(), np.asarray(levels, np.int64)
         self.levels[ids] = levels
         self.heap = self._keys(ids, levels, ordered=True)
+        self._parked.clear()  # (every member's entry is in the heap)
 
     def add(self, ids: np.ndarray, levels: np.ndarray) -> None:
         """Make ``ids`` (distinct, none a member) members with ``levels``, at once: one
@@ -209,11 +229,38 @@ class KeyedHeap:
         return i
 
     def put_back(self, ids) -> None:
-        """These taken ``ids`` are members again (the admission failed, or they are
-        pinned)."""
+        """These taken ``ids`` are members again (the admission failed)."""
         for i in ids:
             k = self._taken.pop(i)
             self.push(i, k >> self.bits)
+
+    def hold(self, i: int) -> None:
+        """Taken ``i`` is pinned: a member again, its entry held out of the heap until
+        ``release`` finds it unpinned."""
+        k = self._taken.pop(i)
+        self.live[i] = k >> self.bits
+        self.count += 1
+        self._parked[i] = k
+
+    def park(self, key: int) -> None:
+        """A pinned member's entry, popped from ``heap`` by the caller's own loop, held
+        out of it (still a member) until ``release``."""
+        self._parked[key & self.mask] = key
+
+    def release(self, pinned: np.ndarray | None = None) -> None:
+        """Put the held entries of members that ``pinned`` (pins per id; ``None``: none)
+        no longer pins back into the heap (those of ids gone since are dropped)."""
+        parked = self._parked
+        if not parked:
+            return
+        ids = np.fromiter(parked, np.int64, len(parked))
+        if pinned is not None:
+            ids = ids[pinned[ids] == 0]
+        heap, live, bits = self.heap, self.live, self.bits
+        for i in ids.tolist():
+            k = parked.pop(i)
+            if live[i] == k >> bits:
+                heapq.heappush(heap, k)
 
     def settle(self) -> None:
         """The admission succeeded: the victims taken for it are gone for good."""
@@ -230,6 +277,7 @@ class KeyedHeap:
         levels: about 15 ms at 14M ids)."""
         ids = self.members()
         self.heap = self._keys(ids, self.levels[ids], ordered=True)
+        self._parked.clear()
 
     def __contains__(self, i: int) -> bool:
         return self.live[i] >= 0
@@ -264,8 +312,15 @@ class HeapPolicy(Policy):
     def _level(self, p: int, i: int) -> int:
         raise TypeError(f"{type(self).__name__} must give _level")
 
+    def access(self, ids):
+        self._heap.release(self.pinned)  # (pins change between batches)
+        return super().access(ids)
+
     def _restore(self, victims: list[int]) -> None:
         self._heap.put_back(victims)
+
+    def _park(self, j: int) -> None:
+        self._heap.hold(j)
 
     def _remove(self, i: int) -> None:
         self._heap.drop(i)

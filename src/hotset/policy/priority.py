@@ -45,34 +45,6 @@ class PriorityPolicy(HeapPolicy):
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []  # (False for a sample larger than the cache)
-        # residents pinned by plans in flight that a miss met at the heap's top: id -> its
-        # entry, out of the heap until its plans are consumed; they cannot go meanwhile,
-        # and plans in flight pin the latest admissions, the least important residents:
-        # thousands at the top at 32 ranks, each taken out once, not at every admission
-        self._parked: dict[int, int] = {}
-
-    def _release_parked(self, every: bool = False) -> None:
-        """Put the parked residents that no plan pins now (``every``: all of them) back
-        into the heap (checked where evictions are next decided: the pins may be counted
-        by a policy holding this one, as SpiderCache's are)."""
-        parked = self._parked
-        if parked:
-            ids = np.fromiter(parked, np.int64, len(parked))
-            h = self._heap.heap
-            for i in (ids if every else ids[self.pinned[ids] == 0]).tolist():
-                heappush(h, parked.pop(i))
-
-    def state_dict(self) -> dict:
-        self._release_parked(every=True)  # (a saved state's heap is whole: no pin survives)
-        return super().state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self._parked = {}  # (its heap replaced the one they were taken from)
-
-    def hold_nothing(self) -> None:
-        super().hold_nothing()
-        self._parked = {}
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -99,19 +71,19 @@ class PriorityPolicy(HeapPolicy):
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Set a smaller capacity, evicting the lowest-scored residents to fit; returns them."""
         self.capacity_bytes = int(capacity_bytes)
-        self._release_parked()
-        out, held = [], []
+        heap = self._heap
+        heap.release(self.pinned)
+        out = []
         while self.used > self.capacity_bytes:
-            j = self._heap.take()
+            j = heap.take()
             if j < 0:
                 break  # what is left is pinned: it goes once its plans have run
             if self.pinned[j]:
-                held.append(j)
+                heap.hold(j)
                 continue
             self.used -= self._sizes[j]
             out.append(j)
-        self._heap.put_back(held)
-        self._heap.settle()
+        heap.settle()
         return out
 
     def _may_replace(self, ids: np.ndarray) -> np.ndarray:
@@ -140,7 +112,6 @@ class PriorityPolicy(HeapPolicy):
         its entry's place: one sift, not a pop and a push); while the cache fills, all
         the batch's misses at once (``_admit_all``). The same decisions without a loop
         turn per hit nor a method call per step."""
-        self._release_parked()
         heap = self._heap
         start = heap.levels[self._batch] >= 0
         todo = np.flatnonzero(~start)
@@ -155,7 +126,6 @@ class PriorityPolicy(HeapPolicy):
         pins = memoryview(self.pinned) if self._holds[0] else None
         ties = self.evict_ties
         later: dict[int, list[int]] | None = None  # the starting residents' positions
-        parked = self._parked
         # ``todo`` grows as it is walked: a starting resident evicted before its turn is
         # put in order among the positions not walked yet (``turn``), and walked there
         for p in todo:
@@ -188,7 +158,7 @@ class PriorityPolicy(HeapPolicy):
                         heappop(h)
                         j = top & mask
                         if pins is not None and pins[j]:  # a plan in flight reads/writes it:
-                            parked[j] = top  # resident, out of the heap till it is released
+                            heap.park(top)  # resident, out of the heap till it is released
                         else:
                             live[j] = -1
                             count -= 1
