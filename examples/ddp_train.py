@@ -5,6 +5,7 @@
 Each rank draws the same global list (every rank's losses are shared), serves its shard
 with the same batch count, and all ranks pool one cache: ``--store shared`` on one node,
 ``--store shared+redis+cluster://host:port`` across nodes (node copies in front of a Redis Cluster).
+``--planner-process`` plans in a process of its own per rank (Linux), beside the step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("--store", default="shared")
     ap.add_argument("--system", default="shade", help="shade, icache, spider, lru, minio, ...")
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--planner-process", action="store_true",
+                    help="plan in a process of its own, a batch ahead (hotset's option)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" on GPUs: hotset keeps a gloo group of its own
@@ -32,6 +35,7 @@ def main() -> None:
     loader = hotset.make_loader(  # ranks, shards and the shared store come from the group
         storage, batch_size=64, system=args.system,
         cache_fraction=0.2, store=args.store, num_workers=2,
+        planner_process=args.planner_process,
     )  # fmt: skip
     model = nn.parallel.DistributedDataParallel(TinyCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -46,7 +50,8 @@ def main() -> None:
         c = loader.counters()
         if dist.get_rank() == 0:
             print(f"epoch {epoch}: {len(loader)} batches per rank, hits {c['hits']}, "
-                  f"misses {c['misses']}, sync {c['sync_s']:.2f} s")  # fmt: skip
+                  f"misses {c['misses']}, sync {c['sync_s']:.2f} s, "
+                  f"waited for plans {c.get('planner_wait_s', 0.0):.2f} s")  # fmt: skip
     dist.barrier()  # every rank done before any tears its process group down
     loader.close()
     dist.destroy_process_group()

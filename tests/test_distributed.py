@@ -271,7 +271,9 @@ def test_two_nodes_keep_local_copies_over_a_pooled_cluster(fmnist_dir, tmp_path,
     assert abs(hits / (2 * n) - CAPACITY_FRACTION) < 0.02  # MinIO at C over both nodes
 
 
-def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path):
+@pytest.mark.parametrize("options", [[], ["--planner-process"]], ids=["default", "process"])
+def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path, options):
+    import re
     import subprocess
     import sys
 
@@ -280,11 +282,13 @@ def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--log-dir", str(tmp_path / "torchrun"),  # (not a new directory in /tmp per run)
          str(root / "examples" / "ddp_train.py"), "--data", str(fmnist_dir / "train"),
-         "--epochs", "2"],
+         "--epochs", "2", *options],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "epoch 1: 8 batches per rank" in out.stdout
+    hits = [int(h) for h in re.findall(r"hits (\d+)", out.stdout)]
+    assert len(hits) == 2 and hits[1] > hits[0], out.stdout  # the second epoch hits
 
 
 def _service_rank(rank: int, world: int, init: str, address: str, data: str, out: str) -> None:
