@@ -240,7 +240,7 @@ class KeyedHeap:
         k = self._taken.pop(i)
         self.live[i] = k >> self.bits
         self.count += 1
-        self._parked[i] = k
+        self.park(k)
 
     def park(self, key: int) -> None:
         """A pinned member's entry, popped from ``heap`` by the caller's own loop, held
