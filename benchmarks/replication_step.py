@@ -79,26 +79,56 @@ def make_net(name: str, device: torch.device) -> torch.nn.Module:
     return net.to(device, memory_format=torch.channels_last)
 
 
-def warmed_planner(system: str, ranks: int, manifest, batch_size: int) -> Planner:
+def warmed_planner(
+    system: str, ranks: int, manifest, batch_size: int, ahead: int = 0, **policy_options
+) -> Planner:
     """``system``'s planner of global batches as a rank of ``ranks`` makes them, its
-    first epoch planned until the cache is full, every id scored."""
+    first epoch planned until the cache is full (each plan consumed and fed back
+    ``ahead`` plans after it was taken, as under a DataLoader's prefetch), every id
+    scored."""
     sysdef = resolve_system(system)
-    s_opts, p_opts = _deterministic(sysdef.sampler, sysdef.policy, sysdef.sampler_options, {})
+    s_opts, p_opts = _deterministic(sysdef.sampler, sysdef.policy, sysdef.sampler_options,
+                                    policy_options)  # fmt: skip
     n = len(manifest)
     policy = make_policy(sysdef.policy, int(0.1 * manifest.total_bytes),
                          sizes=manifest.sizes, seed=0, **p_opts)  # fmt: skip
     sampler = make_sampler(sysdef.sampler, n, seed=0, **s_opts)
     planner = Planner(sampler, policy, batch_size * ranks, store=MemoryStore(1))
     planner.set_epoch(0)
+    prefetch = Prefetch(planner, ahead, 0.5)
     plans = iter(planner)
     for plan in plans:
-        planner.batch_consumed(PlanReport(stored=plan.admitted))
-        planner.feedback(plan.ids, losses_of(plan.ids, 0.5))
+        prefetch.take(plan)
         if fullness(policy) >= 0.99:
             break
+    prefetch.drain()
     plans.close()
     score_all(sampler, n)
     return planner
+
+
+class Prefetch:
+    """Plans taken ahead of the one trained, as by a DataLoader's prefetch: each is
+    consumed (its report, and losses at ``progress`` fed back) ``ahead`` plans after it
+    was taken."""
+
+    def __init__(self, planner: Planner, ahead: int, progress: float) -> None:
+        self.planner, self.ahead, self.progress = planner, ahead, progress
+        self.taken: deque = deque()
+
+    def take(self, plan) -> None:
+        self.taken.append(plan)
+        while len(self.taken) > self.ahead:
+            self._consume()
+
+    def drain(self) -> None:
+        while self.taken:
+            self._consume()
+
+    def _consume(self) -> None:
+        old = self.taken.popleft()
+        self.planner.batch_consumed(PlanReport(stored=old.admitted))
+        self.planner.feedback(old.ids, losses_of(old.ids, self.progress))
 
 
 class Variant:

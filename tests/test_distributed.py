@@ -114,6 +114,10 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             ).hexdigest(),
             "fixes": c["sync_fixes"] - before["sync_fixes"],
             "package_reads": c.get("package_storage_reads", 0),
+            # the ids in flight the planner counted, and iCACHE's L bytes beside them
+            "in_flight": None if process else [
+                int(getattr(loader.planner.policy, k, 0)) for k in ("in_flight_ids", "_l_in_flight")
+            ],
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
@@ -145,6 +149,8 @@ SYSTEMS = {
     "shade": {"policy": "app", "sampler": "shade"},
     "shade-k4": {"policy": "app", "sampler": "shade", "sync_every": 4},
     "icache": {"policy": "icache", "sampler": "iis"},
+    # a first L-cache small enough that the plans in flight size it (``l_in_flight``)
+    "icache-in-flight": {"policy": "icache", "sampler": "iis", "policy_options": {"h_share": 0.95}},
     "spider": {"policy": "spider", "sampler": "spider"},
     # feedback learnt one batch later (as from a GPU), embeddings too
     "shade-deferred": {"policy": "app", "sampler": "shade", "defer_feedback": True},
@@ -160,7 +166,7 @@ SYSTEMS = {
     [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
      ("shade-k4", 2), ("shade", 3),  # 3 ranks: 1,000 ids padded to whole shards
      ("shade-deferred", 2), ("spider-deferred", 2), ("shade-process", 2),
-     ("icache-process", 3)],
+     ("icache-process", 3), ("icache-in-flight", 2)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
@@ -187,9 +193,13 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         k = SYSTEMS[name].get("sync_every", 1)
         calls = epochs[0]["sync_calls"]
         assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
+        assert len({str(ep["in_flight"]) for ep in epochs}) == 1  # counted alike
     if name.startswith("icache"):  # one rank reads and loads the packages
         assert records[0]["epochs"][-1]["package_reads"] > 0
         assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])
+    if name == "icache-in-flight":  # two plans of 2 x 25 in flight size the L-cache
+        assert records[0]["epochs"][-1]["in_flight"][0] == 100
+        assert records[0]["epochs"][-1]["in_flight"][1] > 0
 
 
 def test_a_pooled_cache_hits_as_one_process_with_the_same_cache(fmnist_dir, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from hotset.errors import ConfigError, CorruptSampleError
 from hotset.loader import make_loader
 from hotset.models import TinyCNN
 from hotset.packages import Packager, read_package
-from hotset.plan import Planner
+from hotset.plan import Planner, PlanReport
 from hotset.sampling import make_sampler
 from hotset.storage import FileStorage
 from hotset.store import make_store
@@ -674,6 +676,9 @@ def test_icache_trains_with_two_workers_and_serves_substitutes(fmnist_dir, tmp_p
             train_epoch(loader, model, opt)
             seen_subs = loader.counters()["substitute_hits"]
         c = loader.counters()
+        # two workers, two batches each ahead: the planner counts four plans in flight
+        # beside the next one (``l_in_flight`` sizes the L-cache by them)
+        assert loader.planner.policy.in_flight_ids == 2 * 2 * 50
     finally:
         loader.close()
         loader.dataset.store.close(destroy=True)
@@ -902,6 +907,77 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
                      ({**p.state_dict(), "_l": dict.fromkeys([*loaded, elsewhere])}, "once each"),
                      ({**p.state_dict(), "_evict_next": [999]}, "_evict_next holds ids not"),
                      ({**p.state_dict(), "_evict_bulk": [np.array([999])]}, "_evict_bulk holds"),
-                     ({**p.state_dict(), "_evict_bulk": [np.array([1.5])]}, "not arrays of ids")):
+                     ({**p.state_dict(), "_evict_bulk": [np.array([1.5])]}, "not arrays of ids"),
+                     ({**p.state_dict(), "in_flight_ids": -1}, "in_flight_ids is not a count")):
         with pytest.raises(ConfigError, match=why):
             q.load_state_dict(bad)
+
+
+def _epoch_of_plans(planner: Planner, ahead: int) -> int:
+    """An epoch's plans, each consumed ``ahead`` plans after it was taken (a DataLoader's
+    prefetch); returns the hits."""
+    taken, hits = deque(), 0
+    for plan in planner:
+        hits += int(plan.hits.sum())
+        taken.append(plan)
+        if len(taken) > ahead:
+            planner.batch_consumed(PlanReport(stored=taken.popleft().admitted))
+    while taken:
+        planner.batch_consumed(PlanReport(stored=taken.popleft().admitted))
+    return hits
+
+
+def _first_epoch_with_an_h_list(ahead: int, **options) -> tuple[Planner, int]:
+    """A 10% cache over 4,000 samples of 100 B (the paper's split: 40 L items), batches
+    of 32 taken ``ahead`` plans ahead: the planner after its first epoch with an H-list
+    (the most important tenth), and that epoch's hits."""
+    n = 4000
+    policy = make_policy("icache", 40_000, sizes=np.full(n, 100), seed=0, **options)
+    planner = Planner(make_sampler("uniform", n, seed=0), policy, 32,
+                      store=make_store("memory", 1))  # fmt: skip
+    planner.set_epoch(0)
+    _epoch_of_plans(planner, ahead)
+    importance = np.random.default_rng(0).random(n)
+    policy.apply_hints(hints(importance >= np.quantile(importance, 0.9), importance))
+    planner.set_epoch(1)
+    return planner, _epoch_of_plans(planner, ahead)
+
+
+def test_the_l_cache_holds_its_share_beside_what_the_plans_in_flight_hold():
+    """With a DataLoader's plans in flight, the L-hits and substitutes they serve stay
+    pinned: where the paper's L-cache (a tenth of the cache) is smaller than they are,
+    each package's room is made of unused residents, evicted unread. The planner counts
+    the ids in flight and the L-cache keeps its first share beside their L-samples: the
+    hits and the packages of no plan in flight (hotset's ``l_in_flight``; off: the
+    paper's split, which loses the hits)."""
+    alone, hits_alone = _first_epoch_with_an_h_list(0)
+    assert alone.policy.in_flight_ids == 0 and alone.policy.l_capacity == 4_000
+    planner, hits = _first_epoch_with_an_h_list(4)
+    policy = planner.policy
+    assert policy.in_flight_ids == 4 * 32  # four plans beside the one being planned
+    held = int(4 * 32 * 0.9 * 100)  # their L-samples' expected bytes
+    assert policy.l_capacity == 4_000 + held and policy.h_capacity == 40_000 - 4_000 - held
+    assert hits >= 0.95 * hits_alone
+    assert planner.feeder.packages_loaded <= 1.1 * alone.feeder.packages_loaded
+    paper, hits_paper = _first_epoch_with_an_h_list(4, l_in_flight=False)
+    assert paper.policy.l_capacity == 4_000 and hits_paper < 0.8 * hits_alone
+
+
+def test_the_l_cache_s_floor_for_plans_in_flight_fits_half_the_cache_and_yields():
+    """Where the first share beside the plans in flight would take more than half the
+    cache, the paper's split stands (the batches in flight are too large for the cache:
+    the L-cache cannot hold them and serve, and a halved H-cache would lose more); and
+    a larger III-A split stands over the floor."""
+    n = 4000
+    p = make_policy("icache", 40_000, sizes=np.full(n, 100), seed=0)
+    hot = np.arange(n) < 400
+    p.in_flight_ids = 177  # 159.3 L-samples of 100 B beside the first share's 4,000 B
+    p.apply_hints(hints(hot, hot.astype(float)))
+    assert p.l_capacity == 4_000 + 15_930 and p._fresh_wanted() == 20
+    p.in_flight_ids = 178  # one more: over half the cache
+    p.apply_hints(hints(hot, hot.astype(float)))
+    assert p.l_capacity == 4_000 and p.h_capacity == 36_000 and p._fresh_wanted() == 20
+    p.in_flight_ids = 64
+    p.freq_h, p.freq_l = 1, 3  # III-A: a quarter of the accesses were the H-list's
+    p.apply_hints(hints(hot, hot.astype(float)))
+    assert p.l_capacity == 30_000

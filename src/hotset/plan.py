@@ -652,7 +652,9 @@ class Planner:
         until it is consumed; a write of an id that an earlier plan in flight deletes is
         dropped (its worker might delete it after this one's put) and the policy forgets
         it; returns how long its worker should wait for reads that earlier plans in flight
-        are still writing, and the writes it keeps. Without: it counts as executed."""
+        are still writing, and the writes it keeps; the policy's ``in_flight_ids`` keeps
+        the most ids that earlier plans in flight held while one was planned. Without:
+        it counts as executed."""
         if not self.executes:
             self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
             return 0.0, admitted, fetch
@@ -670,6 +672,9 @@ class Planner:
         pins = np.concatenate([reads, writes])
         self.policy.pin(pins, +1)
         self._inflight.append((seq, pins))
+        held = (len(self._inflight) - 1) * self.batch_size * self.world  # beside this one
+        if held > self.policy.in_flight_ids:  # (the same on every rank: a DataLoader hands
+            self.policy.in_flight_ids = held  # out and consumes plans in program order)
         # its worker may have to wait for earlier workers: for the reads they write, or for
         # the room their deletions free before its own writes fit
         wait = (self._writer[reads] >= in_flight).any() or (

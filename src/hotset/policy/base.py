@@ -113,6 +113,9 @@ class Policy(ABC):
         #: plans in flight that read or write each id: a pinned id is never evicted
         self.pinned = np.full(self.num_samples, 0, np.int32)
         self._holds = np.zeros(1, np.int64)  # pins held now (none: the loop skips checks)
+        #: the most ids plans in flight held while another was planned (the planner's
+        #: measure: plans times the global batch), for a policy that sizes a region by it
+        self.in_flight_ids = 0
 
     @property
     @abstractmethod
@@ -336,6 +339,9 @@ class Policy(ABC):
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        held = state.get("in_flight_ids", 0)  # (a state saved before it has none)
+        if isinstance(held, bool) or not isinstance(held, int | np.integer) or held < 0:
+            raise ConfigError(f"a saved policy state's in_flight_ids is not a count: {held!r}")
         mine = vars(self)
         for k, v in state.items():
             if k == "_sizes" and self._shares(v):

@@ -26,6 +26,11 @@ samples of the H-list and an L-cache of packaged L-samples served by substitutio
 * **H/L split** (III-A): ``Size_H = Size * f_H / (f_H + f_L)`` from the previous epoch's
   access counts, ``h_share`` (9:1) until then; the L-cache is never below one package
   (plus one sample: a package ends with the sample that crosses ``package_bytes``).
+  hotset's (``l_in_flight``): nor below its first share plus the L-samples of the plans
+  in flight, where that fits in half the cache. A DataLoader keeps several plans in
+  flight, whose L-hits and substitutes stay pinned until they have run, so that the
+  paper's L-cache, whose used samples make room for the next package, would evict
+  unused ones instead.
 * **Package size**: the paper's 1 MB, or less where the cache is small: by default a
   quarter of the L-cache's initial share (at least the largest sample), so that a
   2k-10k-sample dataset does not give the whole cache to one package and leave the
@@ -298,9 +303,11 @@ class ICachePolicy(Policy):
         package_bytes: int | None = None,
         rebuild_per_batch: int = 2048,
         package_threads: bool = True,
+        l_in_flight: bool = True,
     ) -> None:
         """``package_threads=False``: packages are made and loaded in the planner's
-        thread (reproducible runs; see ``packages.Packager``)."""
+        thread (reproducible runs; see ``packages.Packager``). ``l_in_flight=False``: the
+        paper's split, whatever the plans in flight pin."""
         super().__init__(capacity_bytes, sizes, seed)
         self._max_size = max(1, int(np.max(sizes)))
         self._typical_size = max(1, int(np.mean(self._sizes[:64])))
@@ -314,6 +321,9 @@ class ICachePolicy(Policy):
         self.package_bytes = int(package_bytes)
         self.rebuild_per_batch = int(rebuild_per_batch)
         self.package_threads = bool(package_threads)
+        self.l_in_flight = bool(l_in_flight)
+        self._first_share = float(h_share)
+        self._l_in_flight = 0  # bytes of L residents the plans in flight hold (expected)
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
         # the L-samples, put in a random order as packages take them, and how far they
@@ -350,10 +360,10 @@ class ICachePolicy(Policy):
         """H-cache gets ``h_share`` of the capacity, the L-cache the rest, >= one package."""
         self.h_share = float(h_share)
         one_package = self.package_bytes + self._max_size  # the last sample may cross it
-        self.l_capacity = min(
-            self.capacity_bytes,
-            max(one_package, self.capacity_bytes - int(self.capacity_bytes * h_share)),
-        )
+        c, floor = self.capacity_bytes, 0
+        if self._l_in_flight:  # the first share beside what the plans in flight hold
+            floor = c - int(c * self._first_share) + self._l_in_flight
+        self.l_capacity = min(c, max(one_package, c - int(c * h_share), floor))
         self.h_capacity = self.capacity_bytes - self.l_capacity
         if self.capacity_bytes and h_share > 0 and self.h_capacity <= 0 and not self._warned:
             self._warned = True
@@ -368,6 +378,18 @@ class ICachePolicy(Policy):
         if freed:
             self._evict_bulk.append(np.array(freed, np.int64))
         self.used = self.h_used + self.l_used
+
+    def _in_flight_l(self, hot: np.ndarray) -> int:
+        """Bytes of the L-samples the plans in flight hold under the H-list ``hot``
+        (``l_in_flight``, hotset's): their ids' expected L share, at the mean size; 0
+        where the first share beside them would take more than half the cache (the
+        batches in flight are too large for the cache: the paper's split then)."""
+        if not (self.l_in_flight and self.in_flight_ids):
+            return 0
+        n, c = self.num_samples, self.capacity_bytes
+        share = (n - np.count_nonzero(hot)) / n
+        held = int(self.in_flight_ids * share * np.frombuffer(self._sizes, np.int64).mean())
+        return held if c - int(c * self._first_share) + held <= c // 2 else 0
 
     def _shrink_h(self) -> None:
         """Evict the least important unpinned H residents until the H-cache fits its
@@ -590,9 +612,12 @@ class ICachePolicy(Policy):
             hot = np.asarray(hints["hot"], bool)
         if hot.shape != (self.num_samples,) or imp.shape != hot.shape:
             raise ConfigError(f"H-list must cover the policy's {self.num_samples} ids")
+        split = self.h_share
         if self.freq_h + self.freq_l and not self.is_h.all():
             # III-A: split by the last epoch's access frequencies (once there was an H-list)
-            self.set_split(self.freq_h / (self.freq_h + self.freq_l))
+            split = self.freq_h / (self.freq_h + self.freq_l)
+        self._l_in_flight = self._in_flight_l(hot)
+        self.set_split(split)
         self.freq_h = self.freq_l = 0
         self.rebuild_step(self._rebuild)  # finish a rebuild still in progress
         self.is_h = np.ascontiguousarray(hot)  # (read per id through a memoryview)
@@ -858,8 +883,9 @@ class ICachePolicy(Policy):
         return self.l_fresh() < self._fresh_wanted()
 
     def _fresh_wanted(self) -> int:
-        """Unused L residents below which a package is wanted: half the L-cache's items."""
-        return max(1, self.l_capacity // self._typical_size) // 2
+        """Unused L residents below which a package is wanted: half the L-cache's items
+        beside those the plans in flight hold."""
+        return max(1, (self.l_capacity - self._l_in_flight) // self._typical_size) // 2
 
     def l_next_package(self, exclude=(), prefer=None) -> np.ndarray:
         """Ids for the next package, >= ``package_bytes`` when there are enough
