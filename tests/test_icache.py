@@ -981,3 +981,5 @@ def test_the_l_cache_s_floor_for_plans_in_flight_fits_half_the_cache_and_yields(
     p.freq_h, p.freq_l = 1, 3  # III-A: a quarter of the accesses were the H-list's
     p.apply_hints(hints(hot, hot.astype(float)))
     assert p.l_capacity == 30_000
+    with pytest.raises(ConfigError, match="l_in_flight must be True or False, got 'False'"):
+        make_policy("icache", 40_000, sizes=np.full(n, 100), l_in_flight="False")

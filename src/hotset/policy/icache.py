@@ -321,7 +321,9 @@ class ICachePolicy(Policy):
         self.package_bytes = int(package_bytes)
         self.rebuild_per_batch = int(rebuild_per_batch)
         self.package_threads = bool(package_threads)
-        self.l_in_flight = bool(l_in_flight)
+        if not isinstance(l_in_flight, bool):  # ("False" from a command line is true)
+            raise ConfigError(f"l_in_flight must be True or False, got {l_in_flight!r}")
+        self.l_in_flight = l_in_flight
         self._first_share = float(h_share)
         self._l_in_flight = 0  # bytes of L residents the plans in flight hold (expected)
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
