@@ -166,3 +166,16 @@ def test_version_is_shown_and_kept_in_one_place(capsys):
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"hotset {__version__}"
     assert version("hotset") == __version__  # pyproject reads it from the package
+
+
+def test_option_values_read_as_json_or_as_python_s_constants():
+    """``--policy-option l_in_flight=False`` is False, not the string (which a policy's
+    ``bool()`` would take as true)."""
+    from hotset.cli import parse_options
+    from hotset.errors import HotsetError
+
+    got = parse_options(["a=False", "b=true", "c=None", "d=0.5", "e=[1, 2]", "f=fast"], "--x")
+    assert got == {"a": False, "b": True, "c": None, "d": 0.5, "e": [1, 2], "f": "fast"}
+    assert got["a"] is False and got["c"] is None
+    with pytest.raises(HotsetError, match="--x 'oops': give KEY=VALUE"):
+        parse_options(["oops"], "--x")

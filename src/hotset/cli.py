@@ -138,14 +138,16 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def parse_options(items: list[str] | None, flag: str) -> dict:
     """``KEY=VALUE`` pairs as keyword arguments; a VALUE is read as JSON where it parses
-    (``3``, ``0.5``, ``true``, ``[1, 2]``), else kept as a string."""
+    (``3``, ``0.5``, ``true``, ``[1, 2]``) or as Python's ``True``, ``False``, ``None``,
+    else kept as a string."""
+    python = {"True": True, "False": False, "None": None}
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise HotsetError(f"{flag} {item!r}: give KEY=VALUE")
         try:
-            out[key] = json.loads(value)
+            out[key] = python[value] if value in python else json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
     return out
