@@ -983,3 +983,29 @@ def test_the_l_cache_s_floor_for_plans_in_flight_fits_half_the_cache_and_yields(
     assert p.l_capacity == 30_000
     with pytest.raises(ConfigError, match="l_in_flight must be True or False, got 'False'"):
         make_policy("icache", 40_000, sizes=np.full(n, 100), l_in_flight="False")
+
+
+def test_a_loader_with_two_workers_serves_its_first_h_list_epoch_from_the_cache(fmnist_dir):
+    """What the user gets from a real loader (two DataLoader workers, four plans in
+    flight, PNG bytes from storage): every sample with its own label, and in the first
+    epoch with an H-list the hits of an L-cache sized beside the plans in flight, where
+    the paper's split (``l_in_flight=False``) serves a third fewer from the cache."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    hits = {}
+    for sized in (True, False):
+        loader = make_loader(
+            storage, batch_size=20, system="icache", cache_fraction=0.3, num_workers=2,
+            policy_options={"package_threads": False, "l_in_flight": sized},
+        )  # fmt: skip
+        try:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                before, served = loader.counters()["hits"], 0
+                for _, y, ids in loader:
+                    assert np.array_equal(y.numpy(), storage.labels[ids.numpy()])
+                    served += len(ids)
+                    loader.feedback(ids, torch.rand(len(ids)))
+            hits[sized] = (loader.counters()["hits"] - before) / served
+        finally:
+            loader.close()
+    assert hits[True] >= 0.6 and hits[False] <= 0.8 * hits[True], hits

@@ -324,7 +324,7 @@ class ICachePolicy(Policy):
         if not isinstance(l_in_flight, bool):  # ("False" from a command line is true)
             raise ConfigError(f"l_in_flight must be True or False, got {l_in_flight!r}")
         self.l_in_flight = l_in_flight
-        self._first_share = float(h_share)
+        self._first_l = self.capacity_bytes - int(self.capacity_bytes * h_share)  # bytes
         self._l_in_flight = 0  # bytes of L residents the plans in flight hold (expected)
         self.is_h = np.ones(self.num_samples, bool)  # no H-list yet: all are H-samples
         self._all_h = True
@@ -362,9 +362,8 @@ class ICachePolicy(Policy):
         """H-cache gets ``h_share`` of the capacity, the L-cache the rest, >= one package."""
         self.h_share = float(h_share)
         one_package = self.package_bytes + self._max_size  # the last sample may cross it
-        c, floor = self.capacity_bytes, 0
-        if self._l_in_flight:  # the first share beside what the plans in flight hold
-            floor = c - int(c * self._first_share) + self._l_in_flight
+        c = self.capacity_bytes
+        floor = self._first_l + self._l_in_flight if self._l_in_flight else 0  # (ours)
         self.l_capacity = min(c, max(one_package, c - int(c * h_share), floor))
         self.h_capacity = self.capacity_bytes - self.l_capacity
         if self.capacity_bytes and h_share > 0 and self.h_capacity <= 0 and not self._warned:
@@ -388,10 +387,10 @@ class ICachePolicy(Policy):
         batches in flight are too large for the cache: the paper's split then)."""
         if not (self.l_in_flight and self.in_flight_ids):
             return 0
-        n, c = self.num_samples, self.capacity_bytes
+        n = self.num_samples
         share = (n - np.count_nonzero(hot)) / n
         held = int(self.in_flight_ids * share * np.frombuffer(self._sizes, np.int64).mean())
-        return held if c - int(c * self._first_share) + held <= c // 2 else 0
+        return held if self._first_l + held <= self.capacity_bytes // 2 else 0
 
     def _shrink_h(self) -> None:
         """Evict the least important unpinned H residents until the H-cache fits its
