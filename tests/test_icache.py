@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections import deque
 
 import numpy as np
@@ -842,6 +844,24 @@ def test_substitutes_are_drawn_uniformly_from_those_left_as_more_arrive():
     assert len(counts) == 36
     c = np.array(list(counts.values()))
     assert float(((c - trials / 36) ** 2 / (trials / 36)).sum()) < 66.6  # 35 dof, p = 0.001
+
+
+def test_two_pools_with_the_same_ids_left_save_the_same_bytes():
+    """A pool's state is the ids left, not those taken before nor the memory beyond them
+    (a grown pool's tail was ``np.empty``: the ranks of one job compared their planners'
+    states and differed by it, now and then); saved and loaded, it draws as before."""
+    pool = icache_module.RandomPool(np.arange(10), np.int64)
+    pool.take(4, np.random.default_rng(0))
+    pool.add(list(range(10, 200)))  # grows
+    left = pool.ids[pool.start : pool.end].copy()
+    assert pickle.dumps(pool) == pickle.dumps(icache_module.RandomPool(left, np.int64))
+    drawn = pool.take(7, np.random.default_rng(1)).tolist()
+    same = icache_module.RandomPool(left, np.int64)
+    assert drawn == same.take(7, np.random.default_rng(1)).tolist()
+    copies = [copy.deepcopy(pool), from_safe(to_safe(pool))]
+    then = pool.take(9, np.random.default_rng(2)).tolist()
+    for saved in copies:
+        assert len(saved) == 189 and saved.take(9, np.random.default_rng(2)).tolist() == then
 
 
 def test_substitutes_are_distinct_where_an_id_sits_twice_among_the_unused():

@@ -169,6 +169,12 @@ class RandomPool:
     def __len__(self) -> int:
         return self.end - self.start
 
+    def __getstate__(self) -> dict:
+        """What is left, alone: the taken prefix and the unused tail (whatever the
+        memory held) are not state, and two equal pools save equal bytes."""
+        left = self.ids[self.start : self.end].copy()
+        return {"ids": left, "start": 0, "end": int(left.size)}
+
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
         _check_queue(self, "substitutes", self.start, self.end)

@@ -35,8 +35,8 @@ class LRUPolicy(Policy):
         self._size = np.asarray(self._sizes, np.int64)
         self._in = np.full(self.num_samples, False)
         self._stamp = np.full(self.num_samples, -1, np.int64)
-        self._q_id = np.empty(1024, np.int64)
-        self._q_t = np.empty(1024, np.int64)
+        self._q_id = np.zeros(1024, np.int64)  # (zeros: a saved state holds no stray bytes)
+        self._q_t = np.zeros(1024, np.int64)
         self._head = self._tail = self._clock = 0
         self._count = 0
         self._scratch = np.full(self.num_samples, 0, np.int64)  # per-batch marks
@@ -60,7 +60,7 @@ class LRUPolicy(Policy):
                 self._q_t[self._head : self._tail][keep],
             )
             size = max(1024, 2 * (live_ids.size + k))
-            self._q_id, self._q_t = np.empty(size, np.int64), np.empty(size, np.int64)
+            self._q_id, self._q_t = np.zeros(size, np.int64), np.zeros(size, np.int64)
             self._q_id[: live_ids.size], self._q_t[: live_ids.size] = live_ids, live_t
             self._head, self._tail = 0, live_ids.size
         times = np.arange(self._clock, self._clock + k, dtype=np.int64)
