@@ -23,6 +23,7 @@ from hotset import (
     rank_importance,
 )
 from hotset.plan import Planner
+from hotset.policy import priority_kernel
 
 
 def test_rank_formula_on_the_papers_example():
@@ -225,29 +226,33 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
     misses are admitted at once): against the base loop driven by their steps
     (``_victim``, ``_level``), the same hits, admissions, evictions, bytes, residents and
     order of leaving, with repeats in a batch, residents evicted before their turn in it,
-    scores raised and lowered, ties, pins held and released, states saved meanwhile."""
+    scores raised and lowered, ties, pins held and released, states saved meanwhile. The
+    loop compiled (numba, the default) and in Python leave the same heap, entry for
+    entry."""
     from hotset.policy.base import Policy
 
     name, ghost = policy
     board = ScoreBoard(12)
     options = {"ghost_epochs": ghost} if ghost else {}
-    fast, slow = (make_policy(name, capacity, sizes=np.asarray(sizes), **options)
-                  for _ in range(2))  # fmt: skip
+    fast, slow, python = (make_policy(name, capacity, sizes=np.asarray(sizes), **options)
+                          for _ in range(3))  # fmt: skip
     slow._access = Policy._access.__get__(slow)  # the generic loop calling the steps
-    for p in (fast, slow):
+    python.compiled = False
+    assert priority_kernel.load()  # (numba is a dependency)
+    for p in (fast, slow, python):
         p.attach_scores(board)
     held: list[list[int]] = []
     for op, ids, values in ops:
         if op == "scores":
             board.update(np.asarray(ids), np.asarray(values[: len(ids)]), np.zeros(len(ids)))
-            for p in (fast, slow):
+            for p in (fast, slow, python):
                 p.scores_updated(np.asarray(ids))
         elif op == "pin":
-            for p in (fast, slow):
+            for p in (fast, slow, python):
                 p.pin(ids)
             held.append(ids)
         elif op == "unpin" and held:
-            for p in (fast, slow):
+            for p in (fast, slow, python):
                 p.pin(held[0], -1)
             held.pop(0)
         elif op == "save":  # a saved state holds every resident, pinned ones too
@@ -256,14 +261,49 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
             saved.load_state_dict(fast.state_dict())
             assert leaving_order(saved) == order == leaving_order(fast)
         elif op == "access":
-            a, b = fast.access(ids), slow.access(ids)
-            assert a.hits.tolist() == b.hits.tolist()
-            assert a.admitted.tolist() == b.admitted.tolist()
-            assert a.evicted.tolist() == b.evicted.tolist()
+            a, b, c = fast.access(ids), slow.access(ids), python.access(ids)
+            assert a.hits.tolist() == b.hits.tolist() == c.hits.tolist()
+            assert a.admitted.tolist() == b.admitted.tolist() == c.admitted.tolist()
+            assert a.evicted.tolist() == b.evicted.tolist() == c.evicted.tolist()
             assert not fast.pinned[a.evicted].any()  # a plan in flight keeps its ids
-        assert fast.used == slow.used <= capacity
+            assert entries(fast._heap) == entries(python._heap)
+            assert fast._heap._parked == python._heap._parked
+        assert fast.used == slow.used == python.used <= capacity
         assert fast.cached_ids().tolist() == slow.cached_ids().tolist()
         assert leaving_order(fast) == leaving_order(slow)
+
+
+def test_a_state_saved_with_the_python_heap_loads_into_the_compiled_one():
+    """A SHADE cache's state saved before its heap was compiled (a ``KeyedHeap``) loads
+    as a ``CompiledHeap`` with the same entries, and decides as the policy it was saved
+    from."""
+    from hotset.policy.compiled_heap import CompiledHeap
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    board = ScoreBoard(200)
+    board.update(np.arange(200), np.random.default_rng(0).random(200), np.zeros(200))
+    made = []
+    for _ in range(3):
+        p = make_policy("app", 60, sizes=np.ones(200, np.int64))
+        p.attach_scores(board)
+        made.append(p)
+    old, new, same = made
+    old.access(np.arange(100))
+    state = old.state_dict()
+    heap = KeyedHeap.__new__(KeyedHeap)  # the state as an older hotset saved it
+    heap.__setstate__(state["_heap"].__getstate__())
+    new.load_state_dict({**state, "_heap": heap})
+    same.load_state_dict(state)
+    assert type(new._heap) is CompiledHeap and entries(new._heap) == entries(old._heap)
+    batch = np.random.default_rng(1).permutation(200)[:80]
+    a, b = new.access(batch), same.access(batch)
+    assert a.admitted.size and a.admitted.tolist() == b.admitted.tolist()
+    assert a.evicted.tolist() == b.evicted.tolist() and leaving_order(new) == leaving_order(same)
+
+
+def entries(heap) -> list[int]:
+    """A heap's entries in place, from its array or its list (not turning it to a list)."""
+    return heap._array[: heap._n].tolist() if heap._list is None else list(heap._list)
 
 
 def leaving_order(policy) -> list[int]:

@@ -39,13 +39,14 @@ def _classes() -> dict[str, type]:
     from hotset.importance.elastic import RatioController
     from hotset.importance.graph import GraphImportance
     from hotset.importance.scoreboard import ScoreBoard
+    from hotset.policy.compiled_heap import CompiledHeap
     from hotset.policy.icache import LoadOrder, RandomPool, UseOrder
     from hotset.policy.keyed_heap import KeyedHeap
     from hotset.sampling.coverage import Coverage
     from hotset.sampling.draw import ShuffledAsRead
 
     ours = (KeyedHeap, ScoreBoard, Coverage, RatioController, GraphImportance, ShuffledAsRead,
-            RandomPool, UseOrder, LoadOrder)  # fmt: skip
+            RandomPool, UseOrder, LoadOrder, CompiledHeap)  # fmt: skip
     return {**_REGISTERED, **{c.__name__: c for c in ours}}
 
 

@@ -16,8 +16,10 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.ids import first_positions
+from hotset.policy import priority_kernel
 from hotset.policy.base import register_policy
-from hotset.policy.keyed_heap import HeapPolicy
+from hotset.policy.compiled_heap import CompiledHeap
+from hotset.policy.keyed_heap import HeapPolicy, KeyedHeap
 
 SCALE = float(1 << 24)
 
@@ -39,12 +41,24 @@ class PriorityPolicy(HeapPolicy):
     needs_scores = True
     #: evict residents whose score equals the newcomer's (APP's ``x >= min_score``)
     evict_ties = False
+    #: decide a batch's misses in the compiled loop (``priority_kernel``; False: Python's)
+    compiled = True
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
+        self._heap = CompiledHeap(self.num_samples)  # (a batch's loop compiled)
+        if self.compiled:
+            priority_kernel.load()
         self.board = None
         self._q: list[int] = []  # the batch's levels, and whether each may replace
         self._may: list[bool] = []  # (False for a sample larger than the cache)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        heap = self._heap
+        if type(heap) is KeyedHeap and heap.levels.flags.writeable:  # saved before it was
+            self._heap = CompiledHeap.__new__(CompiledHeap)  # compiled: the same entries
+            self._heap.__setstate__(heap.__getstate__())
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""
@@ -98,7 +112,8 @@ class PriorityPolicy(HeapPolicy):
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
         fits = np.frombuffer(self._sizes, np.int64)[ids] <= self.capacity_bytes
-        self._q, self._may = self._levels(ids).tolist(), (self._may_replace(ids) & fits).tolist()
+        self._batch_levels, self._batch_may = self._levels(ids), self._may_replace(ids) & fits
+        self._q, self._may = self._batch_levels.tolist(), self._batch_may.tolist()
         self._batch = ids
 
     def _access(
@@ -118,6 +133,8 @@ class PriorityPolicy(HeapPolicy):
         filled = self._admit_all(start, todo, admitted)
         if filled is not None:
             hits.extend(filled.tolist())
+            return
+        if self.compiled and self._compiled_access(hits, admitted, evicted):
             return
         hit = start.tolist()
         todo = todo.tolist()
@@ -196,6 +213,26 @@ class PriorityPolicy(HeapPolicy):
         heap.count = count
         heap.compact()
         hits.extend(hit)
+
+    def _compiled_access(self, hits: list[bool], admitted: list[int], evicted: list[int]) -> bool:
+        """The loop below, compiled (``priority_kernel``): the same decisions and heap;
+        whether it served (not where numba is missing or a key exceeds int64)."""
+        heap = self._heap
+        if not isinstance(heap, CompiledHeap):  # (a state saved with a KeyedHeap)
+            return False
+        pins = self.pinned if self._holds[0] else None
+        out = priority_kernel.admit(
+            heap, np.frombuffer(self._sizes, np.int64), pins, self._batch, self._batch_levels,
+            self._batch_may, self.capacity_bytes, self.used, self.evict_ties,
+        )  # fmt: skip
+        if out is None:
+            return False
+        hit, new, gone, self.used = out
+        hits.extend(hit.tolist())
+        admitted.extend(new.tolist())
+        evicted.extend(gone.tolist())
+        heap.compact()
+        return True
 
     @staticmethod
     def _positions_at_start(start: np.ndarray, ids: list[int]) -> dict[int, list[int]]:

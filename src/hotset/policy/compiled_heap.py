@@ -1,0 +1,249 @@
+"""A ``KeyedHeap`` whose entries sit in an int64 array that numba-compiled loops sift
+(``heapq``'s own algorithms, so the array is, entry for entry, the list the Python
+steps would leave): the priority policy's heap (SHADE's cache), whose admissions a
+batch decides in one compiled call (``policy/priority_kernel.py``).
+
+A batch's admissions are sequential (each newcomer's victims depend on the ones
+before), so numpy cannot decide them at once; in Python each miss of a full cache
+costs 2-4 us, and at 32 ranks x 256 a step's 8,192 misses took longer than a ResNet-18
+step on a GPU. Copying the list to an array for each batch costs as much as it saves
+(about 30 ns per entry each way), so the entries stay in the array: the hot steps
+(push, re-key, release, the top's stale entries, a rebuild, the batch's admissions)
+work there, and any other step (``KeyedHeap``'s Python loops over ``heap``) sees the
+list, made from the array when first asked for (the array is made again from it by
+the next compiled step). A saved state holds the list, as ``KeyedHeap``'s does. Where
+numba is not installed, or a key does not fit int64, the list and Python's steps serve.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+
+import numpy as np
+
+from hotset.policy.keyed_heap import KeyedHeap
+
+
+def siftdown(h, startpos, pos):  # heapq._siftdown
+    newitem = h[pos]
+    while pos > startpos:
+        parentpos = (pos - 1) >> 1
+        parent = h[parentpos]
+        if newitem < parent:
+            h[pos] = parent
+            pos = parentpos
+            continue
+        break
+    h[pos] = newitem
+
+
+def siftup(h, n, pos):  # heapq._siftup over h[:n]
+    startpos = pos
+    newitem = h[pos]
+    childpos = 2 * pos + 1
+    while childpos < n:
+        rightpos = childpos + 1
+        if rightpos < n and not h[childpos] < h[rightpos]:
+            childpos = rightpos
+        h[pos] = h[childpos]
+        pos = childpos
+        childpos = 2 * pos + 1
+    h[pos] = newitem
+    siftdown(h, startpos, pos)
+
+
+def push(h, n, item):  # heapq.heappush onto h[:n] (room at h[n]); the new length
+    h[n] = item
+    siftdown(h, 0, n)
+    return n + 1
+
+
+def pop(h, n):  # heapq.heappop's removal from a non-empty h[:n]; the new length
+    last = h[n - 1]
+    n -= 1
+    if n:
+        h[0] = last
+        siftup(h, n, 0)
+    return n
+
+
+def push_all(h, n, keys):
+    """``heappush`` of each of ``keys`` in turn; the new length."""
+    for k in keys:
+        n = push(h, n, k)
+    return n
+
+
+def drop_stale(h, n, live, bits):
+    """Pop stale entries off the top (an entry is live while its level is its id's); the
+    new length."""
+    mask = (1 << bits) - 1
+    while n > 0 and live[h[0] & mask] != h[0] >> bits:
+        n = pop(h, n)
+    return n
+
+
+_loaded: bool | None = None  # None: not tried yet
+
+
+def compile_steps(*kernels: str) -> bool:
+    """Compile this module's steps (and ``kernels``, names of functions in other
+    modules that call them as ``compiled_heap.push`` etc.: ``"module:function"``) with
+    numba, once per process, and run them once: importing numba and loading its cached
+    code cost about a second, paid here (a policy's construction), not by a batch.
+    Whether they are compiled (not where numba is missing)."""
+    global _loaded
+    if _loaded is None:
+        try:
+            from numba import njit
+        except ImportError:  # pragma: no cover - a dependency; Python's steps serve
+            _loaded = False
+            return False
+        names = ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale")
+        mine = globals()
+        for name in names:
+            mine[name] = njit(cache=True)(mine[name])
+        h = np.zeros(4, np.int64)
+        push_all(h, 0, np.arange(2, dtype=np.int64))
+        drop_stale(h, 2, np.zeros(4, np.int64), 1)
+        _loaded = True
+    if _loaded:
+        from numba import njit
+        from numba.core.registry import CPUDispatcher
+
+        for spec in kernels:
+            module, name = spec.split(":")
+            space = vars(importlib.import_module(module))
+            if not isinstance(space[name], CPUDispatcher):
+                space[name] = njit(cache=True)(space[name])
+    return _loaded
+
+
+def _fits(keys: np.ndarray | list) -> bool:
+    return not isinstance(keys, list)  # (``_keys`` lists keys beyond int64 as ints)
+
+
+class CompiledHeap(KeyedHeap):
+    """``KeyedHeap`` with its entries in ``array[:n]`` while compiled steps run; ``heap``
+    (the list) is made from them when a Python step asks for it."""
+
+    def __init__(self, num_ids: int, dtype: type = np.int64, empty: bool = False) -> None:
+        self._list: list[int] | None = []
+        self._array: np.ndarray | None = None
+        self._n = 0
+        super().__init__(num_ids, dtype, empty)
+        compile_steps()
+
+    @property
+    def heap(self) -> list[int]:  # type: ignore[override]
+        if self._list is None:  # the array's entries, as a list from now on
+            self._list = self._array[: self._n].tolist()
+            self._array = None
+        return self._list
+
+    @heap.setter
+    def heap(self, entries) -> None:
+        if isinstance(entries, np.ndarray) and _loaded:
+            self._array, self._n, self._list = entries, int(entries.size), None
+        else:
+            self._list = entries.tolist() if isinstance(entries, np.ndarray) else list(entries)
+            self._array = None
+
+    def entries(self) -> int:
+        return self._n if self._list is None else len(self._list)
+
+    def array(self, room: int = 0) -> np.ndarray | None:
+        """The entries as ``array[:n]`` with room for ``room`` more (``n`` in ``_n``);
+        ``None`` where a key does not fit int64 or nothing is compiled."""
+        if not _loaded:
+            return None
+        if self._list is not None:
+            entries = np.empty(len(self._list) + room + 64, np.int64)
+            try:
+                entries[: len(self._list)] = self._list
+            except OverflowError:
+                return None
+            self._array, self._n, self._list = entries, len(self._list), None
+        elif self._n + room > self._array.size:
+            grown = np.empty(2 * (self._n + room) + 64, np.int64)
+            grown[: self._n] = self._array[: self._n]
+            self._array = grown
+        return self._array
+
+    def _keys(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False):
+        """As ``KeyedHeap._keys``, an int64 array where the keys fit it."""
+        bits, levels = self.bits, levels.astype(np.int64, copy=False)
+        if not _loaded or int(levels.max(initial=0)).bit_length() + bits > 62:
+            return super()._keys(ids, levels, ordered)
+        keys = levels << bits | ids
+        return np.sort(keys) if ordered else keys
+
+    def _push_all(self, keys) -> None:
+        """Push ``keys`` in turn: compiled where they fit int64, else Python's."""
+        if _fits(keys) and (h := self.array(len(keys))) is not None:
+            self._n = push_all(h, self._n, keys)
+            return
+        heap = self.heap
+        for k in keys.tolist() if isinstance(keys, np.ndarray) else keys:
+            heapq.heappush(heap, k)
+
+    def rekey(self, ids: np.ndarray, levels: np.ndarray) -> None:
+        ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
+        old = self.levels[ids]
+        changed = (old >= 0) & (old != levels)
+        ids, levels = ids[changed], levels[changed]
+        self.levels[ids] = levels
+        self._push_all(self._keys(ids, levels))
+        self.compact()
+
+    def add(self, ids: np.ndarray, levels: np.ndarray) -> None:
+        if not self.entries():
+            super().add(ids, levels)  # (sorted into the empty heap)
+            return
+        ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
+        self.levels[ids] = levels
+        self.count += int(ids.size)
+        self._push_all(self._keys(ids, levels))
+        self.compact()
+
+    def compact(self) -> None:
+        if self.entries() > 2 * self.count + self.slack:
+            self._heap_of_members()
+
+    def peek(self, level_of=None):
+        if level_of is None and self._list is None:
+            self._n = drop_stale(self._array, self._n, self.levels, self.bits)
+            if not self._n:
+                return None
+            k = int(self._array[0])
+            return k & self.mask, k >> self.bits
+        return super().peek(level_of)
+
+    def release(self, pinned: np.ndarray | None = None) -> None:
+        parked = self._parked
+        if not parked or self._list is not None:
+            super().release(pinned)
+            return
+        ids = np.fromiter(parked, np.int64, len(parked))
+        if pinned is not None:
+            ids = ids[pinned[ids] == 0]
+        keys = np.fromiter((parked.pop(i) for i in ids.tolist()), np.int64, ids.size)
+        self._push_all(keys[self.levels[keys & self.mask] == keys >> self.bits])
+
+    def __getstate__(self) -> dict:
+        """``KeyedHeap``'s: the entries as a list (held ones back in it)."""
+        state = super().__getstate__()  # (with held entries: ``heap`` with them)
+        if "heap" not in state:
+            state["heap"] = self.heap.copy() if self._list is not None else (
+                self._array[: self._n].tolist()
+            )  # fmt: skip
+        for k in ("_list", "_array", "_n"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        self._list, self._array, self._n = list(state.pop("heap", [])), None, 0
+        super().__setstate__(state)
+        compile_steps()
