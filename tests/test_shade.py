@@ -273,6 +273,50 @@ def test_pq_and_app_inlined_loop_decide_as_their_steps_do(policy, ops, sizes, ca
         assert leaving_order(fast) == leaving_order(slow)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["pq", "app"]), st.integers(0, 2**32 - 1), st.integers(20, 400),
+       st.floats(0.03, 0.5), st.integers(1, 96))  # fmt: skip
+def test_the_compiled_loop_decides_and_leaves_the_heap_as_python_s(name, seed, n, share, b):
+    """A full cache of many residents (the regime the compiled loop is for, which the
+    test above reaches with a few): batches with repeats, scores that tie, pins held for
+    a batch and released, sizes that vary; the compiled loop, the Python loop and the
+    base loop's steps decide alike, and the compiled heap's entries are the Python
+    heap's, entry for entry, after every batch."""
+    from hotset.policy.base import Policy
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 5, n)
+    capacity = max(4, int(share * sizes.sum()))
+    board = ScoreBoard(n)
+    fast, python, slow = (make_policy(name, capacity, sizes=sizes) for _ in range(3))
+    slow._access = Policy._access.__get__(slow)
+    python.compiled = False
+    assert priority_kernel.load()
+    for p in (fast, python, slow):
+        p.attach_scores(board)
+    pinned = np.zeros(0, np.int64)
+    for _ in range(10):
+        scored = rng.choice(n, n // 3, replace=False)
+        board.update(scored, rng.choice([0.0, 0.5, 1.0, 2.0, 3.0], scored.size),
+                     np.zeros(scored.size))  # fmt: skip
+        batch = rng.integers(0, n, b)
+        results = []
+        for p in (fast, python, slow):
+            p.scores_updated(scored)
+            results.append(p.access(batch))
+            p.pin(pinned, -1)
+            p.pin(batch[: b // 2])
+        pinned = batch[: b // 2]
+        a, c, d = results
+        for field in ("hits", "admitted", "evicted"):
+            assert (getattr(a, field).tolist() == getattr(c, field).tolist()
+                    == getattr(d, field).tolist()), field  # fmt: skip
+        assert entries(fast._heap) == entries(python._heap)
+        assert fast._heap._parked == python._heap._parked
+        assert fast.used == python.used == slow.used <= capacity
+    assert fast._heap._list is None  # (its entries stayed in the array)
+
+
 def test_a_state_saved_with_the_python_heap_loads_into_the_compiled_one():
     """A SHADE cache's state saved before its heap was compiled (a ``KeyedHeap``) loads
     as a ``CompiledHeap`` with the same entries, and decides as the policy it was saved

@@ -291,9 +291,12 @@ class HeapPolicy(Policy):
     evicted first: the miss path's bookkeeping is shared, a subclass gives ``_level(p,
     i)`` (the level of the access at batch position ``p``) and when to stop evicting."""
 
+    #: the residents' heap (``CompiledHeap`` for the priority policy)
+    heap_class: type[KeyedHeap] = KeyedHeap
+
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._heap = KeyedHeap(self.num_samples)
+        self._heap = self.heap_class(self.num_samples)
 
     @property
     def _resident(self):

@@ -44,9 +44,10 @@ class PriorityPolicy(HeapPolicy):
     #: decide a batch's misses in the compiled loop (``priority_kernel``; False: Python's)
     compiled = True
 
+    heap_class = CompiledHeap  # (its entries in an array: a batch's loop compiled)
+
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        self._heap = CompiledHeap(self.num_samples)  # (a batch's loop compiled)
         if self.compiled:
             priority_kernel.load()
         self.board = None
@@ -218,7 +219,7 @@ class PriorityPolicy(HeapPolicy):
         """The loop below, compiled (``priority_kernel``): the same decisions and heap;
         whether it served (not where numba is missing or a key exceeds int64)."""
         heap = self._heap
-        if not isinstance(heap, CompiledHeap):  # (a state saved with a KeyedHeap)
+        if not isinstance(heap, CompiledHeap):  # (a template's heap, holding nothing)
             return False
         pins = self.pinned if self._holds[0] else None
         out = priority_kernel.admit(
