@@ -17,9 +17,6 @@ numba is not installed, or a key does not fit int64, the list and Python's steps
 
 from __future__ import annotations
 
-import heapq
-import importlib
-
 import numpy as np
 
 from hotset.policy.keyed_heap import KeyedHeap
@@ -87,12 +84,11 @@ def drop_stale(h, n, live, bits):
 _loaded: bool | None = None  # None: not tried yet
 
 
-def compile_steps(*kernels: str) -> bool:
-    """Compile this module's steps (and ``kernels``, names of functions in other
-    modules that call them as ``compiled_heap.push`` etc.: ``"module:function"``) with
-    numba, once per process, and run them once: importing numba and loading its cached
-    code cost about a second, paid here (a policy's construction), not by a batch.
-    Whether they are compiled (not where numba is missing)."""
+def compile_steps() -> bool:
+    """Compile this module's steps with numba, once per process, and run them once:
+    importing numba and loading its cached code cost about a second, paid here (a
+    policy's construction), not by a batch. Whether they are compiled (not where numba
+    is missing)."""
     global _loaded
     if _loaded is None:
         try:
@@ -100,28 +96,14 @@ def compile_steps(*kernels: str) -> bool:
         except ImportError:  # pragma: no cover - a dependency; Python's steps serve
             _loaded = False
             return False
-        names = ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale")
         mine = globals()
-        for name in names:
+        for name in ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale"):
             mine[name] = njit(cache=True)(mine[name])
         h = np.zeros(4, np.int64)
         push_all(h, 0, np.arange(2, dtype=np.int64))
         drop_stale(h, 2, np.zeros(4, np.int64), 1)
         _loaded = True
-    if _loaded:
-        from numba import njit
-        from numba.core.registry import CPUDispatcher
-
-        for spec in kernels:
-            module, name = spec.split(":")
-            space = vars(importlib.import_module(module))
-            if not isinstance(space[name], CPUDispatcher):
-                space[name] = njit(cache=True)(space[name])
     return _loaded
-
-
-def _fits(keys: np.ndarray | list) -> bool:
-    return not isinstance(keys, list)  # (``_keys`` lists keys beyond int64 as ints)
 
 
 class CompiledHeap(KeyedHeap):
@@ -172,44 +154,24 @@ class CompiledHeap(KeyedHeap):
         return self._array
 
     def _keys(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False):
-        """As ``KeyedHeap._keys``, an int64 array where the keys fit it."""
-        bits, levels = self.bits, levels.astype(np.int64, copy=False)
-        if not _loaded or int(levels.max(initial=0)).bit_length() + bits > 62:
+        """As ``KeyedHeap._keys``, an int64 array where the keys fit it and the steps
+        are compiled (what ``heap`` and ``_push_all`` take as they are)."""
+        if not _loaded:
             return super()._keys(ids, levels, ordered)
-        keys = levels << bits | ids
-        return np.sort(keys) if ordered else keys
+        return self._key_array(ids, levels, ordered)
 
     def _push_all(self, keys) -> None:
         """Push ``keys`` in turn: compiled where they fit int64, else Python's."""
-        if _fits(keys) and (h := self.array(len(keys))) is not None:
-            self._n = push_all(h, self._n, keys)
+        try:
+            keys = np.asarray(keys, np.int64)
+        except OverflowError:
+            h = None
+        else:
+            h = self.array(keys.size)
+        if h is None:
+            super()._push_all(keys.tolist() if isinstance(keys, np.ndarray) else keys)
             return
-        heap = self.heap
-        for k in keys.tolist() if isinstance(keys, np.ndarray) else keys:
-            heapq.heappush(heap, k)
-
-    def rekey(self, ids: np.ndarray, levels: np.ndarray) -> None:
-        ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
-        old = self.levels[ids]
-        changed = (old >= 0) & (old != levels)
-        ids, levels = ids[changed], levels[changed]
-        self.levels[ids] = levels
-        self._push_all(self._keys(ids, levels))
-        self.compact()
-
-    def add(self, ids: np.ndarray, levels: np.ndarray) -> None:
-        if not self.entries():
-            super().add(ids, levels)  # (sorted into the empty heap)
-            return
-        ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
-        self.levels[ids] = levels
-        self.count += int(ids.size)
-        self._push_all(self._keys(ids, levels))
-        self.compact()
-
-    def compact(self) -> None:
-        if self.entries() > 2 * self.count + self.slack:
-            self._heap_of_members()
+        self._n = push_all(h, self._n, keys)
 
     def peek(self, level_of=None):
         if level_of is None and self._list is None:
@@ -220,22 +182,11 @@ class CompiledHeap(KeyedHeap):
             return k & self.mask, k >> self.bits
         return super().peek(level_of)
 
-    def release(self, pinned: np.ndarray | None = None) -> None:
-        parked = self._parked
-        if not parked or self._list is not None:
-            super().release(pinned)
-            return
-        ids = np.fromiter(parked, np.int64, len(parked))
-        if pinned is not None:
-            ids = ids[pinned[ids] == 0]
-        keys = np.fromiter((parked.pop(i) for i in ids.tolist()), np.int64, ids.size)
-        self._push_all(keys[self.levels[keys & self.mask] == keys >> self.bits])
-
     def __getstate__(self) -> dict:
         """``KeyedHeap``'s: the entries as a list (held ones back in it)."""
         state = super().__getstate__()  # (with held entries: ``heap`` with them)
         if "heap" not in state:
-            state["heap"] = self.heap.copy() if self._list is not None else (
+            state["heap"] = self._list if self._list is not None else (
                 self._array[: self._n].tolist()
             )  # fmt: skip
         for k in ("_list", "_array", "_n"):

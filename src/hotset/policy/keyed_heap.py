@@ -114,21 +114,34 @@ class KeyedHeap:
         changed = (old >= 0) & (old != levels)
         ids, levels = ids[changed], levels[changed]
         self.levels[ids] = levels
-        heap, push = self.heap, heapq.heappush
-        for k in self._keys(ids, levels):
-            push(heap, k)
+        self._push_all(self._keys(ids, levels))
         self.compact()
 
-    def _keys(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False) -> list[int]:
-        """``level << bits | id`` of each, as Python ints (beyond int64: one at a time);
-        ``ordered``: ascending, which is a heap (a numpy sort costs less than a heapify
-        of the list: 1.4M keys in about 0.6 of the time)."""
+    def _push_all(self, keys) -> None:
+        """``heappush`` each of ``keys`` in turn (a ``CompiledHeap`` compiles it)."""
+        heap, push = self.heap, heapq.heappush
+        for k in keys:
+            push(heap, k)
+
+    def entries(self) -> int:
+        """The heap's entries, stale ones too."""
+        return len(self.heap)
+
+    def _key_array(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False):
+        """``level << bits | id`` of each: an int64 array, or beyond int64 a list of
+        Python ints; ``ordered``: ascending, which is a heap (a numpy sort costs less than
+        a heapify of the list: 1.4M keys in about 0.6 of the time)."""
         bits, levels = self.bits, levels.astype(np.int64, copy=False)
         if int(levels.max(initial=0)).bit_length() + bits > 62:
             keys = [lv << bits | i for i, lv in zip(ids.tolist(), levels.tolist(), strict=True)]
             return sorted(keys) if ordered else keys
         keys = levels << bits | ids
-        return (np.sort(keys) if ordered else keys).tolist()
+        return np.sort(keys) if ordered else keys
+
+    def _keys(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False) -> list[int]:
+        """``_key_array``'s keys as Python ints."""
+        keys = self._key_array(ids, levels, ordered)
+        return keys if isinstance(keys, list) else keys.tolist()
 
     def members(self) -> np.ndarray:
         """The members' ids, ascending."""
@@ -176,12 +189,10 @@ class KeyedHeap:
         ids, levels = np.asarray(ids, np.int64), np.asarray(levels, np.int64)
         self.levels[ids] = levels
         self.count += int(ids.size)
-        if not self.heap:
+        if not self.entries():
             self.heap = self._keys(ids, levels, ordered=True)
             return
-        heap, push = self.heap, heapq.heappush
-        for k in self._keys(ids, levels):
-            push(heap, k)
+        self._push_all(self._keys(ids, levels))
         self.compact()
 
     def drop(self, i: int) -> None:
@@ -256,11 +267,9 @@ class KeyedHeap:
         ids = np.fromiter(parked, np.int64, len(parked))
         if pinned is not None:
             ids = ids[pinned[ids] == 0]
-        heap, live, bits = self.heap, self.live, self.bits
-        for i in ids.tolist():
-            k = parked.pop(i)
-            if live[i] == k >> bits:
-                heapq.heappush(heap, k)
+        live, bits = self.live, self.bits
+        keys = [parked.pop(i) for i in ids.tolist()]
+        self._push_all([k for k in keys if live[k & self.mask] == k >> bits])
 
     def settle(self) -> None:
         """The admission succeeded: the victims taken for it are gone for good."""
@@ -269,7 +278,7 @@ class KeyedHeap:
     def compact(self) -> None:
         """Drop the stale entries once they outnumber the live ones by more than the
         slack."""
-        if len(self.heap) > 2 * self.count + self.slack:
+        if self.entries() > 2 * self.count + self.slack:
             self._heap_of_members()
 
     def _heap_of_members(self) -> None:

@@ -51,8 +51,8 @@ class PriorityPolicy(HeapPolicy):
         if self.compiled:
             priority_kernel.load()
         self.board = None
-        self._q: list[int] = []  # the batch's levels, and whether each may replace
-        self._may: list[bool] = []  # (False for a sample larger than the cache)
+        self._q = np.zeros(0, np.int64)  # the batch's levels, and whether each may replace
+        self._may = np.zeros(0, bool)  # (False for a sample larger than the cache)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -113,8 +113,7 @@ class PriorityPolicy(HeapPolicy):
                 "sampler (e.g. 'shade') so the planner can attach its score board"
             )
         fits = np.frombuffer(self._sizes, np.int64)[ids] <= self.capacity_bytes
-        self._batch_levels, self._batch_may = self._levels(ids), self._may_replace(ids) & fits
-        self._q, self._may = self._batch_levels.tolist(), self._batch_may.tolist()
+        self._q, self._may = self._levels(ids), self._may_replace(ids) & fits
         self._batch = ids
 
     def _access(
@@ -139,7 +138,8 @@ class PriorityPolicy(HeapPolicy):
             return
         hit = start.tolist()
         todo = todo.tolist()
-        sizes, cap, used, qs, may = self._sizes, self.capacity_bytes, self.used, self._q, self._may
+        sizes, cap, used = self._sizes, self.capacity_bytes, self.used
+        qs, may = self._q.tolist(), self._may.tolist()
         live, h, bits, mask, count = heap.live, heap.heap, heap.bits, heap.mask, heap.count
         pins = memoryview(self.pinned) if self._holds[0] else None
         ties = self.evict_ties
@@ -223,8 +223,8 @@ class PriorityPolicy(HeapPolicy):
             return False
         pins = self.pinned if self._holds[0] else None
         out = priority_kernel.admit(
-            heap, np.frombuffer(self._sizes, np.int64), pins, self._batch, self._batch_levels,
-            self._batch_may, self.capacity_bytes, self.used, self.evict_ties,
+            heap, np.frombuffer(self._sizes, np.int64), pins, self._batch, self._q, self._may,
+            self.capacity_bytes, self.used, self.evict_ties,
         )  # fmt: skip
         if out is None:
             return False
@@ -265,14 +265,14 @@ class PriorityPolicy(HeapPolicy):
         hit[positions] = True  # a miss's repeat after its admission
         hit[positions[first]] = False
         ids = ids[first]
-        self._heap.add(ids, np.asarray(self._q, np.int64)[positions[first]])
+        self._heap.add(ids, self._q[positions[first]])
         self.used += need
         admitted.extend(ids.tolist())
         return hit
 
     def _victim(self, p: int, i: int) -> int:
         top = self._heap.peek()
-        q = self._q[p]
+        q = int(self._q[p])
         if top is None or not self._may[p]:
             return -1
         v = top[1]
@@ -281,4 +281,4 @@ class PriorityPolicy(HeapPolicy):
         return self._heap.take()
 
     def _level(self, p: int, i: int) -> int:
-        return self._q[p]
+        return int(self._q[p])

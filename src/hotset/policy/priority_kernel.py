@@ -99,8 +99,11 @@ _ready = False
 def load() -> bool:
     """Compile the loop (``compiled_heap.compile_steps``) and run it once on a batch of
     two; whether it is compiled."""
-    global _ready
-    if not _ready and ch.compile_steps(f"{__name__}:_admit"):
+    global _ready, _admit
+    if not _ready and ch.compile_steps():
+        from numba import njit
+
+        _admit = njit(cache=True)(_admit)
         heap = ch.CompiledHeap(4)
         heap.add(np.arange(2), np.arange(2))
         one = np.ones(4, np.int64)
