@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2_contingency, chisquare
+from tests.test_shade import entries
 
 from hotset import ConfigError, make_policy
 from hotset.sampling.dsa import MAX_JOBS, DependentSampling
@@ -702,3 +705,124 @@ def test_an_epoch_started_on_given_ids_needs_exactly_those():
         dsa.add_job("a", np.arange(40))
         dsa.start_epoch("a", left)
         check_tree(dsa, {"a": set(left.tolist())})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(30, 400), st.floats(0.05, 0.5),
+       st.integers(2, 96))  # fmt: skip
+def test_refcnt_compiled_loops_decide_and_leave_the_heap_as_python_s(seed, n, share, b):
+    """Two jobs out of step over a full cache of many residents (the regime of the
+    compiled merge, which the tests above reach with a few), in two partitions sharing
+    the counts: batches of distinct ids and, now and then, with repeats; a job leaving
+    and starting again; pins held for a batch and released; sizes that vary. The
+    compiled loops (``refcnt_kernel``), the Python loops and the base loop's steps
+    decide alike, and the compiled heaps' entries are the Python heaps', entry for
+    entry, after every batch."""
+    _drive_out_of_step(seed, n, share, b)
+
+
+def test_refcnt_out_of_step_batches_reach_the_compiled_loops():
+    """The batches of the test above take the compiled merge, the checked victims and
+    their putting back (the comparison is not vacuous), and none of these loops is
+    compiled in a batch: ``load`` ran each with the types the policy passes (a fresh
+    process, where nothing else ran them; a first call with other types compiles, or
+    loads from numba's cache, for milliseconds to a second)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """if True:
+        import json
+        from hotset.policy import refcnt_kernel
+        from tests.test_joader import _drive_out_of_step
+        assert refcnt_kernel.load()
+        names = ("merge", "lowest", "put_back")
+        kernels = {k: getattr(refcnt_kernel, k) for k in names}
+        count = lambda: {k: len(getattr(kernels[k], "signatures", ())) for k in names}
+        warmed = count()
+        calls = _drive_out_of_step(0, 300, 0.3, 64)
+        print(json.dumps({"calls": calls, "warmed": warmed, "after": count()}))
+    """
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, check=True)  # fmt: skip
+    seen = json.loads(out.stdout.splitlines()[-1])
+    calls = seen["calls"]
+    assert calls["merge"] >= 8 and calls["lowest"] >= 1 and calls["put_back"] >= 1, calls
+    assert seen["after"] == seen["warmed"]
+
+
+def _drive_out_of_step(seed: int, n: int, share: float, b: int) -> dict[str, int]:
+    """The test above's run; how often each compiled loop ran (``fast``'s)."""
+    from hotset.policy import refcnt_kernel
+    from hotset.policy.base import Policy
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 5, n)
+    capacity = max(4, int(share * sizes.sum()))
+
+    def family():
+        first = make_policy("refcnt", capacity, sizes=sizes)
+        return [first, first.new_partition(capacity // 2, sizes)]
+
+    fast, python, slow = family(), family(), family()
+    for part in python:
+        part.compiled = False
+    for part in slow:  # the generic loop calling the steps one by one
+        part._access = Policy._access.__get__(part)
+        part.access = Policy.access.__get__(part)
+    assert refcnt_kernel.load()
+    calls = {"merge": 0, "lowest": 0, "put_back": 0}
+    kernels = {name: getattr(refcnt_kernel, name) for name in calls}
+
+    def counted(name):
+        def call(*args):
+            calls[name] += 1
+            return kernels[name](*args)
+
+        return call
+
+    everyone = (fast, python, slow)
+    orders, at = [rng.permutation(n), rng.permutation(n)], [0, n // 2]  # out of step
+    for parts in everyone:
+        parts[0].add_references(np.arange(n), 2)
+    pinned = np.zeros(0, np.int64)
+    for name in calls:
+        setattr(refcnt_kernel, name, counted(name))
+    try:
+        for step in range(16):
+            job = step % 2
+            batch = orders[job][at[job] : at[job] + b]
+            at[job] += b
+            if at[job] >= n:  # the job's next epoch: a reference to each id again
+                orders[job], at[job] = rng.permutation(n), 0
+                for parts in everyone:
+                    parts[0].add_references(np.arange(n))
+            if rng.random() < 0.25:  # repeats: each read in its turn
+                batch = np.concatenate([batch, batch[: b // 3]])
+            k = int(rng.integers(2))  # (a partition reads what the other does not hold)
+            batch = batch[~fast[1 - k].resident_mask(batch)]
+            leaving = rng.choice(n, n // 4, replace=False) if rng.random() < 0.1 else None
+            results = []
+            for parts in everyone:
+                if batch.size:
+                    results.append(parts[k].access(batch))
+                parts[0].pin(pinned, -1)
+                parts[0].pin(batch[: b // 2])
+                if leaving is not None:
+                    parts[0].add_references(leaving, -1)
+            pinned = batch[: b // 2]
+            for r in results[1:]:
+                for field in ("hits", "admitted", "evicted"):
+                    assert getattr(r, field).tolist() == getattr(results[0], field).tolist()
+            assert np.array_equal(fast[0].refs, python[0].refs)
+            assert np.array_equal(fast[0].refs, slow[0].refs)
+            for f, p, s in zip(fast, python, slow, strict=True):
+                assert entries(f._heap) == entries(p._heap)
+                assert f.used == p.used == s.used <= f.capacity_bytes
+                assert f.cached_ids().tolist() == s.cached_ids().tolist()
+    finally:
+        for name, kernel in kernels.items():
+            setattr(refcnt_kernel, name, kernel)
+    assert fast[0]._heap._list is None  # (its entries stayed in the array)
+    return calls

@@ -317,10 +317,11 @@ def test_the_compiled_loop_decides_and_leaves_the_heap_as_python_s(name, seed, n
     assert fast._heap._list is None  # (its entries stayed in the array)
 
 
-def test_a_state_saved_with_the_python_heap_loads_into_the_compiled_one():
-    """A SHADE cache's state saved before its heap was compiled (a ``KeyedHeap``) loads
-    as a ``CompiledHeap`` with the same entries, and decides as the policy it was saved
-    from."""
+@pytest.mark.parametrize("name", ["app", "refcnt"])
+def test_a_state_saved_with_the_python_heap_loads_into_the_compiled_one(name):
+    """A SHADE (or RefCnt) cache's state saved before its heap was compiled (a
+    ``KeyedHeap``) loads as a ``CompiledHeap`` with the same entries, and decides as the
+    policy it was saved from."""
     from hotset.policy.compiled_heap import CompiledHeap
     from hotset.policy.keyed_heap import KeyedHeap
 
@@ -328,8 +329,11 @@ def test_a_state_saved_with_the_python_heap_loads_into_the_compiled_one():
     board.update(np.arange(200), np.random.default_rng(0).random(200), np.zeros(200))
     made = []
     for _ in range(3):
-        p = make_policy("app", 60, sizes=np.ones(200, np.int64))
-        p.attach_scores(board)
+        p = make_policy(name, 60, sizes=np.ones(200, np.int64))
+        if name == "refcnt":  # two jobs' reads of every id to come
+            p.add_references(np.arange(200), 2)
+        else:
+            p.attach_scores(board)
         made.append(p)
     old, new, same = made
     old.access(np.arange(100))

@@ -135,6 +135,11 @@ class CompiledHeap(KeyedHeap):
     def entries(self) -> int:
         return self._n if self._list is None else len(self._list)
 
+    def first(self) -> int | None:
+        if self._list is None:
+            return int(self._array[0]) if self._n else None
+        return super().first()
+
     def array(self, room: int = 0) -> np.ndarray | None:
         """The entries as ``array[:n]`` with room for ``room`` more (``n`` in ``_n``);
         ``None`` where a key does not fit int64 or nothing is compiled."""

@@ -127,6 +127,10 @@ class KeyedHeap:
         """The heap's entries, stale ones too."""
         return len(self.heap)
 
+    def first(self) -> int | None:
+        """The top entry (it may be stale), ``None`` when the heap is empty."""
+        return self.heap[0] if self.heap else None
+
     def _key_array(self, ids: np.ndarray, levels: np.ndarray, ordered: bool = False):
         """``level << bits | id`` of each: an int64 array, or beyond int64 a list of
         Python ints; ``ordered``: ascending, which is a heap (a numpy sort costs less than
@@ -310,6 +314,13 @@ class HeapPolicy(Policy):
     @property
     def _resident(self):
         return self._heap
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        heap, kind = self._heap, self.heap_class
+        if kind is not KeyedHeap and type(heap) is KeyedHeap and heap.levels.flags.writeable:
+            self._heap = kind.__new__(kind)  # saved before it was a ``heap_class``: the
+            self._heap.__setstate__(heap.__getstate__())  # same entries in one
 
     def hold_nothing(self) -> None:
         super().hold_nothing()

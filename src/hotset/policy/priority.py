@@ -19,7 +19,7 @@ from hotset.ids import first_positions
 from hotset.policy import priority_kernel
 from hotset.policy.base import register_policy
 from hotset.policy.compiled_heap import CompiledHeap
-from hotset.policy.keyed_heap import HeapPolicy, KeyedHeap
+from hotset.policy.keyed_heap import HeapPolicy
 
 SCALE = float(1 << 24)
 
@@ -53,13 +53,6 @@ class PriorityPolicy(HeapPolicy):
         self.board = None
         self._q = np.zeros(0, np.int64)  # the batch's levels, and whether each may replace
         self._may = np.zeros(0, bool)  # (False for a sample larger than the cache)
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        heap = self._heap
-        if type(heap) is KeyedHeap and heap.levels.flags.writeable:  # saved before it was
-            self._heap = CompiledHeap.__new__(CompiledHeap)  # compiled: the same entries
-            self._heap.__setstate__(heap.__getstate__())
 
     def attach_scores(self, board) -> None:
         """Read priorities from ``board`` (a ScoreBoard over the same ids)."""

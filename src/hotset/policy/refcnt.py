@@ -18,8 +18,10 @@ from heapq import heapify, heappop, heappush, heapreplace
 
 import numpy as np
 
-from hotset.ids import as_ids, distinct, distinct_index
+from hotset.ids import as_ids, distinct, distinct_index, first_positions
+from hotset.policy import refcnt_kernel
 from hotset.policy.base import AccessResult, register_policy
+from hotset.policy.compiled_heap import CompiledHeap
 from hotset.policy.keyed_heap import HeapPolicy
 
 PINNED = 1 << 32  # a pinned resident outranks any reference count
@@ -41,6 +43,11 @@ def _current_top(h: list[int], live, refs, pins, bits: int, mask: int) -> None:
             return
 
 
+def _first_of_each(ids: np.ndarray) -> np.ndarray:
+    """``ids`` with each repeat after the first dropped, in order."""
+    return ids if distinct(ids) else ids[first_positions(ids)]
+
+
 @register_policy
 class RefCntPolicy(HeapPolicy):
     """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
@@ -55,6 +62,10 @@ class RefCntPolicy(HeapPolicy):
     checked to be any order's, or the loop with its newcomers in a heap of their own)."""
 
     name = "refcnt"
+    heap_class = CompiledHeap
+    #: the merge and the checked victims compiled (``refcnt_kernel``); ``False``: the
+    #: Python loops below, the same decisions (the tests' reference)
+    compiled = True
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0, refs=None, family=None):
         """``refs``: an array to share with other RefCnt policies (one count of future
@@ -66,6 +77,7 @@ class RefCntPolicy(HeapPolicy):
         # ``_checked`` failed this many times in a row (capped), and the batches it then
         # sits out (the merge decides them: the same decisions, without a wasted try)
         self._failed = self._pause = 0
+        refcnt_kernel.load()
 
     def new_partition(self, capacity_bytes: int, sizes: np.ndarray) -> RefCntPolicy:
         """A partition sharing this one's counts of references and pins."""
@@ -207,12 +219,13 @@ class RefCntPolicy(HeapPolicy):
         made = later.copy()
         made[at] = True
         lowest = int(np.min(level[made] << heap.bits | ids[made]))
-        if not heap.heap or lowest <= heap.heap[0]:
+        top = heap.first()
+        if top is None or lowest <= top:
             return None
         keys = self._lowest(int(need[-1]), int(count[at].max()))
         if keys is None:
             return None
-        found = np.array(keys, np.int64)
+        found = np.asarray(keys, np.int64)
         freed = np.cumsum(np.frombuffer(self._sizes, np.int64)[found & heap.mask])
         taken = np.where(need > 0, np.searchsorted(freed, need) + 1, 0)  # victims by then
         by = np.searchsorted(taken, np.arange(found.size), side="right")  # their newcomer
@@ -221,11 +234,29 @@ class RefCntPolicy(HeapPolicy):
         self._put_back(keys)
         return None
 
-    def _lowest(self, need: int, most: int) -> list[int] | None:
+    def _array(self, room: int) -> np.ndarray | None:
+        """The residents' heap as its array, with room for ``room`` more entries, where the
+        compiled loops serve (``refcnt_kernel``); else ``None`` (Python's: numba missing,
+        keys beyond int64, a template's heap, or ``compiled`` off)."""
+        heap = self._heap
+        if not (self.compiled and isinstance(heap, CompiledHeap) and refcnt_kernel.load()):
+            return None
+        return heap.array(room) if heap.bits + PINNED.bit_length() <= 62 else None
+
+    def _lowest(self, need: int, most: int):
         """Pop the residents with the lowest keys (each re-keyed first where its count or
-        pin went up) until they free ``need`` bytes; ``None`` (nothing popped) where the
-        heap runs out first or a key above ``most`` comes before."""
+        pin went up) until they free ``need`` bytes, their keys in pop order; ``None``
+        (nothing popped) where the heap runs out first or a key above ``most`` comes
+        before."""
         heap, sizes = self._heap, self._sizes
+        h = self._array(0)
+        if h is not None:
+            out = np.empty(heap._n, np.int64)
+            heap._n, taken = refcnt_kernel.lowest(
+                h, heap._n, heap.levels, self.refs, self.pinned, heap.bits,
+                np.frombuffer(sizes, np.int64), need, most, out,
+            )  # fmt: skip
+            return None if taken < 0 else out[:taken]
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
         h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
         keys: list[int] = []
@@ -241,54 +272,104 @@ class RefCntPolicy(HeapPolicy):
             freed += sizes[k & mask]
         return keys
 
-    def _put_back(self, keys: list[int]) -> None:
+    def _put_back(self, keys) -> None:
         """Victims popped by ``_lowest`` are residents again, with their keys."""
         heap = self._heap
+        h = self._array(len(keys))
+        if h is not None:
+            heap._n = refcnt_kernel.put_back(h, heap._n, heap.levels, heap.bits, keys)
+            return
         for k in keys:
             heap.live[k & heap.mask] = k >> heap.bits
             heappush(heap.heap, k)
 
     def _merge(self, ids, hit, level, count, fit, first, apart: bool = True) -> AccessResult:
-        """The base loop in one loop (counts and pins read through memoryviews, the heaps'
-        entries handled in place) from position ``first`` on, the batch's earlier reads
-        done (its newcomers ``fit`` admitted, its hits re-keyed). A read marked ``hit``
-        consumes its reference in its turn and is a miss there if no longer resident;
-        the others' ``level`` and ``count`` (after the read) were consumed before.
-        An eviction takes the residents' top (made current: stale entries dropped, a
-        count or pin gone up re-keyed) if its level is no higher than the newcomer's
-        count (ties to the newcomer; a pinned one never goes); an admission that cannot
-        free enough puts its victims back. ``apart`` (distinct ids): this batch's
-        newcomers wait in a heap of their own (``mine``), not pushed into the residents'
-        (a newcomer is often the next one's victim: 120,000 of 135,000 evictions in a
-        window of Quiver's at 1.28M ids), each eviction taking the lower of the two tops;
-        the newcomers left join the residents' heap at the end. The victims' keys go to
-        one list in the order they leave (``gone``: ``~key`` for a resident's), which
-        is both the evicted ids and what an admission puts back. ``apart``, the admitted
-        are read off the positions at the end (a newcomer or a hit evicted before its
-        turn that is resident now was admitted, in turn): a list of each admission costs
-        4% of an out-of-step batch; with repeats (not apart) they are listed."""
-        sizes, cap, heap = self._sizes, self.capacity_bytes, self._heap
-        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
-        refs, pins = memoryview(self.refs), memoryview(self.pinned)
-        all_sizes = np.frombuffer(sizes, np.int64)
+        """The base loop in one loop from position ``first`` on, the batch's earlier reads
+        done (its newcomers ``fit`` admitted, its hits re-keyed): compiled
+        (``refcnt_kernel.merge``) where it can be, else ``_merge_steps``. A read marked
+        ``hit`` consumes its reference in its turn and is a miss there if no longer
+        resident; the others' ``level`` and ``count`` (after the read) were consumed
+        before. An eviction takes the residents' top (made current: stale entries
+        dropped, a count or pin gone up re-keyed) if its level is no higher than the
+        newcomer's count (ties to the newcomer; a pinned one never goes); an admission
+        that cannot free enough puts its victims back. ``apart`` (distinct ids): this
+        batch's newcomers wait in a heap of their own (``mine``), not pushed into the
+        residents' (a newcomer is often the next one's victim: 120,000 of 135,000
+        evictions in a window of Quiver's at 1.28M ids), each eviction taking the lower
+        of the two tops; the newcomers left join the residents' heap at the end. The
+        victims' keys go to one list in the order they leave (``gone``: ``~key`` for a
+        resident's), which is both the evicted ids and what an admission puts back.
+        ``apart``, the admitted are read off the positions at the end (a newcomer or a
+        hit evicted before its turn that is resident now was admitted, in turn); with
+        repeats (not apart) they are listed."""
+        heap, bits, mask = self._heap, self._heap.bits, self._heap.mask
+        all_sizes = np.frombuffer(self._sizes, np.int64)
         used = self.used + int(all_sizes[ids[fit]].sum())
         end = 1 << 62  # above this batch's keys: ``mine``'s last entry, never taken
-        mine = (level[fit] << bits | ids[fit]).tolist() + [end]  # the newcomers kept apart
-        heapify(mine)
-        admitted: list[int] = []  # (not apart; apart: found by position at the end)
-        gone: list[int] = []  # the victims' keys in turn, ~key for a resident
-        turned: list[int] = []  # the hits evicted before their turn: misses
-        residents = 0  # victims popped from the residents' heap, less newcomers pushed in
         # the reads that may change something (not a newcomer larger than the cache)
         tail = np.arange(first, ids.size)
         tail_sizes = all_sizes[ids[tail]]
-        may = hit[tail] | ((count[tail] > 0) & (tail_sizes <= cap))
+        may = hit[tail] | ((count[tail] > 0) & (tail_sizes <= self.capacity_bytes))
         tail, tail_sizes = tail[may], tail_sizes[may]
         at = ids[tail]
-        for p, i, k, r, was_hit, s in zip(
-            tail.tolist(), at.tolist(), (level[tail] << bits | at).tolist(),
-            count[tail].tolist(), hit[tail].tolist(), tail_sizes.tolist(), strict=True,
-        ):  # fmt: skip
+        reads = (tail, at, level[tail] << bits | at, count[tail], hit[tail], tail_sizes)
+        mine = np.append(level[fit] << bits | ids[fit], end)  # the newcomers kept apart
+        h = self._array(tail.size + 1)  # (a read pushes one entry at most)
+        if h is None:
+            used, residents, mine, gone, turned, admitted = self._merge_steps(
+                used, mine.tolist(), end, *(r.tolist() for r in reads), apart=apart
+            )  # fmt: skip
+        else:
+            room = mine.size + tail.size  # the newcomers' heap at most
+            mine = np.concatenate([mine, np.empty(tail.size, np.int64)])
+            gone = np.empty(heap._n + room, np.int64)
+            turned, admitted = np.empty(tail.size, np.int64), np.empty(tail.size, np.int64)
+            heap._n, m, used, residents, ng, nt, na = refcnt_kernel.merge(
+                h, heap._n, heap.levels, self.refs, self.pinned, bits, all_sizes,
+                self.capacity_bytes, used, mine, fit.size + 1, end, *reads, apart,
+                gone, turned, admitted,
+            )  # fmt: skip
+            mine, gone, turned, admitted = mine[:m], gone[:ng], turned[:nt], admitted[:na]
+        heap.count -= residents
+        kept = np.asarray(mine, np.int64)
+        kept = kept[kept != end]
+        heap.add(kept & mask, kept >> bits)
+        self.used = used
+        hits = hit.copy()
+        hits[turned] = False
+        if apart:  # distinct ids: a newcomer or turned hit resident now was admitted
+            tried = np.sort(np.concatenate([tail[~hit[tail]], np.asarray(turned, np.int64)]))
+            admitted = ids[np.concatenate([fit, tried])]  # in turn
+        else:
+            admitted = _first_of_each(np.asarray(admitted, np.int64))
+        if bits + PINNED.bit_length() > 62:  # keys beyond int64: one at a time
+            gone = np.array([(~t if t < 0 else t) & mask for t in gone], np.int64)
+        else:
+            gone = np.asarray(gone, np.int64)
+            gone = np.where(gone < 0, ~gone, gone) & mask
+        evicted = gone[heap.levels[gone] < 0]  # (once each: one may go, come back, go)
+        return AccessResult(
+            hits=hits,
+            admitted=admitted[heap.levels[admitted] >= 0],
+            evicted=_first_of_each(evicted),
+        )
+
+    def _merge_steps(self, used, mine, end, tail, at, keys, counts, hit, tail_sizes,
+                     apart):  # fmt: skip
+        """``_merge``'s loop in Python (counts and pins read through memoryviews, the
+        heaps' entries handled in place), as ``refcnt_kernel.merge`` runs it: the reads'
+        columns as lists; returns (the used bytes, the victims popped from the
+        residents' heap less the newcomers pushed into it, ``mine``, the victims' keys in
+        turn, the hits turned misses, the admitted where not ``apart``)."""
+        sizes, cap, heap = self._sizes, self.capacity_bytes, self._heap
+        h, live, bits, mask = heap.heap, heap.live, heap.bits, heap.mask
+        refs, pins = memoryview(self.refs), memoryview(self.pinned)
+        heapify(mine)
+        admitted: list[int] = []
+        gone: list[int] = []  # the victims' keys in turn, ~key for a resident
+        turned: list[int] = []  # the hits evicted before their turn: misses
+        residents = 0  # victims popped from the residents' heap, less newcomers pushed in
+        for p, i, k, r, was_hit, s in zip(tail, at, keys, counts, hit, tail_sizes, strict=True):
             if was_hit:
                 was = live[i]
                 r = refs[i]
@@ -350,29 +431,7 @@ class RefCntPolicy(HeapPolicy):
                 heappush(h, k)
                 residents -= 1
                 admitted.append(i)
-        heap.count -= residents
-        kept = np.array(mine, np.int64)
-        kept = kept[kept != end]
-        heap.add(kept & mask, kept >> bits)
-        self.used = used
-        hits = hit.copy()
-        hits[turned] = False
-        if apart:  # distinct ids: a newcomer or turned hit resident now was admitted
-            tried = np.sort(np.concatenate([tail[~hit[tail]], np.array(turned, np.int64)]))
-            admitted = ids[np.concatenate([fit, tried])]  # in turn
-        else:
-            admitted = np.fromiter(dict.fromkeys(admitted), np.int64)
-        if bits + PINNED.bit_length() > 62:  # keys beyond int64: one at a time
-            gone = [(~t if t < 0 else t) & mask for t in gone]
-        else:
-            gone = np.array(gone, np.int64)
-            gone = (np.where(gone < 0, ~gone, gone) & mask).tolist()
-        evicted = np.fromiter(dict.fromkeys(gone), np.int64)
-        return AccessResult(
-            hits=hits,
-            admitted=admitted[heap.levels[admitted] >= 0],
-            evicted=evicted[heap.levels[evicted] < 0],
-        )
+        return used, residents, mine, gone, turned, admitted
 
     def _on_hit(self, p: int, i: int) -> bool:
         refs = self.refs
