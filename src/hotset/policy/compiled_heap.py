@@ -1,7 +1,8 @@
 """A ``KeyedHeap`` whose entries sit in an int64 array that numba-compiled loops sift
 (``heapq``'s own algorithms, so the array is, entry for entry, the list the Python
-steps would leave): the priority policy's heap (SHADE's cache), whose admissions a
-batch decides in one compiled call (``policy/priority_kernel.py``).
+steps would leave): the priority policy's heap (SHADE's cache) and RefCnt's (the
+service's), whose admissions a batch decides in one compiled call
+(``policy/priority_kernel.py``, ``policy/refcnt_kernel.py``).
 
 A batch's admissions are sequential (each newcomer's victims depend on the ones
 before), so numpy cannot decide them at once; in Python each miss of a full cache

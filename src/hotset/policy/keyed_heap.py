@@ -304,7 +304,7 @@ class HeapPolicy(Policy):
     evicted first: the miss path's bookkeeping is shared, a subclass gives ``_level(p,
     i)`` (the level of the access at batch position ``p``) and when to stop evicting."""
 
-    #: the residents' heap (``CompiledHeap`` for the priority policy)
+    #: the residents' heap (``CompiledHeap`` for the priority policy and RefCnt)
     heap_class: type[KeyedHeap] = KeyedHeap
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):

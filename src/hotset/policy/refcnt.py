@@ -50,16 +50,17 @@ def _first_of_each(ids: np.ndarray) -> np.ndarray:
 
 @register_policy
 class RefCntPolicy(HeapPolicy):
-    """Residents in a ``KeyedHeap`` by their count of references (plus ``PINNED`` while
-    pinned), so an eviction costs O(log n). A key that goes down (a read, a job that
-    leaves, a pin released) re-keys the residents concerned at once, in every partition
-    sharing the counts, and so does a job's epoch start (a reference to every resident:
-    one sort); one that goes up for a few (a pin) is re-keyed when it reaches the top
-    (``KeyedHeap.peek`` with the current key): a resident's key in the heap is never
-    above its count, so the top, once checked, is the minimum, ties to the lower id as
-    before. A batch of distinct ids is decided without the loop's step per read where
-    it can (``_access_at_once``: numpy up to its first eviction, then its victims
-    checked to be any order's, or the loop with its newcomers in a heap of their own)."""
+    """Residents in a ``KeyedHeap`` (a ``CompiledHeap``, for the compiled loops) by their
+    count of references (plus ``PINNED`` while pinned), so an eviction costs O(log n). A
+    key that goes down (a read, a job that leaves, a pin released) re-keys the residents
+    concerned at once, in every partition sharing the counts, and so does a job's epoch
+    start (a reference to every resident: one sort); one that goes up for a few (a pin)
+    is re-keyed when it reaches the top (``KeyedHeap.peek`` with the current key): a
+    resident's key in the heap is never above its count, so the top, once checked, is
+    the minimum, ties to the lower id as before. A batch of distinct ids is decided
+    without the loop's step per read where it can (``_access_at_once``: numpy up to its
+    first eviction, then its victims checked to be any order's, or the loop with its
+    newcomers in a heap of their own)."""
 
     name = "refcnt"
     heap_class = CompiledHeap
