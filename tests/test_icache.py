@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.test_shade import entries
 
 import hotset.policy.icache as icache_module
 from hotset import make_policy
@@ -548,6 +549,103 @@ def test_residents_pinned_by_plans_in_flight_are_passed_as_algorithm_1_passes_th
                 assert np.array_equal(getattr(a, field), getattr(b, field)), field
             assert fast.h_used == slow.h_used <= fast.h_capacity
             assert np.isin(kept, fast.h_residents()).all()  # pinned: never evicted
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(100, 600), st.floats(0.05, 0.4),
+       st.integers(8, 128), st.sampled_from([2, 10**6]), st.booleans())  # fmt: skip
+def test_the_compiled_h_cache_decides_and_leaves_the_heap_as_python_s(
+    seed, n, share, b, per_batch, small_slack
+):
+    """A full H-cache of many residents (the regime of the compiled loop, which the tests
+    above reach with a few): H-lists with tied levels, residents and other ids pinned
+    for a batch, repeats, a shadow heap rebuilt over a few batches (the Python loop's
+    part) or at once, and (``small_slack``) a heap compacted often, so that the compiled
+    loop rebuilds it mid-batch. The compiled loop, the Python loop and Algorithm 1's loop
+    over every position decide alike; the compiled heap's entries and held entries are
+    the Python heap's after every batch."""
+    from hotset.policy import compiled_heap, icache_kernel
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    rng = np.random.default_rng(seed)
+    kw = dict(sizes=rng.integers(1, 4, n), package_bytes=4, seed=1,
+              rebuild_per_batch=per_batch)  # fmt: skip
+    cap = max(8, int(share * kw["sizes"].sum()))
+    assert icache_kernel.load()
+    slack, KeyedHeap.slack = KeyedHeap.slack, 0 if small_slack else KeyedHeap.slack
+    try:
+        fast, python, slow = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw), \
+            OneByOne(cap, **kw)  # fmt: skip
+        python.compiled = False
+        everyone = (fast, python, slow)
+        for _ in range(3):
+            new = hints(rng.random(n) < 0.8, rng.integers(0, 5, n) / 5)
+            for p in everyone:
+                p.apply_hints(new)
+            for _ in range(6):
+                if small_slack and rng.random() < 0.3:
+                    # most residents found absent: stale entries beyond the live ones,
+                    # a compaction at the next push
+                    gone = rng.permutation(fast.h_residents())
+                    for p in everyone:
+                        p.discard(gone[: gone.size * 3 // 4])
+                kept = rng.permutation(fast.h_residents())[: b // 8]
+                pins = np.concatenate([kept, rng.integers(0, n, 4)])
+                batch = rng.integers(0, n, b)
+                a, c, d = accessed_while_pinned(everyone, pins, batch)
+                for field in ("served", "hits", "admitted", "evicted", "substituted"):
+                    assert np.array_equal(getattr(a, field), getattr(c, field)), field
+                    assert np.array_equal(getattr(a, field), getattr(d, field)), field
+                assert fast.h_used == python.h_used == slow.h_used <= fast.h_capacity
+                for name in ("heap", "shadow"):
+                    f, p = getattr(fast, name), getattr(python, name)
+                    assert (f is None) == (p is None)
+                    if f is not None:
+                        assert entries(f) == entries(p) and f._parked == p._parked
+                        assert f.count == p.count
+    finally:
+        KeyedHeap.slack = slack
+    assert isinstance(fast.heap, compiled_heap.CompiledHeap)
+
+
+def test_the_compiled_h_cache_s_cases_reach_each_path_and_compile_nothing_in_a_batch():
+    """The cases of the test above take the compiled loop, its held pinned tops, its
+    evictions and its rebuild of the heap mid-batch; and no compiled step is compiled
+    in a batch (a fresh process, where nothing else ran them: ``load`` and
+    ``compile_steps`` ran each with the types iCACHE passes; a first call with others
+    compiles, or loads from numba's cache, for milliseconds to a second)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """if True:
+        import json
+        from hotset.policy import compiled_heap, icache_kernel
+        import tests.test_icache as t
+        assert icache_kernel.load()
+        steps = [getattr(icache_kernel, "admit_in_turn")] + [
+            getattr(compiled_heap, k) for k in ("push", "pop", "push_all", "drop_stale")]
+        count = lambda: [len(getattr(f, "signatures", ())) for f in steps]
+        warmed, seen = count(), [0, 0, 0, 0]
+        kernel = icache_kernel.admit_in_turn
+        def counted(*args):
+            r = kernel(*args)
+            seen[0] += 1; seen[1] += r[5]; seen[2] += r[6]; seen[3] += int(r[7])
+            return r
+        icache_kernel.admit_in_turn = counted
+        run = t.test_the_compiled_h_cache_decides_and_leaves_the_heap_as_python_s
+        for case in [(0, 300, 0.2, 64, 10**6, True), (1, 500, 0.1, 128, 2, True)]:
+            run.hypothesis.inner_test(*case)
+        print(json.dumps({"seen": seen, "warmed": warmed, "after": count()}))
+    """
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, check=True)  # fmt: skip
+    r = json.loads(out.stdout.splitlines()[-1])
+    calls, evicted, parked, rebuilt = r["seen"]
+    assert calls >= 10 and evicted and parked and rebuilt, r
+    assert r["after"] == r["warmed"]
 
 
 @settings(max_examples=150, deadline=None)

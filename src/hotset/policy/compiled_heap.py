@@ -100,9 +100,11 @@ def compile_steps() -> bool:
         mine = globals()
         for name in ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale"):
             mine[name] = njit(cache=True)(mine[name])
-        h = np.zeros(4, np.int64)
+        h = np.zeros(4, np.int64)  # each called as a Python step is, to compile it now
         push_all(h, 0, np.arange(2, dtype=np.int64))
-        drop_stale(h, 2, np.zeros(4, np.int64), 1)
+        pop(h, push(h, 2, 5))
+        for dtype in (np.int64, np.int32):  # the levels of SHADE's heap, and iCACHE's
+            drop_stale(h, 2, np.zeros(4, dtype), 1)
         _loaded = True
     return _loaded
 
@@ -178,6 +180,19 @@ class CompiledHeap(KeyedHeap):
             super()._push_all(keys.tolist() if isinstance(keys, np.ndarray) else keys)
             return
         self._n = push_all(h, self._n, keys)
+
+    def _push_one(self, key: int) -> None:
+        if self._list is not None:
+            super()._push_one(key)
+        else:
+            self._n = push(self.array(1), self._n, key)
+
+    def pop_entry(self) -> int:
+        if self._list is not None:
+            return super().pop_entry()
+        key = int(self._array[0])
+        self._n = pop(self._array, self._n)
+        return key
 
     def peek(self, level_of=None):
         if level_of is None and self._list is None:

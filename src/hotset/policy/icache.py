@@ -43,7 +43,7 @@ import logging
 import random
 from bisect import bisect_left
 from collections import OrderedDict
-from heapq import heappop, heapreplace
+from heapq import heapreplace
 from itertools import islice
 
 import numpy as np
@@ -58,7 +58,9 @@ from hotset.ids import (
     nonzero_at,
     stable_order,
 )
+from hotset.policy import icache_kernel
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
+from hotset.policy.compiled_heap import CompiledHeap
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
 
@@ -299,6 +301,9 @@ class LoadOrder(UseOrder):
 @register_policy
 class ICachePolicy(Policy):
     name = "icache"
+    #: the H-cache's admissions compiled where no rebuild runs (``icache_kernel``);
+    #: ``False``: the Python loop, the same decisions (the tests' reference)
+    compiled = True
 
     def __init__(
         self,
@@ -341,7 +346,7 @@ class ICachePolicy(Policy):
         self._cursor, self._wrapped, self._drawn = 0, False, 0
         self._level = np.full(self.num_samples, 0, np.int32)  # importance, quantised
         self._where = np.zeros(self.num_samples, np.int8)  # NONE, H, FRESH or USED per id
-        self.heap = KeyedHeap(self.num_samples, np.int32)
+        self.heap = CompiledHeap(self.num_samples, np.int32)
         self.shadow: KeyedHeap | None = None  # the heap after ``_rebuild`` more residents
         self._rebuild = 0  # residents the paper's rebuild has left to re-insert
         self.h_used = 0
@@ -362,6 +367,7 @@ class ICachePolicy(Policy):
         self._due = np.zeros(0, np.int64)  # ids the coverage floor needs trained as themselves
         self._warned = False
         self.set_split(h_share)
+        icache_kernel.load()
 
     # -- sizes -----------------------------------------------------------------------
     def set_split(self, h_share: float) -> None:
@@ -448,6 +454,11 @@ class ICachePolicy(Policy):
             raise ConfigError("a saved iCACHE state's _evict_bulk is not arrays of ids")
         _saved_ids({"_evict_bulk": np.concatenate(bulk) if bulk else ()}, "_evict_bulk", n)
         super().load_state_dict(state)
+        for name in ("heap", "shadow"):  # saved before they were compiled: the same entries
+            heap = getattr(self, name)
+            if type(heap) is KeyedHeap:
+                setattr(self, name, CompiledHeap.__new__(CompiledHeap))
+                getattr(self, name).__setstate__(heap.__getstate__())
 
     def _load_order(self, ids: np.ndarray, where: np.ndarray) -> LoadOrder:
         """The L residents ``ids``, in the order they were loaded, as a ``LoadOrder``
@@ -634,7 +645,7 @@ class ICachePolicy(Policy):
         np.multiply(imp, SCALE, out=self._level, casting="unsafe")
         ids = self.h_residents()
         if ids.size:  # the heap turns read-only; the shadow gets the new values
-            self.shadow = KeyedHeap(self.num_samples, np.int32)
+            self.shadow = CompiledHeap(self.num_samples, np.int32)
             self.shadow.add(ids, self._level[ids])
             self._rebuild = ids.size
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
@@ -689,7 +700,7 @@ class ICachePolicy(Policy):
             if top is None or top[1] >= q:
                 break
             if park and self.pinned[top[0]]:
-                src.park(heappop(src.heap))  # (still a member: resident)
+                src.park(src.pop_entry())  # (still a member: resident)
                 continue
             j = src.pop()
             popped.append((src, j, top[1]))
@@ -734,6 +745,10 @@ class ICachePolicy(Policy):
         take: list[int] = []
         turned: list[int] = []
         rest = h_pos[int(np.searchsorted(h_pos, misses[act[0]])) :]
+        if self.shadow is None and self.compiled:
+            done = self._compiled_in_turn(ids, rest, hits, top)
+            if done is not None:
+                return done
         now, is_h = memoryview(self._where), memoryview(self.is_h)
         level, size_of, pins = memoryview(self._level), self._sizes, memoryview(self.pinned)
         heap = self.heap if self.shadow is None else None  # (no rebuild: one heap)
@@ -760,6 +775,32 @@ class ICachePolicy(Policy):
                 hits[p] = False
                 turned.append(p)
         return np.array(take, np.int64), turned
+
+    def _compiled_in_turn(self, ids: np.ndarray, rest: np.ndarray, hits: np.ndarray,
+                          top: int) -> tuple[np.ndarray, list[int]] | None:  # fmt: skip
+        """The loop above compiled (``icache_kernel``) where no rebuild runs: the same
+        decisions and heap; ``None`` where it cannot serve (numba missing, or
+        ``compiled`` off) and nothing changed."""
+        heap = self.heap
+        if not (isinstance(heap, CompiledHeap) and icache_kernel.load()):
+            return None
+        h = heap.array(rest.size + 1)  # (an admission adds one entry at most)
+        if h is None:
+            return None
+        most = heap._n + rest.size + 1  # entries taken from the heap at most
+        take, turned = np.empty(rest.size, np.int64), np.empty(rest.size, np.int64)
+        evicted, parked, popped = (np.empty(most, np.int64) for _ in range(3))
+        heap._n, heap.count, self.h_used, nt, nl, ne, npk, rebuilt = icache_kernel.admit_in_turn(
+            h, heap._n, heap.levels, heap.count, heap.slack, heap.bits, self._where, self.is_h,
+            self._level, np.frombuffer(self._sizes, np.int64), self.pinned, ids, rest,
+            self.h_capacity, self.h_used, top, hits, take, turned, evicted, parked, popped,
+        )  # fmt: skip
+        if rebuilt:
+            heap._parked.clear()  # (a rebuild put every member's entry back)
+        for k in parked[:npk].tolist():
+            heap.park(k)
+        self._evict_next.extend(evicted[:ne].tolist())
+        return take[:nt], turned[:nl].tolist()
 
     def _replace_least(self, heap: KeyedHeap, j: int, i: int, s: int) -> None:
         """``_admit_h(i)`` where the least important resident ``j`` (the heap's first

@@ -101,10 +101,17 @@ class KeyedHeap:
             live[i] = level
             if old < 0:
                 self.count += 1
-            heap = self.heap
-            heapq.heappush(heap, level << self.bits | i)
-            if len(heap) > 2 * self.count + self.slack:
+            self._push_one(level << self.bits | i)
+            if self.entries() > 2 * self.count + self.slack:
                 self.compact()
+
+    def _push_one(self, key: int) -> None:
+        """``heappush`` of one key (a ``CompiledHeap`` pushes onto its array)."""
+        heapq.heappush(self.heap, key)
+
+    def pop_entry(self) -> int:
+        """Pop the top entry as it is (the caller made it current, or wants it stale)."""
+        return heapq.heappop(self.heap)
 
     def rekey(self, ids: np.ndarray, levels: np.ndarray) -> None:
         """Re-key the members among ``ids`` (the others are left out) with ``levels``, at
@@ -225,7 +232,7 @@ class KeyedHeap:
     def pop(self) -> int:
         """Remove and return the minimum's id (the heap must not be empty)."""
         i, _ = self.peek()  # type: ignore[misc]
-        heapq.heappop(self.heap)
+        self.pop_entry()
         self.live[i] = -1
         self.count -= 1
         return i
