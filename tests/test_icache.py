@@ -608,6 +608,29 @@ def test_the_compiled_h_cache_decides_and_leaves_the_heap_as_python_s(
     assert isinstance(fast.heap, compiled_heap.CompiledHeap)
 
 
+def test_an_icache_state_saved_with_the_python_heap_loads_into_the_compiled_one():
+    """An iCACHE state saved before its H-cache's heap was compiled (a ``KeyedHeap``)
+    loads as a ``CompiledHeap`` with the same entries, and decides as the policy it was
+    saved from."""
+    from hotset.policy.compiled_heap import CompiledHeap
+    from hotset.policy.keyed_heap import KeyedHeap
+
+    rng = np.random.default_rng(0)
+    kw = dict(sizes=np.ones(200, np.int64), package_bytes=4, seed=1)
+    old, new, same = (make_policy("icache", 60, **kw) for _ in range(3))
+    old.apply_hints(hints(rng.random(200) < 0.8, rng.random(200)))
+    old.access(np.arange(100))
+    state = old.state_dict()
+    new.load_state_dict({**state, "heap": state["heap"].recast(KeyedHeap)})
+    same.load_state_dict(state)
+    assert type(new.heap) is CompiledHeap and entries(new.heap) == entries(old.heap)
+    batch = rng.permutation(200)[:80]
+    a, b = new.access(batch), same.access(batch)
+    for field in ("served", "hits", "admitted", "evicted"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert a.evicted.size and entries(new.heap) == entries(same.heap)
+
+
 def test_the_compiled_h_cache_s_cases_reach_each_path_and_compile_nothing_in_a_batch():
     """The cases of the test above take the compiled loop, its held pinned tops, its
     evictions and its rebuild of the heap mid-batch; and no compiled step is compiled

@@ -457,8 +457,7 @@ class ICachePolicy(Policy):
         for name in ("heap", "shadow"):  # saved before they were compiled: the same entries
             heap = getattr(self, name)
             if type(heap) is KeyedHeap:
-                setattr(self, name, CompiledHeap.__new__(CompiledHeap))
-                getattr(self, name).__setstate__(heap.__getstate__())
+                setattr(self, name, heap.recast(CompiledHeap))
 
     def _load_order(self, ids: np.ndarray, where: np.ndarray) -> LoadOrder:
         """The L residents ``ids``, in the order they were loaded, as a ``LoadOrder``

@@ -90,6 +90,13 @@ class KeyedHeap:
             raise ConfigError("a saved heap's levels are not a 1-D int32 or int64 array")
         self.live = memoryview(self.levels)
 
+    def recast(self, kind: type[KeyedHeap]) -> KeyedHeap:
+        """A heap of class ``kind`` with this one's state (one saved before a policy's
+        heap was a ``CompiledHeap``)."""
+        heap = kind.__new__(kind)
+        heap.__setstate__(self.__getstate__())
+        return heap
+
     def key(self, i: int, level: int) -> int:
         return level << self.bits | i
 
@@ -326,8 +333,7 @@ class HeapPolicy(Policy):
         super().load_state_dict(state)
         heap, kind = self._heap, self.heap_class
         if kind is not KeyedHeap and type(heap) is KeyedHeap and heap.levels.flags.writeable:
-            self._heap = kind.__new__(kind)  # saved before it was a ``heap_class``: the
-            self._heap.__setstate__(heap.__getstate__())  # same entries in one
+            self._heap = heap.recast(kind)  # saved before it was a ``heap_class``
 
     def hold_nothing(self) -> None:
         super().hold_nothing()
