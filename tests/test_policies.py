@@ -443,3 +443,58 @@ def test_a_mapped_manifests_sizes_are_shared_not_copied(name, tmp_path):
     assert p.size_of(gone) == sizes[gone] + 7
     assert manifest.sizes[gone] == sizes[gone]
     assert (tmp_path / "columns").read_bytes() == file_bytes
+
+
+def test_the_compiled_loops_compile_nothing_in_a_batch_whatever_arrays_they_get():
+    """SHADE's, RefCnt's and iCACHE's compiled loops are compiled when a policy is made,
+    with the types it then passes: over sizes of its own or a mapped (read-only) column,
+    batches writable or read-only, a full cache and pins, no batch compiles a loop again
+    (a fresh process, where nothing else ran them; a compile in a batch costs
+    milliseconds loading numba's cache, a second or more without it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """if True:
+        import json
+        import numpy as np
+        from hotset import ScoreBoard, make_policy
+        from hotset.policy import compiled_heap, icache_kernel, priority_kernel, refcnt_kernel
+
+        n = 400
+        made = lambda name, sizes: make_policy(name, 120, sizes=sizes)
+        made("app", np.ones(n, np.int64)), made("refcnt", np.ones(n, np.int64))
+        made("icache", np.ones(n, np.int64))
+        loops = [getattr(compiled_heap, k) for k in ("push", "pop", "push_all", "drop_stale")]
+        loops += [priority_kernel._admit, icache_kernel.admit_in_turn] + [
+            getattr(refcnt_kernel, k) for k in ("merge", "lowest", "put_back")]
+        count = lambda: [len(f.signatures) for f in loops]
+        warmed = count()
+        rng = np.random.default_rng(0)
+        board = ScoreBoard(n)
+        board.update(np.arange(n), rng.random(n), np.zeros(n))
+        for frozen in (False, True):
+            sizes = rng.integers(1, 4, n)
+            sizes.flags.writeable = not frozen  # (a node's mapped column is read-only)
+            for name in ("app", "refcnt", "icache"):
+                p = made(name, sizes)
+                if name == "app":
+                    p.attach_scores(board)
+                elif name == "refcnt":
+                    p.add_references(np.arange(n), 3)
+                else:
+                    p.apply_hints({"hot": rng.random(n) < 0.8, "importance": rng.random(n)})
+                for _ in range(12):
+                    batch = rng.permutation(n)[:64]
+                    batch.flags.writeable = not frozen
+                    p.pin(batch[:8])
+                    p.access(batch)
+                    p.pin(batch[:8], -1)
+        print(json.dumps({"warmed": warmed, "after": count()}))
+    """
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, check=True)  # fmt: skip
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["after"] == r["warmed"]

@@ -82,6 +82,17 @@ def drop_stale(h, n, live, bits):
     return n
 
 
+def frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` read-only (a view where it is writable). numba compiles a function apart for
+    a writable and a read-only array, so the compiled loops take their inputs read-only
+    whatever the caller holds (a policy's own sizes, a node's mapped column, a batch
+    from a mapped order): compiled once, when a policy is made, not in a batch."""
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 _loaded: bool | None = None  # None: not tried yet
 
 

@@ -60,7 +60,7 @@ from hotset.ids import (
 )
 from hotset.policy import icache_kernel
 from hotset.policy.base import AccessResult, Feeder, Policy, register_policy
-from hotset.policy.compiled_heap import CompiledHeap
+from hotset.policy.compiled_heap import CompiledHeap, frozen
 from hotset.policy.keyed_heap import KeyedHeap
 from hotset.sampling.draw import SHUFFLE_BLOCK, shuffle_next, subset
 
@@ -789,10 +789,11 @@ class ICachePolicy(Policy):
         most = heap._n + rest.size + 1  # entries taken from the heap at most
         take, turned = np.empty(rest.size, np.int64), np.empty(rest.size, np.int64)
         evicted, parked, popped = (np.empty(most, np.int64) for _ in range(3))
+        hot, sizes = frozen(self.is_h), frozen(np.frombuffer(self._sizes, np.int64))
         heap._n, heap.count, self.h_used, nt, nl, ne, npk, rebuilt = icache_kernel.admit_in_turn(
-            h, heap._n, heap.levels, heap.count, heap.slack, heap.bits, self._where, self.is_h,
-            self._level, np.frombuffer(self._sizes, np.int64), self.pinned, ids, rest,
-            self.h_capacity, self.h_used, top, hits, take, turned, evicted, parked, popped,
+            h, heap._n, heap.levels, heap.count, heap.slack, heap.bits, self._where, hot,
+            self._level, sizes, self.pinned, frozen(ids), rest, self.h_capacity, self.h_used,
+            top, hits, take, turned, evicted, parked, popped,
         )  # fmt: skip
         if rebuilt:
             heap._parked.clear()  # (a rebuild put every member's entry back)

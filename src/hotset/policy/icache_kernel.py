@@ -143,8 +143,9 @@ def load() -> bool:
         h, live = np.array([6, 0, 0, 0, 0, 0]), np.array([-1, -1, 1, -1], np.int32)
         where, three = np.array([0, 0, 1, 0], np.int8), np.full(4, 3, np.int32)
         out = [np.zeros(4, np.int64) for _ in range(5)]
-        admit_in_turn(h, 1, live, 1, 0, 2, where, np.ones(4, np.bool_), three,
-                      np.ones(4, np.int64), np.zeros(4, np.int32), np.array([1, 3]),
-                      np.arange(2), 1, 1, 1, np.zeros(2, np.bool_), *out)  # fmt: skip
+        hot, sizes, ids = (ch.frozen(a) for a in (  # (read-only, as iCACHE passes them)
+            np.ones(4, np.bool_), np.ones(4, np.int64), np.array([1, 3])))
+        admit_in_turn(h, 1, live, 1, 0, 2, where, hot, three, sizes, np.zeros(4, np.int32),
+                      ids, np.arange(2), 1, 1, 1, np.zeros(2, np.bool_), *out)  # fmt: skip
         _ready = True
     return _ready

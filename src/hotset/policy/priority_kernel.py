@@ -123,6 +123,7 @@ def admit(heap: ch.CompiledHeap, sizes: np.ndarray, pins: np.ndarray | None, ids
     h = heap.array(ids.size + 1)  # (a decision adds one entry at most)
     if h is None:
         return None
+    sizes, ids, qs, may = (ch.frozen(a) for a in (sizes, ids, qs, may))
     n = heap._n
     most = n + ids.size + 1  # the heap's entries at most, during the batch
     hit = np.empty(ids.size, np.bool_)

@@ -21,7 +21,7 @@ import numpy as np
 from hotset.ids import as_ids, distinct, distinct_index, first_positions
 from hotset.policy import refcnt_kernel
 from hotset.policy.base import AccessResult, register_policy
-from hotset.policy.compiled_heap import CompiledHeap
+from hotset.policy.compiled_heap import CompiledHeap, frozen
 from hotset.policy.keyed_heap import HeapPolicy
 
 PINNED = 1 << 32  # a pinned resident outranks any reference count
@@ -255,7 +255,7 @@ class RefCntPolicy(HeapPolicy):
             out = np.empty(heap._n, np.int64)
             heap._n, taken = refcnt_kernel.lowest(
                 h, heap._n, heap.levels, self.refs, self.pinned, heap.bits,
-                np.frombuffer(sizes, np.int64), need, most, out,
+                frozen(np.frombuffer(sizes, np.int64)), need, most, out,
             )  # fmt: skip
             return None if taken < 0 else out[:taken]
         refs, pins = memoryview(self.refs), memoryview(self.pinned)
@@ -326,7 +326,7 @@ class RefCntPolicy(HeapPolicy):
             gone = np.empty(heap._n + room, np.int64)
             turned, admitted = np.empty(tail.size, np.int64), np.empty(tail.size, np.int64)
             heap._n, m, used, residents, ng, nt, na = refcnt_kernel.merge(
-                h, heap._n, heap.levels, self.refs, self.pinned, bits, all_sizes,
+                h, heap._n, heap.levels, self.refs, self.pinned, bits, frozen(all_sizes),
                 self.capacity_bytes, used, mine, fit.size + 1, end, *reads, apart,
                 gone, turned, admitted,
             )  # fmt: skip

@@ -169,11 +169,12 @@ def load() -> bool:
         for name in ("current_top", "put_back", "lowest", "heapify", "merge"):
             mine[name] = njit(cache=True)(mine[name])
         one, none = np.ones(4, np.int64), np.zeros(4, np.int32)
+        sizes = ch.frozen(one)  # (read-only, as the policy passes them)
         h, live = np.array([5, 0, 0, 0]), np.array([1, -1, -1, -1])
-        n, _ = lowest(h, 1, live, one, none, 2, one, 1, 9, np.zeros(2, np.int64))
+        n, _ = lowest(h, 1, live, one, none, 2, sizes, 1, 9, np.zeros(2, np.int64))
         n = put_back(h, n, live, 2, np.zeros(0, np.int64))
         e = np.zeros(0, np.int64)
-        merge(h, n, live, one, none, 2, one, 2, 0, np.array([8, 0]), 1, 8, e, e, e, e,
+        merge(h, n, live, one, none, 2, sizes, 2, 0, np.array([8, 0]), 1, 8, e, e, e, e,
               np.zeros(0, np.bool_), e, True, e, e, e)  # fmt: skip
         _ready = True
     return _ready
