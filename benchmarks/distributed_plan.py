@@ -10,8 +10,8 @@ processes on this machine plan a synthetic ImageNet-like manifest of N ids (mapp
 one columns file, as a node's ranks share it) with simulated feedback, and report per
 rank the epoch start, planning per step, the collectives per step with their bytes and
 time, and memory (private per rank, and the mapped manifest shared by the node; what
-making the policy takes whatever the ids, numba's compiled loops for SHADE's cache, apart
-as ``compiled_MB`` and in the node's total).
+making the policy takes whatever the ids, numba's compiled loops for SHADE's, RefCnt's
+and iCACHE's caches, apart as ``compiled_MB`` and in the node's total).
 
     python benchmarks/distributed_plan.py --ids 14000000 --ranks 8 --systems lru,shade
 """

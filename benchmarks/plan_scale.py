@@ -14,8 +14,8 @@ class-clustered 16-d embeddings for SpiderCache), as a training loop would. Repo
 * ``state_B_per_id``: resident memory the control plane adds after the two windows, per id
   (``peak_B_per_id``: its peak);
 * ``compiled_MB``: what making the system's policy takes whatever the ids (numba and the
-  compiled loops of SHADE's and RefCnt's caches: about 41 MB traced, about 0 for the
-  others), once per process: measured before the run and not in the figures per id;
+  compiled loops of SHADE's, RefCnt's and iCACHE's caches: about 41 MB traced, about 0
+  for the others), once per process: measured before the run and not in the figures per id;
 * ``epoch_start_ms``: the second epoch's start up to its first batch (per-epoch work: new
   orders, importance distributions, H-lists), and ``us_per_sample``: planning + feedback
   per planned sample in the windows' other batches; ``amortised_us`` adds the epoch start
@@ -285,8 +285,8 @@ def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored
 
 def compiled_bytes(policy: str) -> int:
     """The bytes that making a ``policy`` takes whatever the ids: importing numba and
-    loading the compiled loops, for SHADE's and RefCnt's caches (about 0 for the
-    others); once per process, so measured here, before the run, not counted per id."""
+    loading the compiled loops, for SHADE's, RefCnt's and iCACHE's caches (about 0 for
+    the others); once per process, so measured here, before the run, not counted per id."""
     from hotset.policy.base import make_policy
 
     tracemalloc.start()
