@@ -154,7 +154,8 @@ def h_list_of_ranked(ranked, importance: np.ndarray, sizes, capacity: int) -> np
 #: L-samples the pool puts in their random place at a time (``_draw_pool_block``)
 POOL_BLOCK = SHUFFLE_BLOCK
 #: an id's place in ``ICachePolicy._where``
-NONE, H, FRESH, USED = 0, 1, 2, 3  # not cached; H-cache; L-cache unused / used this epoch
+# an id's place (``_where``): not cached; H-cache; L-cache unused / used this epoch
+NONE, H, FRESH, USED = icache_kernel.PLACES
 
 
 class RandomPool:

@@ -12,7 +12,7 @@ import numpy as np
 
 from hotset.policy import compiled_heap as ch
 
-H, NONE = 1, 0  # (``icache``'s places: an H resident, not cached)
+PLACES = NONE, H, FRESH, USED = 0, 1, 2, 3  # an id's place in ``ICachePolicy._where``
 
 
 def members(h, live, bits):
