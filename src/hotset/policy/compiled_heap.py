@@ -1,8 +1,9 @@
 """A ``KeyedHeap`` whose entries sit in an int64 array that numba-compiled loops sift
 (``heapq``'s own algorithms, so the array is, entry for entry, the list the Python
-steps would leave): the priority policy's heap (SHADE's cache) and RefCnt's (the
-service's), whose admissions a batch decides in one compiled call
-(``policy/priority_kernel.py``, ``policy/refcnt_kernel.py``).
+steps would leave): the priority policy's heap (SHADE's cache), RefCnt's (the
+service's) and iCACHE's H-cache's, whose admissions a batch decides in one compiled call
+(``policy/priority_kernel.py``, ``refcnt_kernel.py``, ``icache_kernel.py``: each
+compiles its loops with ``jit_all``).
 
 A batch's admissions are sequential (each newcomer's victims depend on the ones
 before), so numpy cannot decide them at once; in Python each miss of a full cache
@@ -96,6 +97,24 @@ def frozen(a: np.ndarray) -> np.ndarray:
 _loaded: bool | None = None  # None: not tried yet
 
 
+def _njit(namespace: dict, names) -> bool:
+    """Replace the functions ``names`` of a module's ``namespace`` by numba's compiled
+    ones (its code cached on disk); whether numba is there."""
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - a dependency; Python's steps serve
+        return False
+    for name in names:
+        namespace[name] = njit(cache=True)(namespace[name])
+    return True
+
+
+def jit_all(namespace: dict, names) -> bool:
+    """``_njit`` for a kernel module's loops, once this module's steps, which they call,
+    are compiled; whether they are (a kernel's ``load`` then runs each once)."""
+    return compile_steps() and _njit(namespace, names)
+
+
 def compile_steps() -> bool:
     """Compile this module's steps with numba, once per process, and run them once:
     importing numba and loading its cached code cost about a second, paid here (a
@@ -103,14 +122,10 @@ def compile_steps() -> bool:
     is missing)."""
     global _loaded
     if _loaded is None:
-        try:
-            from numba import njit
-        except ImportError:  # pragma: no cover - a dependency; Python's steps serve
-            _loaded = False
+        steps = ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale")
+        _loaded = _njit(globals(), steps)
+        if not _loaded:
             return False
-        mine = globals()
-        for name in ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale"):
-            mine[name] = njit(cache=True)(mine[name])
         h = np.zeros(4, np.int64)  # each called as a Python step is, to compile it now
         push_all(h, 0, np.arange(2, dtype=np.int64))
         pop(h, push(h, 2, 5))

@@ -133,12 +133,7 @@ def load() -> bool:
     """Compile the loop (after ``compiled_heap``'s steps, which it calls) and run it once
     with the types iCACHE passes (int32 levels, int8 places); whether it is compiled."""
     global _ready
-    if not _ready and ch.compile_steps():
-        from numba import njit
-
-        mine = globals()
-        for name in ("members", "least", "admit_in_turn"):
-            mine[name] = njit(cache=True)(mine[name])
+    if not _ready and ch.jit_all(globals(), ("members", "least", "admit_in_turn")):
         # one resident (id 2, level 1) replaced by id 1 (level 3); id 3 then refused
         h, live = np.array([6, 0, 0, 0, 0, 0]), np.array([-1, -1, 1, -1], np.int32)
         where, three = np.array([0, 0, 1, 0], np.int8), np.full(4, 3, np.int32)

@@ -48,8 +48,7 @@ class PriorityPolicy(HeapPolicy):
 
     def __init__(self, capacity_bytes, sizes, seed: int = 0):
         super().__init__(capacity_bytes, sizes, seed)
-        if self.compiled:
-            priority_kernel.load()
+        priority_kernel.load()
         self.board = None
         self._q = np.zeros(0, np.int64)  # the batch's levels, and whether each may replace
         self._may = np.zeros(0, bool)  # (False for a sample larger than the cache)

@@ -30,8 +30,7 @@ def _admit(h, n, live, sizes, pins, use_pins, ids, qs, may, cap, used, bits, tie
         if used + s > cap:
             if not may[p]:
                 continue
-            while n > 0 and live[h[0] & mask] != h[0] >> bits:
-                n = ch.pop(h, n)  # stale entry
+            n = ch.drop_stale(h, n, live, bits)
             if n == 0:
                 continue  # nothing to evict: not admitted
             top = h[0]
@@ -62,8 +61,7 @@ def _admit(h, n, live, sizes, pins, use_pins, ids, qs, may, cap, used, bits, tie
                         used -= sizes[j]
                         if used + s <= cap:
                             break
-                    while n > 0 and live[h[0] & mask] != h[0] >> bits:
-                        n = ch.pop(h, n)
+                    n = ch.drop_stale(h, n, live, bits)
                     if n == 0:
                         break
                     top = h[0]
@@ -99,11 +97,8 @@ _ready = False
 def load() -> bool:
     """Compile the loop (``compiled_heap.compile_steps``) and run it once on a batch of
     two; whether it is compiled."""
-    global _ready, _admit
-    if not _ready and ch.compile_steps():
-        from numba import njit
-
-        _admit = njit(cache=True)(_admit)
+    global _ready
+    if not _ready and ch.jit_all(globals(), ("_admit",)):
         heap = ch.CompiledHeap(4)
         heap.add(np.arange(2), np.arange(2))
         one = np.ones(4, np.int64)

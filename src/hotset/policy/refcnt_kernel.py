@@ -162,12 +162,8 @@ def load() -> bool:
     with others would compile, or load from numba's cache, in a batch); whether they
     are compiled."""
     global _ready
-    if not _ready and ch.compile_steps():
-        from numba import njit
-
-        mine = globals()
-        for name in ("current_top", "put_back", "lowest", "heapify", "merge"):
-            mine[name] = njit(cache=True)(mine[name])
+    if not _ready and ch.jit_all(globals(), ("current_top", "put_back", "lowest", "heapify",
+                                             "merge")):  # fmt: skip
         one, none = np.ones(4, np.int64), np.zeros(4, np.int32)
         sizes = ch.frozen(one)  # (read-only, as the policy passes them)
         h, live = np.array([5, 0, 0, 0]), np.array([1, -1, -1, -1])
