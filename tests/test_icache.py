@@ -678,10 +678,14 @@ def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg
     no arrays), or many at once (``l_load_many``); the package threads compose each, make
     room and commit it. Driven the same way (some ids pinned while packages load, as by
     plans in flight), both serve the same ids with the same hits and hold the same
-    residents, loaded in the same order."""
+    residents, loaded in the same order, used in the same order. The simulator's feeder
+    with the L-cache's walks compiled (``icache_kernel.candidates``, ``settle_in_turn``)
+    and with the Python walks (``compiled`` off) decide alike."""
     n, rng, kw = _small_cache(seed, pkg)
     instant, stepped = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw)
-    feeder = instant.make_feeder(lock=None)
+    python = make_policy("icache", cap, **kw)
+    python.compiled = False
+    feeders = [p.make_feeder(lock=None) for p in (instant, python)]
 
     def poll_in_steps():
         while stepped.l_wants_package():
@@ -691,23 +695,34 @@ def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg
             _, accepted = stepped.l_make_room(ids)
             stepped.l_commit(accepted)
 
+    everyone = (instant, python, stepped)
     for _ in range(6):
         hot, importance = rng.random(n) < h_frac, rng.random(n)
-        for p in (instant, stepped):
+        for p in everyone:
             p.apply_hints(hints(hot, importance))
-        feeder.epoch_started()
+        for feeder in feeders:
+            feeder.epoch_started()
         poll_in_steps()
         for _ in range(5):
             ids = rng.integers(0, n, 16)
-            a, b = instant.access(ids), stepped.access(ids)
-            assert a.served.tolist() == b.served.tolist() and a.hits.tolist() == b.hits.tolist()
+            a, c, b = (p.access(ids) for p in everyone)
+            for other in (b, c):
+                assert a.served.tolist() == other.served.tolist()
+                assert a.hits.tolist() == other.hits.tolist()
             pins = ids[rng.random(ids.size) < 0.2]
-            instant.pin(pins), stepped.pin(pins)
-            feeder.poll()
+            for p in everyone:
+                p.pin(pins)
+            for feeder in feeders:
+                feeder.poll()
             poll_in_steps()
-            instant.pin(pins, -1), stepped.pin(pins, -1)
-            assert instant.l_residents().tolist() == stepped.l_residents().tolist()
-            assert instant.used == stepped.used and not stepped.writing_ids().size
+            for p in everyone:
+                p.pin(pins, -1)
+            for other in (python, stepped):
+                assert instant.l_residents().tolist() == other.l_residents().tolist()
+                assert instant._l_used.in_order(instant._where).tolist() == \
+                    other._l_used.in_order(other._where).tolist()  # fmt: skip
+                assert instant.used == other.used
+            assert not stepped.writing_ids().size
 
 
 def test_a_package_file_holds_the_samples_it_claims(fmnist_dir, tmp_path):

@@ -446,9 +446,10 @@ def test_a_mapped_manifests_sizes_are_shared_not_copied(name, tmp_path):
 
 
 def test_the_compiled_loops_compile_nothing_in_a_batch_whatever_arrays_they_get():
-    """SHADE's, RefCnt's and iCACHE's compiled loops are compiled when a policy is made,
-    with the types it then passes: over sizes of its own or a mapped (read-only) column,
-    batches writable or read-only, a full cache and pins, no batch compiles a loop again
+    """SHADE's, RefCnt's and iCACHE's compiled loops (its L-cache's walks too, packages
+    loaded in turn) are compiled when a policy is made, with the types it then passes:
+    over sizes of its own or a mapped (read-only) column, batches writable or read-only,
+    a full cache and pins, no batch compiles a loop again
     (a fresh process, where nothing else ran them; a compile in a batch costs
     milliseconds loading numba's cache, a second or more without it)."""
     import json
@@ -467,8 +468,15 @@ def test_the_compiled_loops_compile_nothing_in_a_batch_whatever_arrays_they_get(
         made("app", np.ones(n, np.int64)), made("refcnt", np.ones(n, np.int64))
         made("icache", np.ones(n, np.int64))
         loops = [getattr(compiled_heap, k) for k in ("push", "pop", "push_all", "drop_stale")]
-        loops += [priority_kernel._admit, icache_kernel.admit_in_turn] + [
+        loops += [priority_kernel._admit] + [getattr(icache_kernel, k) for k in (
+            "admit_in_turn", "candidates", "settle_in_turn")] + [
             getattr(refcnt_kernel, k) for k in ("merge", "lowest", "put_back")]
+        from hotset.policy.icache import ICachePolicy
+        in_turn, settle = [0], ICachePolicy._settle_in_turn
+        def counted(*args):
+            in_turn[0] += 1
+            return settle(*args)
+        ICachePolicy._settle_in_turn = counted
         count = lambda: [len(f.signatures) for f in loops]
         warmed = count()
         rng = np.random.default_rng(0)
@@ -483,18 +491,21 @@ def test_the_compiled_loops_compile_nothing_in_a_batch_whatever_arrays_they_get(
                     p.attach_scores(board)
                 elif name == "refcnt":
                     p.add_references(np.arange(n), 3)
-                else:
+                else:  # (its L-cache's packages loaded by the simulator's feeder)
                     p.apply_hints({"hot": rng.random(n) < 0.8, "importance": rng.random(n)})
+                    feeder = p.make_feeder(lock=None)
                 for _ in range(12):
                     batch = rng.permutation(n)[:64]
                     batch.flags.writeable = not frozen
                     p.pin(batch[:8])
                     p.access(batch)
+                    if name == "icache":
+                        feeder.poll()
                     p.pin(batch[:8], -1)
-        print(json.dumps({"warmed": warmed, "after": count()}))
+        print(json.dumps({"warmed": warmed, "after": count(), "in_turn": in_turn[0]}))
     """
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=root, check=True)  # fmt: skip
     r = json.loads(out.stdout.splitlines()[-1])
-    assert r["after"] == r["warmed"]
+    assert r["in_turn"] and r["after"] == r["warmed"], r

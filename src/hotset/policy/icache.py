@@ -185,7 +185,7 @@ class RandomPool:
     def add(self, ids: list[int]) -> None:
         k, left = len(ids), self.ids[self.start : self.end]
         if self.end + k > self.ids.size:  # the taken prefix goes; grown if still short
-            if left.size + k > self.ids.size:
+            if 2 * (left.size + k) > self.ids.size:  # (half of it left free at least)
                 self.ids = np.empty(max(64, 2 * (left.size + k)), self.ids.dtype)
             self.ids[: left.size] = left  # (numpy copies overlapping parts safely)
             self.start, self.end = 0, left.size
@@ -253,7 +253,7 @@ class UseOrder:
         if self.end + ids.size > self.ids.size:  # only the live entries are kept
             ids_, at = self.ids[self.head : self.end], np.arange(self.head, self.end)
             live = ids_[self.live(ids_, at, where)]
-            if live.size + ids.size > self.ids.size:
+            if 2 * (live.size + ids.size) > self.ids.size:  # half of it left free at least
                 self.ids = np.zeros(max(64, 2 * (live.size + ids.size)), self.ids.dtype)
             self.ids[: live.size] = live
             self.at[live] = np.arange(live.size)
@@ -302,8 +302,9 @@ class LoadOrder(UseOrder):
 @register_policy
 class ICachePolicy(Policy):
     name = "icache"
-    #: the H-cache's admissions compiled where no rebuild runs (``icache_kernel``);
-    #: ``False``: the Python loop, the same decisions (the tests' reference)
+    #: the H-cache's admissions compiled where no rebuild runs and the L-cache's walks for
+    #: victims (``icache_kernel``); ``False``: the Python loops, the same decisions (the
+    #: tests' reference)
     compiled = True
 
     def __init__(
@@ -533,10 +534,20 @@ class ICachePolicy(Policy):
     def _l_candidates(self, order: UseOrder, unused: bool, nbytes: int) -> tuple:
         """The first unpinned live entries of ``order`` (``unused``: those unused, of the
         load order), in order, until their bytes reach ``nbytes``: their ids and sizes.
-        The order is walked a chunk at a time; the dead entries at its front are dropped
-        on the way."""
+        The dead entries at its front are dropped on the way. Compiled
+        (``icache_kernel.candidates``) where it is; else the order is walked a chunk at a
+        time, each chunk twice the last (the candidates of the last chunk walked, past
+        ``nbytes``, too)."""
         where, pinned = self._where, self.pinned
         sizes = np.frombuffer(self._sizes, np.int64)
+        if self.compiled and icache_kernel.load():
+            out = np.empty(order.end - order.head, np.int64)
+            head, k = icache_kernel.candidates(
+                frozen(order.ids), frozen(order.at), order.head, order.end, frozen(where),
+                order.least, unused, frozen(pinned), frozen(sizes), nbytes, out,
+            )  # fmt: skip
+            order.head = int(head)
+            return out[:k], sizes[out[:k]]
         out, got, at, chunk = [], 0, order.head, 64
         while got < nbytes and at < order.end:
             pos = np.arange(at, min(at + chunk, order.end))
@@ -1105,7 +1116,8 @@ class ICachePolicy(Policy):
         else:  # the pool's walk passes over those it may not take, and the served
             at = np.flatnonzero(ok & ~self._served[head])
         served = self._served[head[at]]  # queued misses served already: loaded used
-        cum = np.cumsum(np.frombuffer(self._sizes, np.int64)[head[at]]).tolist()
+        cum_bytes = np.cumsum(np.frombuffer(self._sizes, np.int64)[head[at]])
+        cum = cum_bytes.tolist()
         unused = np.cumsum(~served).tolist()
         ends, base = [0], 0
         while (unused[ends[-1] - 1] if ends[-1] else 0) < want:
@@ -1134,24 +1146,43 @@ class ICachePolicy(Policy):
             self._remove_l(*victims)
             self._settle_walked(ids, base, queued)
         else:
-            self._settle_in_turn(ids, [e - 1 for e in ends[1:]], cum, queued)
+            self._settle_in_turn(ids, [e - 1 for e in ends[1:]], cum_bytes, queued)
         return len(ends) - 1
 
-    def _settle_in_turn(self, ids: np.ndarray, lasts: list[int], cum: list[int],
+    def _settle_in_turn(self, ids: np.ndarray, lasts: list[int], cum: np.ndarray,
                         queued: bool) -> None:  # fmt: skip
         """The packages ``ids[.. lasts[0]], ..`` (their ids' bytes summed up in ``cum``)
         loaded one after the other, as ``_free_l`` and ``_settle_walked`` for each in turn
         would: the room for each is made by the walk of its turn (the used residents, the
         earlier packages' after those from before, then the unused ones likewise). The
         walks are made at once, on the orders' first candidates (the room made for all
-        the packages at most, and a sample more) and the packages' own ids."""
-        cap, sizes = self.l_capacity, self._sizes
-        over = self.l_used + cum[lasts[-1]] - cap + self._max_size
-        streams = []  # the used, then the unused: ids, their sizes, the next one's place
-        for order, unused in ((self._l_used, False), (self._l, True)):
-            found = self._l_candidates(order, unused, over) if over > 0 else (ids[:0], ids[:0])
-            streams.append([found[0].tolist(), found[1].tolist(), 0])
+        the packages at most, and a sample more) and the packages' own ids: compiled
+        (``icache_kernel.settle_in_turn``) where they are."""
+        over = self.l_used + int(cum[lasts[-1]]) - self.l_capacity + self._max_size
+        found = [self._l_candidates(order, unused, over)[0] if over > 0 else ids[:0]
+                 for order, unused in ((self._l_used, False), (self._l, True))]  # fmt: skip
         ids = ids[: lasts[-1] + 1]
+        if self.compiled and icache_kernel.load():
+            s0, s1 = (np.concatenate([f, np.empty(ids.size, np.int64)]) for f in found)
+            victims = np.empty(s0.size + s1.size, np.int64)
+            nv, freed = icache_kernel.settle_in_turn(
+                s0, found[0].size, s1, found[1].size, frozen(ids), frozen(self._served),
+                frozen(self.pinned), frozen(np.frombuffer(self._sizes, np.int64)),
+                np.array(lasts, np.int64), frozen(cum), self.l_used, self.l_capacity, victims,
+            )  # fmt: skip
+            victims = victims[:nv]
+        else:
+            victims, freed = self._walks_in_turn(ids, lasts, cum.tolist(), found)
+        self._settle_walked(ids, int(cum[lasts[-1]]), queued)
+        self._remove_l(victims, int(freed))
+        self.used = self.h_used + self.l_used
+
+    def _walks_in_turn(self, ids: np.ndarray, lasts: list[int], cum: list[int],
+                       found: list[np.ndarray]) -> tuple[np.ndarray, int]:  # fmt: skip
+        """``_settle_in_turn``'s walks in Python (the compiled loop's reference): the
+        victims, in order, and their bytes."""
+        cap, sizes = self.l_capacity, self._sizes
+        streams = [[f.tolist(), 0] for f in found]  # the used, then the unused; the next
         walked = zip(ids.tolist(), self._served[ids].tolist(), self.pinned[ids].tolist(),
                      strict=True)  # fmt: skip
         used, victims, freed, first = self.l_used, [], 0, 0
@@ -1159,23 +1190,19 @@ class ICachePolicy(Policy):
             need = cum[last] - (cum[first - 1] if first else 0)
             over, got = used + need - cap, 0
             for stream in streams:
-                out, size, k = stream
+                out, k = stream
                 while got < over and k < len(out):
                     victims.append(out[k])
-                    got += size[k]
+                    got += sizes[out[k]]
                     k += 1
-                stream[2] = k
+                stream[1] = k
             used += need - got
             freed += got
             for i, served, pins in islice(walked, last + 1 - first):  # they join the walks
                 if not pins:
-                    stream = streams[0 if served else 1]
-                    stream[0].append(i)
-                    stream[1].append(sizes[i])
+                    streams[0 if served else 1][0].append(i)
             first = last + 1
-        self._settle_walked(ids, cum[lasts[-1]], queued)
-        self._remove_l(np.array(victims, np.int64), freed)
-        self.used = self.h_used + self.l_used
+        return np.array(victims, np.int64), freed
 
     def _settle_walked(self, ids: np.ndarray, nbytes: int, queued: bool) -> None:
         """``ids`` (none cached or hot; ``queued``: the queue's next ones), ``nbytes`` in

@@ -1,10 +1,11 @@
-"""iCACHE's H-cache admissions for a batch compiled (numba) on a ``CompiledHeap``'s
-array: the loop of ``ICachePolicy._admit_h_in_turn`` with ``_admit_h`` and
-``_replace_least`` inlined, where no rebuild runs (one heap; during a rebuild the
-Python loop serves, with its shadow heap). The same steps as the Python ones
+"""iCACHE's loops compiled (numba). The H-cache's admissions for a batch on a
+``CompiledHeap``'s array: the loop of ``ICachePolicy._admit_h_in_turn`` with
+``_admit_h`` and ``_replace_least`` inlined, where no rebuild runs (one heap; during a
+rebuild the Python loop serves, with its shadow heap). The same steps as the Python ones
 (``heapq``'s algorithms, in ``compiled_heap``; a push that leaves more stale entries than
 ``KeyedHeap.compact`` allows rebuilds the heap as ``_heap_of_members`` does), so the same
-decisions and the same heap, entry for entry; ``load`` compiles it."""
+decisions and the same heap, entry for entry. The L-cache's walk of an order for its
+victims (``candidates``, ``ICachePolicy._l_candidates``). ``load`` compiles them."""
 
 from __future__ import annotations
 
@@ -126,14 +127,76 @@ def admit_in_turn(h, n, live, count, slack, bits, where, is_h, level, sizes, pin
     return n, count, used, nt, ntu, ne, npk, rebuilt
 
 
+def candidates(ids, at, head, end, where, least, unused, pinned, sizes, nbytes, out):
+    """``ICachePolicy._l_candidates``: the live entries of the order ``ids[head:end]``
+    (``at``: each id's last entry; live while an id's place in ``where`` is ``least`` or
+    later) that are unpinned (``unused``: and unused), in order, written to ``out`` until
+    their bytes reach ``nbytes`` (the one that crosses it the last). Returns (the order's
+    new head: past the dead entries at its front, how many were written)."""
+    if nbytes <= 0:
+        return head, 0
+    while head < end and not (at[ids[head]] == head and where[ids[head]] >= least):
+        head += 1
+    got, k = 0, 0
+    for p in range(head, end):
+        if got >= nbytes:
+            break
+        i = ids[p]
+        if at[i] == p and where[i] >= least and pinned[i] == 0 and (
+            not unused or where[i] == FRESH
+        ):
+            out[k] = i
+            k += 1
+            got += sizes[i]
+    return head, k
+
+
+def settle_in_turn(s0, m0, s1, m1, ids, served, pins, sizes, lasts, cum, used, cap, victims):
+    """The walks of ``ICachePolicy._settle_in_turn``: the packages ``ids[.. lasts[0]],
+    ..`` (their bytes summed up in ``cum``) each make room in turn from the used stream
+    ``s0[:m0]``, then the unused ``s1[:m1]``; then each package's unpinned ids join the
+    end of the stream of their kind (``served``: used). Writes the victims to ``victims``;
+    returns how many, and their bytes."""
+    k0 = k1 = nv = 0
+    freed = first = 0
+    for t in range(lasts.size):
+        last = lasts[t]
+        need = cum[last] - (cum[first - 1] if first else 0)
+        over, got = used + need - cap, 0
+        while got < over and k0 < m0:
+            victims[nv] = s0[k0]
+            got += sizes[s0[k0]]
+            nv += 1
+            k0 += 1
+        while got < over and k1 < m1:
+            victims[nv] = s1[k1]
+            got += sizes[s1[k1]]
+            nv += 1
+            k1 += 1
+        used += need - got
+        freed += got
+        for x in range(first, last + 1):
+            if pins[ids[x]] == 0:
+                if served[ids[x]]:
+                    s0[m0] = ids[x]
+                    m0 += 1
+                else:
+                    s1[m1] = ids[x]
+                    m1 += 1
+        first = last + 1
+    return nv, freed
+
+
 _ready = False
 
 
 def load() -> bool:
-    """Compile the loop (after ``compiled_heap``'s steps, which it calls) and run it once
-    with the types iCACHE passes (int32 levels, int8 places); whether it is compiled."""
+    """Compile the loops (after ``compiled_heap``'s steps, which they call) and run each
+    once with the types iCACHE passes (int32 levels, int8 places, the orders' int32 ids:
+    below 2**31 ids); whether they are compiled."""
     global _ready
-    if not _ready and ch.jit_all(globals(), ("members", "least", "admit_in_turn")):
+    names = ("members", "least", "admit_in_turn", "candidates", "settle_in_turn")
+    if not _ready and ch.jit_all(globals(), names):
         # one resident (id 2, level 1) replaced by id 1 (level 3); id 3 then refused
         h, live = np.array([6, 0, 0, 0, 0, 0]), np.array([-1, -1, 1, -1], np.int32)
         where, three = np.array([0, 0, 1, 0], np.int8), np.full(4, 3, np.int32)
@@ -142,5 +205,11 @@ def load() -> bool:
             np.ones(4, np.bool_), np.ones(4, np.int64), np.array([1, 3])))
         admit_in_turn(h, 1, live, 1, 0, 2, where, hot, three, sizes, np.zeros(4, np.int32),
                       ids, np.arange(2), 1, 1, 1, np.zeros(2, np.bool_), *out)  # fmt: skip
+        order, at = ch.frozen(np.array([0, 1], np.int32)), ch.frozen(np.array([0, 1], np.int32))
+        candidates(order, at, 0, 2, ch.frozen(where), USED, True, ch.frozen(three), sizes, 1,
+                   out[0])  # fmt: skip
+        two = np.zeros(2, np.int64)
+        settle_in_turn(two, 1, np.zeros(2, np.int64), 0, ids, ch.frozen(np.zeros(4, np.bool_)),
+                       ch.frozen(three), sizes, np.array([0]), ch.frozen(two + 1), 1, 1, out[1])
         _ready = True
     return _ready
