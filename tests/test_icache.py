@@ -1011,6 +1011,36 @@ def test_substitutes_are_distinct_where_an_id_sits_twice_among_the_unused():
     assert sorted(p._take_fresh(16).tolist()) == ids.tolist()
 
 
+def test_a_saved_load_order_s_cursor_is_not_trusted():
+    """The load order's ``fresh`` (where the walk for unused residents starts: hotset's
+    shortcut) comes back from a saved state at the order's head, whatever was saved: a
+    state whose cursor was moved past unused residents decides as the policy it was
+    saved from."""
+    import pickle
+
+    n, rng, kw = _small_cache(7, 3)
+    p = make_policy("icache", 60, h_share=0.5, **kw)
+    feeder = p.make_feeder(lock=None)
+    p.apply_hints(hints(rng.random(n) < 0.5, rng.random(n)))
+    feeder.epoch_started()
+    for _ in range(3):
+        p.access(rng.integers(0, n, 16))
+        feeder.poll()
+    state = pickle.loads(pickle.dumps(p.state_dict()))
+    state["_l"].fresh = state["_l"].end  # crafted: every unused resident skipped
+    q = make_policy("icache", 60, h_share=0.5, **kw)
+    q.load_state_dict(pickle.loads(pickle.dumps(state)))
+    assert q._l.fresh == q._l.head
+    feeders = (feeder, q.make_feeder(lock=None))
+    for _ in range(30):
+        ids = rng.integers(0, n, 16)
+        a, b = p.access(ids), q.access(ids)
+        assert a.served.tolist() == b.served.tolist() and a.hits.tolist() == b.hits.tolist()
+        for f in feeders:
+            f.poll()
+        assert p.l_residents().tolist() == q.l_residents().tolist()
+
+
 def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     """A state saved before the L-cache's places were arrays (``_l``: id -> used, the
     used order an ``OrderedDict``, the unused a list, the served a set) loads as the

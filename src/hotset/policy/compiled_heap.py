@@ -105,7 +105,8 @@ def _njit(namespace: dict, names) -> bool:
     except ImportError:  # pragma: no cover - a dependency; Python's steps serve
         return False
     for name in names:
-        namespace[name] = njit(cache=True)(namespace[name])
+        if not hasattr(namespace[name], "py_func"):  # (compiled already: a load that failed)
+            namespace[name] = njit(cache=True)(namespace[name])
     return True
 
 

@@ -283,6 +283,10 @@ class LoadOrder(UseOrder):
     def __init__(self, num_ids: int, dtype: type) -> None:
         super().__init__(num_ids, dtype)
         self.count = 0
+        # where the walk for unused residents starts (hotset's): no entry before it is
+        # live and unused. A used resident turns unused again only at an epoch start
+        # (``rewind``); one loaded again has a new entry at the end.
+        self.fresh = 0
 
     def __len__(self) -> int:
         return self.count
@@ -291,11 +295,23 @@ class LoadOrder(UseOrder):
         super().__setstate__(state)
         if not isinstance(getattr(self, "count", None), int):
             raise ConfigError("a saved L-cache load order has no count of its residents")
+        self.rewind()  # (a saved cursor is not trusted: walked again from the head)
+
+    def clear(self) -> None:
+        super().clear()
+        self.rewind()
+
+    def rewind(self) -> None:
+        """The used residents turned unused: the walk for the unused starts at the head."""
+        self.fresh = self.head
 
     def append(self, ids: np.ndarray, where: np.ndarray) -> None:
         """``ids`` (distinct, none in the L-cache before, ``where`` says they are now)
         were loaded now, in this order."""
+        end = self.end
         super().append(ids, where)
+        if self.end != end + ids.size:  # compacted: the entries moved to the front
+            self.rewind()
         self.count += ids.size
 
 
@@ -535,18 +551,23 @@ class ICachePolicy(Policy):
         """The first unpinned live entries of ``order`` (``unused``: those unused, of the
         load order), in order, until their bytes reach ``nbytes``: their ids and sizes.
         The dead entries at its front are dropped on the way. Compiled
-        (``icache_kernel.candidates``) where it is; else the order is walked a chunk at a
+        (``icache_kernel.candidates``) where it is, and the walk for the unused starts at
+        the load order's ``fresh``; else the order is walked from its head a chunk at a
         time, each chunk twice the last (the candidates of the last chunk walked, past
         ``nbytes``, too)."""
         where, pinned = self._where, self.pinned
         sizes = np.frombuffer(self._sizes, np.int64)
         if self.compiled and icache_kernel.load():
-            out = np.empty(order.end - order.head, np.int64)
-            head, k = icache_kernel.candidates(
-                frozen(order.ids), frozen(order.at), order.head, order.end, frozen(where),
+            start = max(order.head, order.fresh) if unused else order.head
+            out = np.empty(order.end - start, np.int64)
+            first, k = icache_kernel.candidates(
+                frozen(order.ids), frozen(order.at), start, order.end, frozen(where),
                 order.least, unused, frozen(pinned), frozen(sizes), nbytes, out,
             )  # fmt: skip
-            order.head = int(head)
+            if unused:
+                order.fresh = int(first)
+            else:
+                order.head = int(first)
             return out[:k], sizes[out[:k]]
         out, got, at, chunk = [], 0, order.head, 64
         while got < nbytes and at < order.end:
@@ -662,6 +683,7 @@ class ICachePolicy(Policy):
         # a new epoch for the L-cache: nothing used yet; queued ids now H are dropped
         l_ids = self.l_residents()
         self._where[l_ids] = FRESH
+        self._l.rewind()
         self._l_used.clear()
         self._served[:] = False
         self._fresh = RandomPool(l_ids[~hot[l_ids]], self._pool.dtype)

@@ -127,18 +127,22 @@ def admit_in_turn(h, n, live, count, slack, bits, where, is_h, level, sizes, pin
     return n, count, used, nt, ntu, ne, npk, rebuilt
 
 
-def candidates(ids, at, head, end, where, least, unused, pinned, sizes, nbytes, out):
-    """``ICachePolicy._l_candidates``: the live entries of the order ``ids[head:end]``
+def candidates(ids, at, start, end, where, least, unused, pinned, sizes, nbytes, out):
+    """``ICachePolicy._l_candidates``: the live entries of the order ``ids[start:end]``
     (``at``: each id's last entry; live while an id's place in ``where`` is ``least`` or
     later) that are unpinned (``unused``: and unused), in order, written to ``out`` until
-    their bytes reach ``nbytes`` (the one that crosses it the last). Returns (the order's
-    new head: past the dead entries at its front, how many were written)."""
+    their bytes reach ``nbytes`` (the one that crosses it the last). Returns (where the
+    walk may start next time: past the entries at the front that are dead, or
+    ``unused``: not live and unused; how many were written)."""
     if nbytes <= 0:
-        return head, 0
-    while head < end and not (at[ids[head]] == head and where[ids[head]] >= least):
-        head += 1
+        return start, 0
+    while start < end:
+        i = ids[start]
+        if at[i] == start and where[i] >= least and (not unused or where[i] == FRESH):
+            break
+        start += 1
     got, k = 0, 0
-    for p in range(head, end):
+    for p in range(start, end):
         if got >= nbytes:
             break
         i = ids[p]
@@ -148,7 +152,7 @@ def candidates(ids, at, head, end, where, least, unused, pinned, sizes, nbytes, 
             out[k] = i
             k += 1
             got += sizes[i]
-    return head, k
+    return start, k
 
 
 def settle_in_turn(s0, m0, s1, m1, ids, served, pins, sizes, lasts, cum, used, cap, victims):
