@@ -479,6 +479,19 @@ def test_planted_wrong_entries_are_dropped_and_the_service_forgets_them(fmnist_d
         loader.close()
 
 
+def test_a_sealed_id_is_the_keys_personalised_blake2b_each_time():
+    """Where an entry lives (``sealed_id``) is BLAKE2b-128 of its content key,
+    personalised ``hotset-id``, whatever was sealed before: entries stored by an earlier
+    hotset stay found, and one key's id does not depend on the keys sealed before it."""
+    import hashlib
+
+    keys = ["", "k", "x" * 5000, content_key(b"bytes"), "k"]
+    want = [hashlib.blake2b(k.encode(), digest_size=16, person=b"hotset-id").hexdigest()
+            for k in keys]  # fmt: skip
+    assert [sealed_id(k) for k in keys] == want
+    assert [sealed_id(k) for k in reversed(keys)] == want[::-1]
+
+
 def test_a_job_without_the_digests_cannot_read_the_entries(fmnist_dir, service):
     _, _, client = service
     full = FileStorage(str(fmnist_dir / "train"))

@@ -5,7 +5,9 @@ rebuild the Python loop serves, with its shadow heap). The same steps as the Pyt
 (``heapq``'s algorithms, in ``compiled_heap``; a push that leaves more stale entries than
 ``KeyedHeap.compact`` allows rebuilds the heap as ``_heap_of_members`` does), so the same
 decisions and the same heap, entry for entry. The L-cache's walk of an order for its
-victims (``candidates``, ``ICachePolicy._l_candidates``). ``load`` compiles them."""
+victims (``candidates``, ``ICachePolicy._l_candidates``) and the walks of packages
+loaded in turn (``settle_in_turn``, ``ICachePolicy._walks_in_turn``). ``load`` compiles
+them."""
 
 from __future__ import annotations
 
