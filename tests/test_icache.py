@@ -680,11 +680,12 @@ def test_the_instant_load_decides_as_the_package_threads_steps_do(seed, cap, pkg
     plans in flight), both serve the same ids with the same hits and hold the same
     residents, loaded in the same order, used in the same order. The simulator's feeder
     with the L-cache's walks compiled (``icache_kernel.candidates``, ``settle_in_turn``)
-    and with the Python walks (``compiled`` off) decide alike."""
+    and with the Python walks (``compiled`` off, and a few L-samples a call) decide
+    alike."""
     n, rng, kw = _small_cache(seed, pkg)
     instant, stepped = make_policy("icache", cap, **kw), make_policy("icache", cap, **kw)
     python = make_policy("icache", cap, **kw)
-    python.compiled = False
+    python.compiled, python.load_many_ids = False, 3  # (and a few L-samples a call)
     feeders = [p.make_feeder(lock=None) for p in (instant, python)]
 
     def poll_in_steps():
