@@ -1012,14 +1012,11 @@ def test_substitutes_are_distinct_where_an_id_sits_twice_among_the_unused():
     assert sorted(p._take_fresh(16).tolist()) == ids.tolist()
 
 
-def test_a_saved_load_order_s_cursor_is_not_trusted():
-    """The load order's ``fresh`` (where the walk for unused residents starts: hotset's
-    shortcut) comes back from a saved state at the order's head, whatever was saved: a
-    state whose cursor was moved past unused residents decides as the policy it was
-    saved from."""
-    import pickle
-
-    n, rng, kw = _small_cache(7, 3)
+def _l_cache_driven(seed: int):
+    """A small cache (``_small_cache``, packages of 3 bytes) with half of it the L-cache,
+    its packages loaded by the simulator's feeder over three batches: (n, the generator,
+    the options, the policy, its feeder)."""
+    n, rng, kw = _small_cache(seed, 3)
     p = make_policy("icache", 60, h_share=0.5, **kw)
     feeder = p.make_feeder(lock=None)
     p.apply_hints(hints(rng.random(n) < 0.5, rng.random(n)))
@@ -1027,6 +1024,17 @@ def test_a_saved_load_order_s_cursor_is_not_trusted():
     for _ in range(3):
         p.access(rng.integers(0, n, 16))
         feeder.poll()
+    return n, rng, kw, p, feeder
+
+
+def test_a_saved_load_order_s_cursor_is_not_trusted():
+    """The load order's ``fresh`` (where the walk for unused residents starts: hotset's
+    shortcut) comes back from a saved state at the order's head, whatever was saved: a
+    state whose cursor was moved past unused residents decides as the policy it was
+    saved from."""
+    import pickle
+
+    n, rng, kw, p, feeder = _l_cache_driven(7)
     state = pickle.loads(pickle.dumps(p.state_dict()))
     state["_l"].fresh = state["_l"].end  # crafted: every unused resident skipped
     q = make_policy("icache", 60, h_share=0.5, **kw)
@@ -1049,14 +1057,7 @@ def test_an_icache_state_saved_with_dicts_loads_and_a_crafted_one_is_refused():
     ``ConfigError``, not a crash at the next batch."""
     from collections import OrderedDict
 
-    n, rng, kw = _small_cache(5, 3)
-    p = make_policy("icache", 60, h_share=0.5, **kw)
-    feeder = p.make_feeder(lock=None)
-    p.apply_hints(hints(rng.random(n) < 0.5, rng.random(n)))
-    feeder.epoch_started()
-    for _ in range(3):
-        p.access(rng.integers(0, n, 16))
-        feeder.poll()
+    n, rng, kw, p, feeder = _l_cache_driven(5)
     order = p._l_used.in_order(p._where).tolist()
     assert order, "the drive used some L residents"
     fresh = p._fresh.ids[p._fresh.start : p._fresh.end].tolist()
