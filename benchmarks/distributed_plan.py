@@ -55,7 +55,7 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
     from hotset.storage.manifest import Manifest
     from hotset.store import MemoryStore
     from hotset.systems import resolve_system
-    from plan_scale import CLASSES, DIM, compiled_bytes, embeddings_of, losses_of
+    from plan_scale import CLASSES, compiled_bytes, embeddings_of, losses_of
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     before = _rss()
@@ -82,7 +82,7 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
     # a loader (nothing is written: the reports say each admission landed)
     planner = Planner(sampler, policy, args.batch_size, feed_future=False, ranks=ranks,
                       store=MemoryStore(1), sync_every=args.sync_every)  # fmt: skip
-    centers = np.random.default_rng(1).normal(size=(CLASSES, DIM)).astype(np.float32)
+    centers = np.random.default_rng(1).normal(size=(CLASSES, args.dim)).astype(np.float32)
     starts = []
     for epoch in range(2):
         t0 = time.perf_counter()
@@ -93,19 +93,26 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
                 starts.append(time.perf_counter() - t0)
                 plan0, sync0, calls0, sent0 = planner.planning_s, planner.sync_s, \
                     planner.sync_calls, len(sent)
+                fb0, graph0 = planner.feedback_s, getattr(sampler, "graph_s", 0.0)
             emb = embeddings_of(plan.ids, manifest.labels, centers) \
                 if sampler.needs_embeddings else None
             planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / args.batches), emb)
             planner.batch_consumed(PlanReport(stored=plan.admitted))
         it.close()
         planner.flush()
+        wall = time.perf_counter() - t0 - starts[-1]
     steps = args.batches - 1  # the second epoch's, after its start
     mem = _rss()
     record = {
         "system": system, "ranks": world, "ids": n, "rank": rank,
         "epoch_start_ms": 1e3 * starts[-1],
+        "step_ms": 1e3 * wall / steps,  # a step's wall time, all of it (this loop's)
         "plan_ms_per_step": 1e3 * (planner.planning_s - plan0) / steps,
         "sync_ms_per_step": 1e3 * (planner.sync_s - sync0) / steps,
+        # learning the feedback on the planner's thread, and SpiderCache's graph scoring
+        # (on the rank that keeps the graph, in its worker)
+        "feedback_ms_per_step": 1e3 * (planner.feedback_s - fb0) / steps,
+        "graph_ms_per_step": 1e3 * (getattr(sampler, "graph_s", 0.0) - graph0) / steps,
         "collectives_per_step": (planner.sync_calls - calls0) / steps,
         "bytes_per_collective": float(np.mean(sent[sent0:])) if sent[sent0:] else 0.0,
         "private_B_per_id": (mem["RssAnon"] - base["RssAnon"]) / n,
@@ -147,18 +154,22 @@ def _dry_run(args, tmp: Path) -> None:
         recs = [json.loads((tmp / f"{system}-{r}.json").read_text()) for r in range(args.ranks)]
         row = {k: max(r[k] for r in recs) for k in recs[0] if k != "rank"}  # the worst rank
         row["system"] = system
+        row["least_private_B_per_id"] = min(r["private_B_per_id"] for r in recs)  # the best
         row["node_private_GB"] = (sum(r["private_B_per_id"] for r in recs) * args.ids
                                   + sum(r["compiled_MB"] for r in recs) * 1e6) / 1e9  # fmt: skip
         rows.append(row)
         print(f"  {system} done", file=sys.stderr)
     report("distributed_dry_run", rows, [
         ("system", "s"), ("ranks", "d"), ("ids", ",d"), ("epoch_start_ms", ".0f"),
+        ("step_ms", ".0f"),
         ("plan_ms_per_step", ".1f"), ("sync_ms_per_step", ".1f"),
+        ("feedback_ms_per_step", ".1f"), ("graph_ms_per_step", ".1f"),
         ("collectives_per_step", ".2f"), ("bytes_per_collective", ",.0f"),
-        ("private_B_per_id", ".0f"), ("compiled_MB", ".0f"), ("node_private_GB", ".1f"),
+        ("private_B_per_id", ".0f"), ("least_private_B_per_id", ".0f"), ("compiled_MB", ".0f"),
+        ("node_private_GB", ".1f"),
         ("mapped_MB", ",.0f"),
     ], meta={"batch_size_per_rank": args.batch_size, "batches": args.batches,
-             "sync_every": args.sync_every})  # fmt: skip
+             "sync_every": args.sync_every, "dim": args.dim})  # fmt: skip
 
 
 def main() -> None:
@@ -170,6 +181,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256, help="per rank")
     ap.add_argument("--batches", type=int, default=40, help="global steps planned per epoch")
     ap.add_argument("--sync-every", type=int, default=1)
+    ap.add_argument("--dim", type=int, default=16, help="SpiderCache's embeddings' width")
     args = ap.parse_args()
     if args.ids:
         return dry_run(args)

@@ -104,7 +104,7 @@ def losses_of(ids: np.ndarray, progress: float) -> np.ndarray:
 
 
 def embeddings_of(ids: np.ndarray, labels: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    noise = np.sin(np.outer(ids, np.arange(1, DIM + 1)) * 0.37).astype(np.float32)
+    noise = np.sin(np.outer(ids, np.arange(1, centers.shape[1] + 1)) * 0.37).astype(np.float32)
     return centers[labels[ids]] + 0.3 * noise
 
 

@@ -114,6 +114,11 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             ).hexdigest(),
             "fixes": c["sync_fixes"] - before["sync_fixes"],
             "package_reads": c.get("package_storage_reads", 0),
+            # SpiderCache's graph on this rank (an index, the ids in it), the scores applied
+            "graph": None if process or not hasattr(loader.planner.sampler, "graph") else [
+                loader.planner.sampler.graph.index is not None,
+                int(loader.planner.sampler.graph.indexed.sum()), c["graph_scored"],
+            ],
             # the ids in flight the planner counted, and iCACHE's L bytes beside them
             "in_flight": None if process else [
                 int(getattr(loader.planner.policy, k, 0)) for k in ("in_flight_ids", "_l_in_flight")
@@ -194,6 +199,13 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         calls = epochs[0]["sync_calls"]
         assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
         assert len({str(ep["in_flight"]) for ep in epochs}) == 1  # counted alike
+    if name.startswith("spider"):  # one rank keeps the graph and scores for all
+        for e in range(3):
+            graphs = [r["epochs"][e]["graph"] for r in records]
+            assert graphs[0][0] and graphs[0][1] > 0, (e, graphs)
+            assert all(g[:2] == [False, 0] for g in graphs[1:]), (e, graphs)
+            assert len({g[2] for g in graphs}) == 1  # every rank applied the same scores
+        assert graphs[0][2] >= n  # (every sample was scored, epochs 0-1 at least)
     if name.startswith("icache"):  # one rank reads and loads the packages
         assert records[0]["epochs"][-1]["package_reads"] > 0
         assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])

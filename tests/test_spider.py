@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy.signal import savgol_filter
 
 from hotset import make_policy
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, RankError
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
@@ -160,6 +160,59 @@ def test_background_scoring_lands_on_the_served_ids_and_drops_when_behind():
         assert s.take_hints() == {}
     finally:
         s.close()
+
+
+def test_under_ranks_one_rank_keeps_the_graph_and_every_rank_applies_its_scores():
+    """Rank 0 of two scores every rank's batches (the exchange's feedback, in rank order)
+    and hands its scores on in the next exchange; both ranks apply them alike and decide
+    as one process scoring them itself. Rank 1 builds no index; a state saved on rank 0
+    loads on rank 1 without it; scores that are not this dataset's are refused."""
+    n, dim = 240, 6
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 3, n)
+    emb = (rng.normal(size=(n, dim)) + 3 * labels[:, None]).astype(np.float32)
+    options = {"labels": labels, "k": 12, "homophily_k": 12, "threads": 1, "seed": 5}
+    alone = make_sampler("spider", n, background=False, **options)
+    ranks = [make_sampler("spider", n, **options) for _ in range(2)]  # background: default
+    for r, smp in enumerate(ranks):
+        smp.plan_with_ranks(r, 2)
+    try:
+        for epoch in range(2):
+            order = alone.global_order(epoch)
+            assert all(np.array_equal(smp.global_order(epoch), order) for smp in ranks)
+            for lo in range(0, n, 40):  # a global batch of 2 x 20: each rank's shard
+                items = [(order[lo + r : lo + 40 : 2], emb[order[lo + r : lo + 40 : 2]])
+                         for r in range(2)]  # fmt: skip
+                for ids, e in items:
+                    alone.feedback(ids, np.ones(ids.size), e)
+                    for smp in ranks:  # every rank learns every rank's, in rank order
+                        smp.feedback(ids, np.ones(ids.size), e)
+                ranks[0].drain()  # (the exchange takes what is scored by then)
+                shared = [smp.shared() for smp in ranks]
+                assert shared[1] is None and len(shared[0]) == 2
+                for smp in ranks:
+                    scored = smp.apply_shared(shared)
+                    assert set(scored.tolist()) == set(order[lo : lo + 40].tolist())
+            found = [(v, nb.tolist()) for v, nb in alone.take_hints()["homophily"]]
+            for smp in ranks:  # the same scores and homophily candidates as alone
+                assert np.array_equal(smp.board.score, alone.board.score)
+                assert [(v, nb.tolist()) for v, nb in smp.take_hints()["homophily"]] == found
+        assert np.array_equal(ranks[1].global_order(2), alone.global_order(2))
+        assert ranks[0].graph.index is not None and ranks[1].graph.index is None
+        assert ranks[1].graph_s == 0 and ranks[0].scored == ranks[1].scored == alone.scored
+        ranks[1].load_state_dict(ranks[0].state_dict())
+        assert ranks[1].graph.index is None and not ranks[1].graph.indexed.any()
+        assert np.array_equal(ranks[1].board.score, alone.board.score)
+        bad = [[(np.array([n]), np.ones(1), 0, np.zeros(0, np.int64))]]
+        nan = [[(np.array([1]), np.array([np.nan]), 1, np.zeros(0, np.int64))]]
+        for items in (bad, nan, [[("not", "scores")]]):
+            with pytest.raises(RankError, match="graph rank's scores"):
+                ranks[1].apply_shared(items)
+        with pytest.raises(ConfigError, match="graph_rank=2"):
+            make_sampler("spider", n, graph_rank=2, **options).plan_with_ranks(0, 2)
+    finally:
+        for smp in ranks:
+            smp.close()
 
 
 @pytest.mark.slow

@@ -1005,11 +1005,11 @@ def _digest(options: dict | None) -> str:
 
 
 def _deterministic(sampler: str, policy: str, sampler_options, policy_options):
-    """Options that make a rank's planning a function of what all ranks exchange: graph
-    scoring and iCACHE's packages in the planner's thread, not in background threads."""
+    """Options that make a rank's planning a function of what all ranks exchange:
+    iCACHE's packages in the planner's thread, not in background threads (SpiderCache's
+    graph scores in the background on one rank, and its scores reach every rank alike in
+    the exchange: ``graph_rank``)."""
     sampler_options, policy_options = dict(sampler_options or {}), dict(policy_options or {})
-    if "background" in inspect.signature(sampler_class(sampler)).parameters:
-        sampler_options.setdefault("background", False)
     if "package_threads" in inspect.signature(policy_class(policy)).parameters:
         policy_options.setdefault("package_threads", False)
     return sampler_options, policy_options

@@ -275,6 +275,8 @@ class Planner:
             raise ConfigError("with ranks=, the sampler draws the global list: num_replicas=1")
         self.ranks = ranks
         self.world = 1 if ranks is None else ranks.world
+        if ranks is not None:
+            sampler.plan_with_ranks(ranks.rank, ranks.world)
         self.sync_every = int(sync_every)
         self._feedback: list[tuple] = []  # this rank's feedback not yet exchanged
         self._reports: list[tuple[int, PlanReport]] = []  # and its batches' reports
@@ -328,15 +330,16 @@ class Planner:
     def _exchange(self) -> None:
         """All ranks' batch reports and feedback since the last exchange, in one
         collective, applied by every rank alike: the reports of each batch (every rank's
-        shard) in batch order, then the feedback in rank order. Each rank calls it at the
+        shard) in batch order, then the feedback in rank order, then what a rank's sampler
+        did for all (``Sampler.shared``: SpiderCache's scores). Each rank calls it at the
         same step (``sync_every`` feedbacks, or reports where the sampler takes none),
         and at each epoch's boundaries."""
         start = time.perf_counter()
-        gathered = self.ranks.all_gather((self._reports, self._feedback))
+        gathered = self.ranks.all_gather((self._reports, self._feedback, self.sampler.shared()))
         self._reports, self._feedback = [], []
         self.sync_s += time.perf_counter() - start
         self.sync_calls += 1
-        counts = {len(reports) for reports, _ in gathered}
+        counts = {len(g[0]) for g in gathered}
         if len(counts) != 1:
             raise RankError(
                 f"ranks reported {sorted(counts)} batches between two exchanges: every rank "
@@ -350,9 +353,15 @@ class Planner:
                 lost=np.concatenate([r.lost for r in reports]),
                 absent=np.concatenate([r.absent for r in reports]),
             ))  # fmt: skip
-        for _, items in gathered:
+        for _, items, _ in gathered:
             for ids, losses, embeddings in items:
                 self._learn(ids, losses, embeddings)
+        start = time.perf_counter()
+        scored = self.sampler.apply_shared([g[2] for g in gathered])
+        if scored.size and self.policy.needs_scores:
+            with self.lock:
+                self.policy.scores_updated(scored)
+        self.feedback_s += time.perf_counter() - start
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy (with ranks: the mean of every rank's, a collective)."""

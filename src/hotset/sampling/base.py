@@ -100,6 +100,21 @@ class Sampler(ABC):
         """Numbers worth reporting beside the loader's (e.g. graph samples scored)."""
         return {}
 
+    def plan_with_ranks(self, rank: int, world: int) -> None:  # noqa: B027 - optional hook
+        """This process plans as rank ``rank`` of ``world`` in a data-parallel job (each runs the
+        sampler over the global batches): a sampler whose work one rank does for all
+        (SpiderCache's graph) does it there and hands it on with ``shared``."""
+
+    def shared(self) -> object:
+        """What this rank did for every rank since the last exchange (``None``: nothing);
+        it travels in the ranks' exchange to every rank's ``apply_shared``."""
+        return None
+
+    def apply_shared(self, items: list) -> np.ndarray:
+        """Every rank's ``shared`` from one exchange, in rank order, applied alike on every
+        rank; the ids whose scores changed."""
+        return np.zeros(0, np.int64)
+
     def drain(self, timeout: float = 60.0) -> None:  # noqa: B027 - optional hook
         """Wait for background work on fed-back batches (graph scoring) to finish."""
 
