@@ -86,7 +86,10 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
         c = loader.counters()
         if process:  # the planner's whole state (scores, residents, keys), from its process
             state = loader.planner.state_dict()
-            plans.update(pickle.dumps((state["sampler"], state["policy"])))
+            # (less what one rank keeps for all: SpiderCache's graph, the time spent on it)
+            mine = {k: v for k, v in state["sampler"].items()
+                    if k not in ("graph", "graph_s", "wait_s")}  # fmt: skip
+            plans.update(pickle.dumps((mine, state["policy"])))
             order = drawn = np.frombuffer(plans.digest(), np.uint8)
         else:
             order = loader.planner._order
@@ -114,11 +117,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             ).hexdigest(),
             "fixes": c["sync_fixes"] - before["sync_fixes"],
             "package_reads": c.get("package_storage_reads", 0),
-            # SpiderCache's graph on this rank (an index, the ids in it), the scores applied
-            "graph": None if process or not hasattr(loader.planner.sampler, "graph") else [
-                loader.planner.sampler.graph.index is not None,
-                int(loader.planner.sampler.graph.indexed.sum()), c["graph_scored"],
-            ],
+            "graph": _graph_of(state["sampler"] if process else vars(loader.planner.sampler)),
             # the ids in flight the planner counted, and iCACHE's L bytes beside them
             "in_flight": None if process else [
                 int(getattr(loader.planner.policy, k, 0)) for k in ("in_flight_ids", "_l_in_flight")
@@ -129,6 +128,13 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
     dist.barrier()  # tear down together: gloo aborts a rank whose peer left mid-teardown
     loader.close()
     dist.destroy_process_group()
+
+
+def _graph_of(sampler: dict) -> list | None:
+    """SpiderCache's graph on this rank (whether it has an index, the ids in it) and the
+    scores it applied, from the sampler's attributes or state."""
+    g = sampler.get("graph")
+    return None if g is None else [g.index is not None, int(g.indexed.sum()), sampler["scored"]]
 
 
 def run_ranks(world: int, data: str, system: dict, tmp: Path) -> list[dict]:
@@ -163,6 +169,7 @@ SYSTEMS = {
     # each rank's planner in a process of its own; those processes exchange among them
     "shade-process": {"policy": "app", "sampler": "shade", "planner_process": True},
     "icache-process": {"policy": "icache", "sampler": "iis", "planner_process": True},
+    "spider-process": {"policy": "spider", "sampler": "spider", "planner_process": True},
 }
 
 
@@ -171,7 +178,7 @@ SYSTEMS = {
     [("uniform", 2), ("uniform", 4), ("shade", 2), ("icache", 2), ("spider", 2), ("shade", 4),
      ("shade-k4", 2), ("shade", 3),  # 3 ranks: 1,000 ids padded to whole shards
      ("shade-deferred", 2), ("spider-deferred", 2), ("shade-process", 2),
-     ("icache-process", 3), ("icache-in-flight", 2)],
+     ("icache-process", 3), ("icache-in-flight", 2), ("spider-process", 2)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
