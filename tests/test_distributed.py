@@ -86,9 +86,10 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
         c = loader.counters()
         if process:  # the planner's whole state (scores, residents, keys), from its process
             state = loader.planner.state_dict()
-            # (less what one rank keeps for all: SpiderCache's graph, the time spent on it)
+            # (less what one rank keeps for all: SpiderCache's graph, the time spent on it,
+            # the scores it has yet to hand on)
             mine = {k: v for k, v in state["sampler"].items()
-                    if k not in ("graph", "graph_s", "wait_s")}  # fmt: skip
+                    if k not in ("graph", "graph_s", "wait_s", "_outbox")}  # fmt: skip
             plans.update(pickle.dumps((mine, state["policy"])))
             order = drawn = np.frombuffer(plans.digest(), np.uint8)
         else:

@@ -166,7 +166,8 @@ def test_under_ranks_one_rank_keeps_the_graph_and_every_rank_applies_its_scores(
     """Rank 0 of two scores every rank's batches (the exchange's feedback, in rank order)
     and hands its scores on in the next exchange; both ranks apply them alike and decide
     as one process scoring them itself. Rank 1 builds no index; a state saved on rank 0
-    loads on rank 1 without it; scores that are not this dataset's are refused."""
+    loads on rank 1 without it; scores not yet handed on when rank 0 saved its state are
+    handed on after a restore; scores that are not this dataset's are refused."""
     n, dim = 240, 6
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 3, n)
@@ -203,6 +204,22 @@ def test_under_ranks_one_rank_keeps_the_graph_and_every_rank_applies_its_scores(
         ranks[1].load_state_dict(ranks[0].state_dict())
         assert ranks[1].graph.index is None and not ranks[1].graph.indexed.any()
         assert np.array_equal(ranks[1].board.score, alone.board.score)
+        for r in range(2):  # one more global batch, saved before its exchange
+            ids = alone.global_order(2)[r:40:2]
+            for smp in (alone, *ranks):
+                smp.feedback(ids, np.ones(ids.size), emb[ids])
+        ranks[0].drain()
+        restored = [make_sampler("spider", n, **options) for _ in range(2)]
+        for r, smp in enumerate(restored):  # each rank from its own state
+            smp.plan_with_ranks(r, 2)
+            smp.load_state_dict(ranks[r].state_dict())
+        shared = [smp.shared() for smp in restored]
+        assert shared[1] is None and len(shared[0]) == 2  # handed on after the restore
+        for smp in restored:
+            smp.apply_shared(shared)
+            assert np.array_equal(smp.board.score, alone.board.score)
+        restored[1].load_state_dict(ranks[0].state_dict())  # a peer takes none to hand on
+        assert restored[1].shared() is None
         bad = [[(np.array([n]), np.ones(1), 0, np.zeros(0, np.int64))]]
         nan = [[(np.array([1]), np.array([np.nan]), 1, np.zeros(0, np.int64))]]
         for items in (bad, nan, [[("not", "scores")]]):

@@ -75,7 +75,7 @@ class SpiderSampler(Sampler):
     learns_from_feedback = True
     needs_embeddings = True
     needs_labels = True
-    transient = ("_lock", "_cv", "_pending", "_busy", "_worker", "_stop", "_role", "_outbox")
+    transient = ("_lock", "_cv", "_pending", "_busy", "_worker", "_stop", "_role")
 
     def __init__(
         self,
@@ -145,7 +145,8 @@ class SpiderSampler(Sampler):
         self._stop = False
         self.graph_rank = int(graph_rank)
         self._role: str | None = None  # under ranks: "graph" (scores for all) or "peer"
-        self._outbox: list[tuple] = []  # the graph rank's scores, not yet exchanged
+        # the graph rank's scores, not yet exchanged (saved: handed on after a restore)
+        self._outbox: list[tuple] = []
 
     def plan_with_ranks(self, rank: int, world: int) -> None:
         if self.graph_rank >= world:
@@ -293,13 +294,15 @@ class SpiderSampler(Sampler):
         self._stop = False
 
     def load_state_dict(self, state: dict) -> None:
-        """As the base's; a rank that keeps no graph (``plan_with_ranks``) takes none from
-        a state saved where it was kept."""
+        """As the base's; a rank that keeps no graph (``plan_with_ranks``) takes neither
+        the graph nor the scores to hand on from a state saved where they were kept."""
         graph = state.get("graph")
         if self._role == "peer" and getattr(graph, "index", None) is not None:
             graph = copy.copy(graph)
             graph.index, graph.indexed = None, np.zeros_like(graph.indexed)
             state = {**state, "graph": graph}
+        if self._role == "peer":
+            state = {**state, "_outbox": []}
         super().load_state_dict(state)
 
     def report_accuracy(self, accuracy: float) -> None:
