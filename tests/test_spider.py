@@ -220,11 +220,16 @@ def test_under_ranks_one_rank_keeps_the_graph_and_every_rank_applies_its_scores(
             assert np.array_equal(smp.board.score, alone.board.score)
         restored[1].load_state_dict(ranks[0].state_dict())  # a peer takes none to hand on
         assert restored[1].shared() is None
-        bad = [[(np.array([n]), np.ones(1), 0, np.zeros(0, np.int64))]]
-        nan = [[(np.array([1]), np.array([np.nan]), 1, np.zeros(0, np.int64))]]
-        for items in (bad, nan, [[("not", "scores")]]):
+        none = np.zeros(0, np.int64)
+        good = (np.array([2]), np.array([9.0]), 2, none)  # applied only with the rest
+        bad = [[good, (np.array([n]), np.ones(1), 0, none)]]
+        nan = [[good, (np.array([1]), np.array([np.nan]), 1, none)]]
+        node = [[good, (np.array([1]), np.ones(1), n, none)]]
+        before = ranks[1].board.score.copy()
+        for items in (bad, nan, node, [[good, ("not", "scores")]]):
             with pytest.raises(RankError, match="graph rank's scores"):
                 ranks[1].apply_shared(items)
+        assert np.array_equal(ranks[1].board.score, before)
         with pytest.raises(ConfigError, match="graph_rank=2"):
             make_sampler("spider", n, graph_rank=2, **options).plan_with_ranks(0, 2)
     finally:

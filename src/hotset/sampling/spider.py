@@ -221,23 +221,24 @@ class SpiderSampler(Sampler):
     def apply_shared(self, items: list) -> np.ndarray:
         """The graph rank's scores (checked: ids of this dataset, a finite score each, a
         neighbour list of ids) applied in the order they were scored."""
-        scored = []
-        for results in items:
-            for result in results or ():
-                try:
-                    uids, scores, node, neighbours = result
-                    ok = (uids.ndim == 1 and scores.shape == uids.shape
-                          and np.isfinite(scores).all() and neighbours.ndim == 1
-                          and all(_in_range(a, self.num_samples)
-                                  for a in (uids, neighbours, np.array([node]))))  # fmt: skip
-                except (TypeError, ValueError, AttributeError):
-                    ok = False
-                if not ok:
-                    raise RankError("sampler 'spider': the graph rank's scores are not scores "
-                                    f"of this dataset's {self.num_samples} ids")  # fmt: skip
-                self._apply(result)
-                scored.append(uids)
-        return np.concatenate(scored) if scored else np.zeros(0, np.int64)
+        results = [result for got in items for result in got or ()]
+        if not all(self._of_this_dataset(result) for result in results):
+            raise RankError("sampler 'spider': the graph rank's scores are not scores of this "
+                            f"dataset's {self.num_samples} ids")  # fmt: skip
+        for result in results:
+            self._apply(result)
+        return np.concatenate([r[0] for r in results]) if results else np.zeros(0, np.int64)
+
+    def _of_this_dataset(self, result) -> bool:
+        """Whether ``result`` is ``GraphImportance.score_batch``'s for this dataset."""
+        n = self.num_samples
+        try:
+            uids, scores, node, neighbours = result
+            return (uids.ndim == neighbours.ndim == 1 and scores.shape == uids.shape
+                    and bool(np.isfinite(scores).all()) and 0 <= int(node) < n
+                    and _in_range(uids, n) and _in_range(neighbours, n))  # fmt: skip
+        except (TypeError, ValueError, AttributeError):
+            return False
 
     def _work(self) -> None:
         # a background job: the training threads come first (Linux thread niceness)
@@ -296,13 +297,12 @@ class SpiderSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         """As the base's; a rank that keeps no graph (``plan_with_ranks``) takes neither
         the graph nor the scores to hand on from a state saved where they were kept."""
-        graph = state.get("graph")
-        if self._role == "peer" and getattr(graph, "index", None) is not None:
-            graph = copy.copy(graph)
-            graph.index, graph.indexed = None, np.zeros_like(graph.indexed)
-            state = {**state, "graph": graph}
         if self._role == "peer":
             state = {**state, "_outbox": []}
+            graph = state.get("graph")
+            if getattr(graph, "index", None) is not None:
+                state["graph"] = graph = copy.copy(graph)
+                graph.index, graph.indexed = None, np.zeros_like(graph.indexed)
         super().load_state_dict(state)
 
     def report_accuracy(self, accuracy: float) -> None:
