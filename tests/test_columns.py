@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hotset.errors import ConfigError
+from hotset.storage import columns
 from hotset.storage.columns import DigestColumn, StringColumn, concat, key_column
 from hotset.storage.manifest import Manifest
 
@@ -48,6 +49,15 @@ def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
     for same in (keys, keys + keys[:3]):  # the column itself: distinct, or repeating
         col = key_column(same)
         assert col.positions(key_column(same)).tolist() == [first[k] for k in same]
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 6, 23])
+def test_a_digest_column_lists_its_keys_chunk_by_chunk(count, monkeypatch):
+    """Listed a chunk at a time (5 here): every key once, in order, across chunks' seams."""
+    monkeypatch.setattr(columns, "CHUNK", 5)
+    keys = [f"{i * 2654435761:032x}" for i in range(count)]
+    col = DigestColumn(keys)
+    assert list(col) == keys and list(col.take(range(count)[::-2])) == keys[::-2]
 
 
 nan = b"\1\0\0\0\0\0\xf0\x7f"  # a signalling NaN as a float64: its bits are kept

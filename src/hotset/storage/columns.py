@@ -167,9 +167,11 @@ class DigestColumn(_Column):
         return self._raw[i].tobytes().hex()
 
     def __iter__(self) -> Iterator[str]:
-        raw = self._raw.tobytes()
-        for lo in range(0, len(raw), 16):
-            yield raw[lo : lo + 16].hex()
+        """The digests as strings, ``CHUNK`` at a time, each chunk's in one ``hex`` and one
+        ``split`` (0.06-0.09 us a digest, where a ``hex`` each took 0.2: the service lists
+        every key it evicts)."""
+        for lo in range(0, len(self), CHUNK):
+            yield from self._raw[lo : lo + CHUNK].tobytes().hex(" ", 16).split(" ")
 
     @classmethod
     def of_raw(cls, raw: np.ndarray) -> DigestColumn:
