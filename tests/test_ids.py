@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hotset.ids import (
     distinct,
     first_seen,
+    ids_within,
     index_dtype,
     nonzero_as,
     nonzero_at,
@@ -102,3 +103,12 @@ def test_nonzero_at_is_flatnonzero_at_ranks_block_by_block(mask, block, data):
                      np.int64) if count else np.zeros(0, np.int64)  # fmt: skip
     got = nonzero_at(mask, ranks, np.int32, block)
     assert got.dtype == np.int32 and got.tolist() == np.flatnonzero(mask)[ranks].tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(-3, 12), max_size=10), st.integers(0, 10))
+def test_ids_within_is_every_id_in_0_to_n(ids, n):
+    """The range check storages, the score board and SpiderCache's received scores share."""
+    arr = np.asarray(ids, np.int64)
+    assert ids_within(arr, n) == all(0 <= i < n for i in ids)
+    assert not ids_within(arr.astype(np.float64), n) or not ids  # ids are integers

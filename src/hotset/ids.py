@@ -18,6 +18,11 @@ BLOCK = 1 << 20
 INF_BITS = 0x7FF0000000000000
 
 
+def ids_within(ids: np.ndarray, n: int) -> bool:
+    """Whether ``ids`` are integer ids of ``0 .. n - 1`` (true where there are none)."""
+    return ids.dtype.kind in "iu" and (ids.size == 0 or (ids.min() >= 0 and ids.max() < n))
+
+
 def as_ids(ids) -> np.ndarray:
     """``ids`` as an integer array, without a copy where they are one (a job's int32 ids
     stay int32: no 14M int64 copy)."""

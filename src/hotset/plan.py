@@ -322,10 +322,14 @@ class Planner:
     def _learn(self, ids, losses, embeddings) -> None:
         start = time.perf_counter()
         self.sampler.feedback(ids, losses, embeddings)
-        if self.policy.needs_scores:
+        self._scores_changed(ids)
+        self.feedback_s += time.perf_counter() - start
+
+    def _scores_changed(self, ids) -> None:
+        """The policy re-keys ``ids``, whose scores the sampler may have changed."""
+        if self.policy.needs_scores and np.size(ids):
             with self.lock:
                 self.policy.scores_updated(ids)
-        self.feedback_s += time.perf_counter() - start
 
     def _exchange(self) -> None:
         """All ranks' batch reports and feedback since the last exchange, in one
@@ -357,10 +361,7 @@ class Planner:
             for ids, losses, embeddings in items:
                 self._learn(ids, losses, embeddings)
         start = time.perf_counter()
-        scored = self.sampler.apply_shared([g[2] for g in gathered])
-        if scored.size and self.policy.needs_scores:
-            with self.lock:
-                self.policy.scores_updated(scored)
+        self._scores_changed(self.sampler.apply_shared([g[2] for g in gathered]))
         self.feedback_s += time.perf_counter() - start
 
     def report_accuracy(self, accuracy: float) -> None:

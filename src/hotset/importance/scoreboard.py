@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import ids_within
 
 
 class ScoreBoard:
@@ -47,7 +48,7 @@ class ScoreBoard:
     def update(self, ids: np.ndarray, scores: np.ndarray, losses: np.ndarray) -> None:
         """Record one batch's scores (later entries win for a repeated id)."""
         ids = np.asarray(ids, np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+        if not ids_within(ids, self.num_samples):
             raise ConfigError(f"feedback ids out of range [0, {self.num_samples})")
         if self.own_scores:
             self.score[ids] = scores

@@ -43,7 +43,7 @@ from collections import deque
 import numpy as np
 
 from hotset.errors import ConfigError, RankError
-from hotset.ids import index_dtype
+from hotset.ids import ids_within, index_dtype
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
@@ -53,11 +53,6 @@ from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
 
 log = logging.getLogger(__name__)
 WAIT_LIMIT_S = 60.0  # then the oldest batch is dropped (counted) rather than wait on
-
-
-def _in_range(ids: np.ndarray, n: int) -> bool:
-    """Whether ``ids`` are integer ids below ``n`` (none where empty)."""
-    return ids.dtype.kind in "iu" and (ids.size == 0 or (ids.min() >= 0 and ids.max() < n))
 
 
 def graph_threads() -> int:
@@ -236,7 +231,7 @@ class SpiderSampler(Sampler):
             uids, scores, node, neighbours = result
             return (uids.ndim == neighbours.ndim == 1 and scores.shape == uids.shape
                     and bool(np.isfinite(scores).all()) and 0 <= int(node) < n
-                    and _in_range(uids, n) and _in_range(neighbours, n))  # fmt: skip
+                    and ids_within(uids, n) and ids_within(neighbours, n))  # fmt: skip
         except (TypeError, ValueError, AttributeError):
             return False
 

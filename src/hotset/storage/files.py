@@ -12,6 +12,7 @@ import fsspec
 import numpy as np
 
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
+from hotset.ids import ids_within
 from hotset.io.reader import Retry
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.index_cache import cached_path
@@ -82,7 +83,7 @@ class FileStorage(FsspecStorage):
 
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
         ids = np.asarray(ids, np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self.manifest)):
+        if not ids_within(ids, len(self.manifest)):
             bad = ids[(ids < 0) | (ids >= len(self.manifest))][0]
             raise IndexError(f"sample id {bad} out of range for {len(self.manifest)} samples")
         paths = [self._prefix + p for p in self.manifest.paths.take(ids)]

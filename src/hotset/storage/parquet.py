@@ -28,6 +28,7 @@ import fsspec
 import numpy as np
 
 from hotset.errors import ConfigError, StorageError
+from hotset.ids import ids_within
 from hotset.io.reader import Retry, transient
 from hotset.storage.base import TAG, Storage
 from hotset.storage.files import _version
@@ -145,7 +146,7 @@ class TableStorage(Storage):
 
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
         ids = np.asarray(ids, np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+        if not ids_within(ids, len(self)):
             raise IndexError(f"sample ids out of range for {len(self)} samples")
         out: list[bytes] = [b""] * ids.size
         pieces = self._piece_of[ids]

@@ -28,6 +28,7 @@ import numpy as np
 
 from hotset.codecs import IMAGE_FIELDS, INT_FIELDS
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
+from hotset.ids import ids_within
 from hotset.io.reader import Retry
 from hotset.io.requests import CostModel, coalesce
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
@@ -219,7 +220,7 @@ class TarStorage(FsspecStorage):
         """Each sample's record; the samples of one shard in as few range requests as
         ``merge_gap`` allows, all of them in one call."""
         ids = np.asarray(ids, np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+        if not ids_within(ids, len(self)):
             raise IndexError(f"sample ids out of range for {len(self)} samples")
         groups = coalesce(self._shard[ids], self._start[ids], self._end[ids], self.merge_gap)
         got = self.reader.read(
