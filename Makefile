@@ -76,10 +76,13 @@ chaos: install system-deps
 # the peer hotset is measured against (MosaicML Streaming), in a venv of its own, and the
 # side-by-side run (benchmarks/peer_compare.py)
 PEERS ?= .venv-peers
-$(PEERS)/.installed: benchmarks/peers/requirements.txt
+$(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/constraints.txt
 	$(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check $(FIND_LINKS) torch==2.13.0
-	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check -r benchmarks/peers/requirements.txt
+	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check $(FIND_LINKS) \
+	  -c benchmarks/peers/constraints.txt -r benchmarks/peers/requirements.txt
+	# no torchvision build matches the CPU torch; the runner never uses Streaming's vision sets
+	$(PEERS)/bin/python -m pip uninstall -q -y torchvision
 	touch $@
 
 peers: install system-deps $(PEERS)/.installed

@@ -1,31 +1,38 @@
 """hotset beside the loader users would pick instead (MosaicML Streaming), in one run, on
-the same data behind the same wire.
+the same data behind the same wire, with the peer tuned as its users tune it.
 
 Fashion-MNIST's first ``--samples`` training images (the same PNG bytes) are written as
 hotset's WebDataset tar shards and as Streaming's MDS shards (``--shard-bytes``), both
 uploaded to one S3-compatible server (moto's, on 127.0.0.1) that sits behind
 ``hotset.testing.DelayProxy``: ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
-shared by every connection, for hotset's s3fs reads and Streaming's boto3 downloads
-alike. Each hotset system reads its tar shards by range with ``--concurrency`` requests
-in flight on the node (the gap a range request reads through follows the latency hotset
-measures, the wire's as its prior); Streaming runs in its own venv (``make peers``) with
-``cache_limit`` = the same cache fraction of its shards, its shuffle block and
-predownload as given. Both sides' shards hold about ``--shard-bytes`` (moto copies the
-whole object for each range request, so the object size sets its cost per request). The
-wire counts the HTTP requests and bytes of every epoch; ``cpu_s`` is the CPU seconds
-per epoch of the loader's process tree (its workers included, the servers not).
+shared by every connection (one link), for hotset's s3fs reads and Streaming's boto3
+downloads alike. Each hotset system reads its tar shards by range with ``--concurrency``
+requests in flight on the node (``concurrency / workers`` per worker; the gap a range
+request reads through follows the latency hotset measures, the wire's as its prior), in
+each ``--orders`` (``paper``: the system's own order; ``blocks``: the same draw read by
+blocks of ``--shuffle-block`` ids, ``make_loader(order="blocks")``).
+
+Memory is equal: hotset's cache plus its read-ahead (``--readahead`` of the dataset's
+bytes) hold ``--memory`` of the dataset's bytes, Streaming's ``cache_limit`` holds that
+share of its shards' bytes. Streaming is tuned as its docs and users tune it: shards of
+about hotset's size, ``predownload`` and ``shuffle_block_size`` as given (2048 ids, 128
+predownloaded a worker), the cache as large as hotset's memory. A tuned Streaming reads
+each shard about once an epoch: its requests per shard per epoch are printed beside its
+time (``req_per_shard``: GETs, as each download is a HEAD and a GET), and where they
+exceed ``MAX_PEER_READS`` the run says the peer thrashed and reports no ratio against it
+(``ratio`` is NaN).
+
+The loaders run interleaved (every hotset row, then Streaming) ``--repeats`` times at each
+latency; ``epoch_s`` is the mean of the steady epochs (all but the first), ``ratio`` a
+row's over Streaming's of the same repetition. The wire counts the HTTP requests and
+bytes of every epoch; ``cpu_s`` is the CPU seconds per epoch of the loader's process tree
+(its workers included, the servers not). ``mb`` beside ``shard_mb`` (the shards' bytes,
+what one read of each costs): bytes on the wire per epoch.
 
 No model trains: SHADE (``--systems shade``) learns from a fixed log-normal loss per
 sample, so its rows show the I/O of its importance sampling, not its accuracy.
 
-Memory is counted on both sides: hotset's cache plus its read-ahead hold ``--cache-
-fraction`` of the dataset's bytes, as Streaming's ``cache_limit`` holds that fraction of
-its shards, for every ``--readahead`` (a fraction of the dataset, one row each) up to
-the cache fraction; a larger read-ahead leaves no cache and more memory than the peer's
-(its row says so), to trace requests per epoch against read-ahead memory.
-
     make peers && python benchmarks/peer_compare.py [--latency-ms 2,20] [--epochs 3]
-
 """
 
 from __future__ import annotations
@@ -81,16 +88,17 @@ def _delta(after: dict, before: dict) -> dict:
 SYSTEMS = {
     "lru": {"policy": "lru"},
     "minio": {"policy": "minio"},
-    # Streaming's shuffle (hotset's named option): shards in a random order, samples
-    # shuffled within windows of --shuffle-block
-    "lru-shards": {"policy": "lru", "sampler_options": {"shuffle": "shards"}},
     "shade": {"policy": "app", "sampler": "shade",
               "sampler_options": {"repetition_mode": "repeat"}},
 }  # fmt: skip
 
 
+#: a tuned Streaming reads each shard about once an epoch; more reads mean a thrashing cache
+MAX_PEER_READS = 2.0
+
+
 def run_hotset(
-    args, system: str, wire: DelayProxy, s3: S3Server, latency: float, ahead: float
+    args, system: str, order: str, wire: DelayProxy, s3: S3Server, latency: float
 ) -> dict:
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
@@ -99,20 +107,18 @@ def run_hotset(
         concurrency=max(1, math.ceil(args.concurrency / args.workers)),
         cost=CostModel(latency, args.bandwidth_mb_s, args.concurrency),  # measured online
     )  # fmt: skip
-    times, requests, nbytes, distinct, cpu = [], [], [], [], []
+    times, requests, gets, nbytes, distinct, cpu = [], [], [], [], [], []
     servers = (wire.proc.pid, s3.proc.pid)  # not the loader's CPU
-    memory = int(args.cache_fraction * storage.manifest.total_bytes)
-    readahead = int(ahead * storage.manifest.total_bytes)
+    memory = int(args.memory * storage.manifest.total_bytes)
+    readahead = min(int(args.readahead * storage.manifest.total_bytes), memory)
     # no model trains here: SHADE learns from a fixed loss per sample (log-normal, so a
     # few samples matter most, as a trained model's losses spread)
     losses = np.random.default_rng(0).lognormal(0.0, 1.0, len(storage))
-    spec = dict(SYSTEMS[system])
-    if spec.get("sampler_options", {}).get("shuffle") == "shards":
-        spec["sampler_options"] = {**spec["sampler_options"], "shuffle_block": args.shuffle_block}
     with make_loader(
-        storage, batch_size=args.batch_size, **spec,
-        capacity_bytes=max(memory - readahead, 0),
-        readahead_bytes=readahead, num_workers=args.workers, seed=0, persistent_workers=True,
+        storage, batch_size=args.batch_size, **SYSTEMS[system],
+        capacity_bytes=memory - readahead, readahead_bytes=readahead,
+        order=order, block_size=args.shuffle_block,
+        num_workers=args.workers, seed=0, persistent_workers=True,
     ) as loader:  # fmt: skip
         capacity = loader.planner.policy.capacity_bytes
         for epoch in range(args.epochs):
@@ -126,23 +132,27 @@ def run_hotset(
             cpu.append(cpu_seconds(os.getpid(), servers) - cpu0)
             d = _delta(wire.stats(), before)
             requests.append(d["requests"])
+            gets.append(d["gets"])
             nbytes.append(d["bytes_down"])
             distinct.append(len(seen))
         c = loader.counters()
-    row = _row(f"hotset {system}", latency, times, requests, nbytes, distinct, capacity,
-               c["hit_ratio"], cpu)  # fmt: skip
-    return {**row, "readahead_mb": readahead / 1e6,
+    row = _row(f"hotset {system} {order}", latency, times, requests, gets, nbytes, distinct,
+               capacity, c["hit_ratio"], cpu)  # fmt: skip
+    shards = int(storage.extents[0].max()) + 1
+    return {**row, "readahead_mb": readahead / 1e6, "shards": shards,
+            "shard_mb": args.tar_bytes / 1e6,
             **{k: c[k] for k in ("readahead_served", "readahead_lost", "offered",
                                  "request_latency_ms", "merge_gap")}}  # fmt: skip
 
 
-def run_streaming(args, wire: DelayProxy, s3: S3Server, latency: float, mds_bytes: int) -> dict:
+def run_streaming(args, wire: DelayProxy, latency: float, mds: tuple[int, int]) -> dict:
     with tempfile.TemporaryDirectory(prefix="streaming-local-") as local:  # its shard cache
-        return _run_streaming(args, wire, latency, mds_bytes, local)
+        return _run_streaming(args, wire, latency, mds, local)
 
 
-def _run_streaming(args, wire: DelayProxy, latency: float, mds_bytes: int, local: str) -> dict:
-    capacity = int(args.cache_fraction * mds_bytes)
+def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: str) -> dict:
+    mds_bytes, shards = mds
+    capacity = int(args.memory * mds_bytes)
     env = {
         **os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_ACCESS_KEY_ID": "hotset",
         "AWS_SECRET_ACCESS_KEY": "hotset-secret", "AWS_DEFAULT_REGION": "eu-west-1",
@@ -153,7 +163,7 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds_bytes: int, local
         "--workers", str(args.workers), "--batch-size", str(args.batch_size),
         "--shuffle-block", str(args.shuffle_block), "--predownload", str(args.predownload),
     ]  # fmt: skip
-    times, requests, nbytes, distinct, cpu = [], [], [], [], []
+    times, requests, gets, nbytes, distinct, cpu = [], [], [], [], [], []
     before = wire.stats()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         cpu0 = cpu_seconds(proc.pid)
@@ -169,22 +179,31 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds_bytes: int, local
             before = after
             times.append(epoch["seconds"])
             requests.append(d["requests"])
+            gets.append(d["gets"])
             nbytes.append(d["bytes_down"])
             distinct.append(epoch["distinct"])
     if proc.returncode:
         raise SystemExit(f"streaming run failed ({proc.returncode}): {' '.join(cmd)}")
-    return _row("streaming", latency, times, requests, nbytes, distinct, capacity, float("nan"),
-                cpu)  # fmt: skip
+    row = _row("streaming", latency, times, requests, gets, nbytes, distinct, capacity,
+               float("nan"), cpu)  # fmt: skip
+    per_shard = row["gets"] / shards  # a download is a HEAD and a GET
+    if per_shard > MAX_PEER_READS:
+        print(f"streaming read each shard {per_shard:.1f} times an epoch (a tuned one reads it "
+              f"about once): its cache_limit of {capacity} B thrashes; no ratio is reported "
+              "against it", file=sys.stderr)  # fmt: skip
+    return {**row, "shards": shards, "shard_mb": mds_bytes / 1e6, "req_per_shard": per_shard,
+            "tuned": per_shard <= MAX_PEER_READS}
 
 
-def _row(name, latency, times, requests, nbytes, distinct, capacity, hit, cpu) -> dict:
+def _row(name, latency, times, requests, gets, nbytes, distinct, capacity, hit, cpu) -> dict:
     steady = slice(1, None) if len(times) > 1 else slice(None)
     return {
         "loader": name, "latency_ms": latency,
         "epoch_s": float(np.mean(times[steady])), "first_epoch_s": times[0],
-        "requests": float(np.mean(requests[steady])), "mb": float(np.mean(nbytes[steady])) / 1e6,
+        "requests": float(np.mean(requests[steady])), "gets": float(np.mean(gets[steady])),
+        "mb": float(np.mean(nbytes[steady])) / 1e6,
         "distinct": float(np.mean(distinct[steady])), "cache_mb": capacity / 1e6,
-        "hit_ratio": hit, "readahead_mb": 0.0, "epoch_times_s": times,
+        "hit_ratio": hit, "readahead_mb": 0.0, "epoch_times_s": times, "ratio": float("nan"),
         "cpu_s": float(np.mean(cpu[steady])), "epoch_cpu_s": cpu,
     }  # fmt: skip
 
@@ -192,16 +211,20 @@ def _row(name, latency, times, requests, nbytes, distinct, capacity, hit, cpu) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=20000)
-    ap.add_argument("--systems", default="lru,minio")
+    ap.add_argument("--systems", default="lru,minio,shade")
     ap.add_argument("--latency-ms", default="2,20")
     ap.add_argument("--bandwidth-mb-s", type=float, default=100.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--cache-fraction", type=float, default=0.2)
-    ap.add_argument("--readahead", default="0,0.1,0.2",
-                    help="read-ahead memory as fractions of the dataset, one row each")
+    ap.add_argument("--memory", type=float, default=0.2,
+                    help="hotset's cache + read-ahead = Streaming's cache_limit, a share of "
+                    "the dataset's bytes")
+    ap.add_argument("--readahead", type=float, default=0.1,
+                    help="hotset's read-ahead, a share of the dataset's bytes (of --memory)")
+    ap.add_argument("--orders", default="paper,blocks")
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--shard-bytes", type=int, default=256 << 10)
     ap.add_argument("--shuffle-block", type=int, default=2048)
     ap.add_argument("--predownload", type=int, default=128)
@@ -222,7 +245,9 @@ def main() -> None:
         subprocess.run([args.peer_python, str(PEER_RUN), "write", str(root / "samples.npz"),
                         str(root / "mds"), "--shard-bytes", str(args.shard_bytes)],
                        check=True)  # fmt: skip
-        mds_bytes = sum(p.stat().st_size for p in (root / "mds").glob("shard.*.mds"))
+        args.tar_bytes = sum(p.stat().st_size for p in (root / "tar" / "train").glob("*.tar"))
+        mds_files = list((root / "mds").glob("shard.*.mds"))
+        mds = (sum(p.stat().st_size for p in mds_files), len(mds_files))
         s3 = S3Server()
         try:
             s3.upload(root / "tar" / "train", "s3://bench/tar")
@@ -231,21 +256,29 @@ def main() -> None:
                 wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency,
                                   args.bandwidth_mb_s)  # fmt: skip
                 try:
-                    for system in args.systems.split(","):
-                        for ahead in [float(x) for x in args.readahead.split(",")]:
-                            rows.append(run_hotset(args, system, wire, s3, latency, ahead))
-                            print(json.dumps(rows[-1]), flush=True)
-                    rows.append(run_streaming(args, wire, s3, latency, mds_bytes))
-                    print(json.dumps(rows[-1]), flush=True)
+                    for repeat in range(args.repeats):  # interleaved: hotset's rows, the peer
+                        mine = [run_hotset(args, system, order, wire, s3, latency)
+                                for system in args.systems.split(",")
+                                for order in args.orders.split(",")]  # fmt: skip
+                        peer = run_streaming(args, wire, latency, mds)
+                        for row in [*mine, peer]:
+                            if peer["tuned"]:
+                                row["ratio"] = row["epoch_s"] / peer["epoch_s"]
+                            row["repeat"] = repeat
+                            rows.append(row)
+                            print(json.dumps(row), flush=True)
                 finally:
                     wire.stop()
         finally:
             s3.stop()
+    for row in rows:
+        row.setdefault("req_per_shard", row["gets"] / row["shards"])
     cols = [
-        ("loader", "s"), ("latency_ms", ".0f"), ("epoch_s", ".2f"), ("first_epoch_s", ".2f"),
-        ("cpu_s", ".1f"),
-        ("requests", ".0f"), ("mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".2f"),
-        ("readahead_mb", ".2f"), ("hit_ratio", ".3f"),
+        ("loader", "s"), ("latency_ms", ".0f"), ("repeat", "d"), ("epoch_s", ".2f"),
+        ("ratio", ".2f"), ("first_epoch_s", ".2f"), ("cpu_s", ".1f"), ("requests", ".0f"),
+        ("gets", ".0f"), ("shards", "d"), ("req_per_shard", ".1f"), ("mb", ".1f"),
+        ("shard_mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".2f"), ("readahead_mb", ".2f"),
+        ("hit_ratio", ".3f"),
     ]  # fmt: skip
     report(args.name, rows, cols, {"args": vars(args), "samples": n})
 

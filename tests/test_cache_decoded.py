@@ -65,7 +65,8 @@ def test_decoded_entries_serve_the_samples_right_and_hits_decode_nothing(tmp_pat
     for i, x, y in served:
         want_x, want_y = expect(i)
         assert torch.equal(x, want_x) and y == want_y
-    assert len(served) == 2 * n and c["hits"] == n and c["misses"] == n
+    # the second epoch all hits (the first may hit what a range request read through)
+    assert len(served) == 2 * n and c["hits"] >= n and c["hits"] + c["misses"] == 2 * n
     assert len(calls) - probe == n  # each sample decoded once, at its miss
     shape = tuple(expect(0)[0].shape)
     assert budget["cache_decoded"]

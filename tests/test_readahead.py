@@ -50,40 +50,61 @@ def layouts(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(layouts(), st.integers(0, 2000), st.integers(0, 6000), st.integers(1, 8),
-       st.integers(1, 3), st.floats(0, 0.8), st.integers(0, 2**31 - 1))  # fmt: skip
+       st.integers(1, 3), st.floats(0, 0.8), st.integers(0, 2**31 - 1),
+       st.integers(0, 2))  # fmt: skip
 def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
-    layout, gap, budget, step, lead, cached_share, seed
+    layout, gap, budget, step, lead, cached_share, seed, prefetch
 ):
+    """Without ``prefetch`` a plan's staged samples ride in the requests its misses make
+    anyway; with it, at most ``prefetch`` requests more, each of an object a later batch
+    needs. Either way the budget holds, each staged sample goes to the batches that ask
+    for it (its first among them) and its entry is deleted once, after the last."""
     extents, order = layout
     n = extents[0].size
     rng = np.random.default_rng(seed)
     sizes = extents[2] - extents[1] + 16
     cached = rng.random(n) < cached_share  # what the cache holds (never staged)
-    ra = ReadAhead(extents, sizes, gap, budget, lead)
+    ra = ReadAhead(extents, sizes, gap, budget, lead, prefetch)
     ra.start_epoch(order, step)
     batches = -(-order.size // step)
-    waiting: dict[int, set] = {}  # staged id -> batch it was staged for
+    first_use: dict[int, int] = {}  # staged id -> the first batch it is staged for
+    stager: dict[int, int] = {}  # staged id -> the batch whose plan staged it
+    in_store: set[int] = set()  # staged entries not yet deleted
     for b in range(batches):
         ids = order[b * step : (b + 1) * step]
-        staged, producer = ra.take(b)
-        assert producer <= b - lead or not staged.size  # for batches lead or more ahead
-        assert all(waiting.pop(int(i)) == b for i in staged)
+        staged, producers, drops = ra.take(b)
+        assert all(p <= b - lead for p in producers)  # for batches lead or more ahead
+        assert bool(producers) == bool(staged.size)
         assert set(staged.tolist()) <= set(ids.tolist())  # staged for a batch that asks
+        for i in staged.tolist():
+            assert i in in_store and b >= stager[i] + lead
+            if first_use.get(i) == b:
+                del first_use[i]
+        # deleted once: by the one batch it was for, or after the last of several
+        assert set(drops.tolist()) <= in_store
+        in_store -= set(drops.tolist())
         reads = np.setdiff1d(ids[~cached[ids]], staged)
         stage, free = ra.plan(b, reads, lambda a: cached[a], seq=b)
-        if not reads.size:
+        if not reads.size and not prefetch:
             assert not stage.size and not free.size
             ra.consumed(b)
             continue
         # read with this batch's misses, the staged samples cost no request (one may
-        # even bridge two)
+        # even bridge two), or one for each object read ahead
         together = np.concatenate([reads, stage])
-        assert _requests(extents, together, gap) <= _requests(extents, reads, gap)
-        assert not cached[stage].any() and not np.isin(stage, reads).any()
+        own = set(extents[0][reads].tolist())
+        ahead = set(extents[0][stage].tolist()) - own
+        assert len(ahead) <= prefetch
+        assert _requests(extents, together, gap) <= _requests(extents, reads, gap) + sum(
+            _requests(extents, stage[extents[0][stage] == o], gap) for o in ahead
+        )
+        assert not cached[stage].any()  # (a miss drawn again later may be staged for it)
         for i in stage.tolist():
-            assert i not in waiting
+            assert i not in in_store  # never staged again before its entry is deleted
             later = np.flatnonzero(order == i)
-            waiting[i] = int(later[later >= (b + lead) * step][0] // step)  # its next batch
+            first_use[i] = int(later[later >= (b + lead) * step][0] // step)
+            stager[i] = b
+            in_store.add(i)
         assert ra.outstanding <= budget
         # the samples read through lie inside those requests and are no one's
         assert not np.isin(free, together).any()
@@ -91,7 +112,12 @@ def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
             extents, together, gap
         )
         ra.consumed(b)
-    assert not waiting and ra.outstanding == 0 and not ra.staged.any()
+        assert ra.outstanding == int(sizes[list(in_store)].sum())  # the store's staged bytes
+    assert not first_use and not ra.staged.any()  # each reached the first batch it was for
+    # left: only entries of several batches whose last was the epoch's (no plan after it
+    # to delete them: the loader deletes what is staged at the epoch's end)
+    assert ra.outstanding == int(sizes[list(in_store)].sum())
+    assert all(np.count_nonzero(order == i) > 1 for i in in_store)
 
 
 @pytest.fixture
@@ -121,7 +147,7 @@ def _epochs(url, images, policy, readahead, epochs=2):
                     assert int(targets[k]) == i % 3
                 peak = max(peak, loader.dataset.store.used_bytes)
             if loader.planner.readahead is not None:  # every staged sample was taken
-                assert loader.planner.readahead.outstanding == 0
+                assert not loader.planner.readahead.staged.any()
         loader._drop_staged()
         assert loader.dataset.store.list_keys(STAGE) == []
         return loader.counters(), peak, capacity

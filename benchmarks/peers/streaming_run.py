@@ -16,9 +16,34 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 import time
+import types
 
 import numpy as np
+
+
+def _without_torchvision() -> None:
+    """``import streaming`` imports its vision datasets, and they import torchvision; no
+    torchvision build matches the locked CPU torch, and this run reads MDS shards of bytes,
+    never those datasets: the two names they import are stood in for where torchvision is
+    not installed (``make peers`` leaves it out)."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        import importlib.machinery
+
+        tv = types.ModuleType("torchvision")
+        tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
+        datasets = types.ModuleType("torchvision.datasets")
+        datasets.VisionDataset = datasets.CIFAR10 = type("VisionDataset", (), {})
+        transforms = types.ModuleType("torchvision.transforms")
+        functional = types.ModuleType("torchvision.transforms.functional")
+        functional.to_tensor = None
+        tv.datasets, tv.transforms, transforms.functional = datasets, transforms, functional
+        sys.modules.update({"torchvision": tv, "torchvision.datasets": datasets,
+                            "torchvision.transforms": transforms,
+                            "torchvision.transforms.functional": functional})  # fmt: skip
 
 
 def _samples(path: str):
@@ -29,6 +54,7 @@ def _samples(path: str):
 
 
 def write(args) -> None:
+    _without_torchvision()
     from streaming import MDSWriter
 
     with MDSWriter(out=args.out, columns={"image": "bytes", "label": "int"},
@@ -40,6 +66,8 @@ def write(args) -> None:
 def epochs(args) -> None:
     import torch
     from PIL import Image
+
+    _without_torchvision()
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 

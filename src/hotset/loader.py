@@ -39,12 +39,14 @@ from hotset.errors import (
     SkipLimitError,
 )
 from hotset.feedback import DeferredFeedback, as_numpy
+from hotset.io.arrivals import Arrivals
 from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
 from hotset.plan_process import PlannerProcess
 from hotset.policy import POLICIES
 from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
+from hotset.sampling.blocks import check_order
 from hotset.stats import LoaderStats
 from hotset.storage.base import Storage
 from hotset.storage.decoded import DecodedStorage
@@ -70,6 +72,11 @@ class Batch(NamedTuple):
     inputs: Any
     targets: Any
     ids: torch.Tensor
+
+
+#: the longest a batch waits for samples an earlier plan stages for it: a bound for a
+#: worker that died (a plan that staged, or failed to, says so at once: ``Arrivals``)
+STAGED_WAIT_S = 30.0
 
 
 class CachedDataset(Dataset):
@@ -112,6 +119,7 @@ class CachedDataset(Dataset):
         self.max_skipped = float(max_skipped)
         self.keys = storage.keys  # content keys: what a hit is checked against
         self.labels = storage.labels
+        self.arrivals = Arrivals()  # wakes a worker waiting for another worker's writes
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -184,17 +192,21 @@ class CachedDataset(Dataset):
         stats: LoaderStats,
         wait_s: float,
         prefix: str = "",
+        until: Callable[[], bool] | None = None,
     ) -> list[int]:
         """Step 1 (and 4): the planned hits from the store, each checked against its
         content digest; a wrong entry is counted, deleted and never served. With
         ``wait_s``, poll that long for hits another worker or job is still writing.
         ``prefix``: of the entries' keys (``STAGE``: samples staged by read-ahead).
+        ``until``: stop waiting once it holds (after one more look): the writers are done.
         Returns the ids whose entry was wrong."""
         t = time.perf_counter()
         deadline = t + wait_s
         keys, wrong, unpack = self.keys, [], self.storage.from_entry
         pending = [i for i in ids if i not in got]
         while pending:
+            seen = self.arrivals.seen()  # before the look: a write after it wakes the wait
+            over = until is not None and until()
             values = self.store.get_many([prefix + keys[i] for i in pending])
             for i, v in zip(pending, values, strict=True):
                 if v is None:
@@ -213,31 +225,45 @@ class CachedDataset(Dataset):
                     keys[wrong[0]],
                 )  # fmt: skip
             pending = [i for i in pending if i not in got and i not in wrong]
-            if not pending or time.perf_counter() >= deadline:
+            now = time.perf_counter()
+            if not pending or over or now >= deadline:
                 break
-            time.sleep(0.002)
+            self.arrivals.wait(seen, deadline - now)
         stats.store_s += time.perf_counter() - t
         return wrong
 
-    def _take_staged(
+    def _staged_landed(
         self, plan: BatchPlan, misses: list[int], got: dict[int, bytes], stats: LoaderStats
-    ) -> None:
-        """The misses an earlier plan staged for this batch, from the staging area
-        (waiting up to ``plan.wait_s`` for a worker still staging them); then every
-        entry staged for it is deleted, used or not."""
-        staged = plan.staged.tolist()
-        wanted = set(staged).intersection(misses)
-        before = len(got)
-        self._read_hits([i for i in staged if i in wanted], got, stats, plan.wait_s, STAGE)
-        stats.readahead_served = len(got) - before
-        stats.readahead_lost = len(wanted) - stats.readahead_served
-        self.store.delete_many([STAGE + self.keys[i] for i in staged])
+    ) -> list[int]:
+        """The misses an earlier plan staged for this batch that are in the staging area
+        now (into ``got``); returns those still to come (their worker is reading them)."""
+        wanted = set(misses)
+        staged = [i for i in plan.staged.tolist() if i in wanted]
+        self._read_hits(staged, got, stats, 0.0, STAGE)
+        stats.readahead_served = sum(1 for i in staged if i in got)
+        return [i for i in staged if i not in got]
+
+    def _staged_late(
+        self, plan: BatchPlan, late: list[int], got: dict[int, bytes], stats: LoaderStats
+    ) -> list[int]:
+        """After this batch's own reads: wait (woken as they land) for the staged samples
+        still to come, until the plans staging them are done. Returns those that never
+        came (read from storage)."""
+        if late:
+            before = len(got)
+            done = functools.partial(self.arrivals.all_finished, plan.staged_by)
+            self._read_hits(late, got, stats, STAGED_WAIT_S, STAGE, until=done)
+            stats.readahead_served += len(got) - before
+        lost = [i for i in late if i not in got]
+        stats.readahead_lost = len(lost)
+        return lost
 
     def _stage(self, ids: list[int], have: dict[int, bytes], stats: LoaderStats) -> None:
         """Put the samples read ahead for later batches into the staging area."""
         keys, pack = self.keys, self.storage.to_entry
         items = {STAGE + keys[i]: pack(keys[i], have[i]) for i in ids if i in have}
         _, refused = self.store.put(items) if items else (0, [])
+        self.arrivals.landed()
         stats.readahead_staged = len(items) - len(refused)
 
     def _store_changes(
@@ -254,10 +280,14 @@ class CachedDataset(Dataset):
         have = {**fetched, **got}
         pack = self.storage.to_entry
         items = {keys[i]: pack(keys[i], have[i]) for i in wanted if i in have}
+        seen = self.arrivals.seen()
         _, out = self.store.put(items) if items else (0, [])
+        if items or plan.evicted.size or plan.evict_keys:
+            self.arrivals.landed()
         deadline = time.perf_counter() + plan.wait_s
         while out and time.perf_counter() < deadline:  # earlier plans' deletions to come
-            time.sleep(0.002)
+            self.arrivals.wait(seen, deadline - time.perf_counter())
+            seen = self.arrivals.seen()
             _, out = self.store.put({k: items[k] for k in out})
         refused = set(out)
         return [i for i in wanted if i not in have or keys[i] in refused]
@@ -300,19 +330,31 @@ class CachedDataset(Dataset):
         # may be waiting for them while this one waits for its own planned hits
         planned = set(from_store)
         misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned]
-        if plan.staged.size:  # misses an earlier plan read ahead
-            self._take_staged(plan, misses, got, stats)
-        # one storage call: the misses, the plan's fetches and what it reads ahead
-        need = [i for i in misses if i not in got]
+        late = self._staged_landed(plan, misses, got, stats) if plan.staged.size else []
+        # one storage call: the misses (less those an earlier plan is reading ahead), the
+        # plan's fetches and what it reads ahead for later batches
+        coming = set(late)
+        need = [i for i in misses if i not in got and i not in coming]
         wanted = dict.fromkeys(need + plan.fetch.tolist() + plan.stage.tolist())
-        read = self._read_storage([i for i in wanted if i not in got], stats, causes)
-        got.update((i, read[i]) for i in need if i in read)
-        have = {**read, **got}
+        try:
+            read = self._read_storage([i for i in wanted if i not in got], stats, causes)
+            got.update((i, read[i]) for i in need if i in read)
+            have = {**read, **got}
+            t = time.perf_counter()
+            if plan.stage.size:  # first: a later batch's worker may be waiting for them
+                self._stage(plan.stage.tolist(), have, stats)
+        finally:
+            if plan.stage.size:  # staged or failed: the batches it stages for go on
+                self.arrivals.finished(plan.seq)
         fetched = {i: have[i] for i in plan.fetch.tolist() if i in have}
         stats.prefetched = len(fetched)
-        t = time.perf_counter()
-        if plan.stage.size:  # first: a later batch's worker may be waiting for them
-            self._stage(plan.stage.tolist(), have, stats)
+        if plan.staged.size:  # then wait for what earlier plans read ahead for this one
+            lost_staged = self._staged_late(plan, late, got, stats)
+            if lost_staged:
+                got.update(self._read_storage(lost_staged, stats, causes))
+        if plan.unstage.size:  # staged entries this batch was the last one for
+            self.store.delete_many([STAGE + self.keys[i] for i in plan.unstage.tolist()])
+            self.arrivals.landed()  # room freed
         lost = self._store_changes(plan, got, fetched)
         stats.store_s += time.perf_counter() - t
         if plan.wait_s > 0 and any(i not in got for i in from_store):
@@ -748,6 +790,8 @@ def make_loader(
     cache_decoded: bool = False,
     defer_feedback: bool | None = None,
     planner_process: bool = False,
+    order: str = "paper",
+    block_size: Int = 2048,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -811,6 +855,16 @@ def make_loader(
             copy of the losses overlaps the step and the planning of the next batches
             overlaps the GPU's work; the plans made meanwhile see that batch's feedback
             one batch later (hotset's option: the papers feed back each step).
+        order: ``"paper"`` (default): each epoch in the order its system draws it;
+            ``"blocks"``: the same draw (the same ids, as often) read by blocks of shards,
+            as MosaicML Streaming's ``py1b`` shuffle reads a uniform epoch: the shards in
+            a random order, the ids shuffled within windows of ``block_size``. A window's
+            misses are then a few whole shards, one request each, instead of about one
+            request per missed sample; batches mix less (with shards written class by
+            class, a batch holds few classes). For tar shards; hotset's option
+            (docs/systems.md).
+        block_size: ids per shuffle window of ``order="blocks"``; a window's misses should
+            fit the read-ahead budget (``loader.budget``).
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
             a record of fields: ``codecs.decode_sample``).
@@ -840,6 +894,7 @@ def make_loader(
             sampler and collation itself.
     """
     sampler, policy, sampler_options = _parts(system, sampler, policy, sampler_options)
+    check_order(order, block_size)
     package_dir = os.fspath(package_dir) if package_dir is not None else None
     storage = open_storage(storage, format, storage_options)
     identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
@@ -901,7 +956,7 @@ def make_loader(
             return Planner(
                 smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
                 package_dir=package_dir, ranks=group, sync_every=sync_every,
-                readahead_bytes=readahead, readahead_lead=max(num_workers, 1),
+                readahead_bytes=readahead, order=order, block_size=block_size,
             )  # fmt: skip
 
         dataset = CachedDataset(
@@ -921,6 +976,7 @@ def make_loader(
             "sampler": sampler, "sampler_options": _digest(sampler_options),
             "policy": policy, "policy_options": _digest(policy_options),
             "capacity_bytes": capacity, "cache_decoded": bool(cache_decoded),
+            "order": order if order == "paper" else f"{order}/{block_size}",
             "world": ranks.world if ranks is not None else num_replicas,
             "rank": None if ranks is not None else rank,  # ranks: one global plan
         }  # fmt: skip

@@ -24,6 +24,7 @@ from hotset.io.readahead import ReadAhead
 from hotset.io.requests import LatencyFit
 from hotset.policy.base import Policy
 from hotset.sampling.base import Sampler
+from hotset.sampling.blocks import block_order, check_order, epoch_rng
 from hotset.sampling.draw import ShuffledAsRead
 
 if TYPE_CHECKING:
@@ -59,7 +60,11 @@ class BatchPlan:
 
     Read-ahead (``io/readahead.py``): ``stage`` lists later batches' samples to read with
     this batch's misses and put into the staging area, ``staged`` those an earlier plan
-    staged for this batch, to take from it (and delete) instead of reading storage.
+    staged for this batch, to take from it (and delete) instead of reading storage;
+    ``staged_by`` the plans (``seq``) still in flight that stage them: its worker reads its
+    own misses first, then waits until those plans' workers have staged, woken as each
+    finishes. A sample staged for several batches (drawn again) is read once for them
+    all; the last of them deletes its entry (``unstage``).
     """
 
     epoch: int
@@ -76,6 +81,9 @@ class BatchPlan:
     stage: np.ndarray = field(default_factory=_empty)
     staged: np.ndarray = field(default_factory=_empty)
     merge_gap: int = -1  # the gap to read through (the measured cost model's), -1: keep
+    seq: int = -1  # the planner's number for this plan
+    staged_by: tuple[int, ...] = ()  # the plans in flight that stage for this one
+    unstage: np.ndarray = field(default_factory=_empty)  # staged entries it deletes
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -191,7 +199,13 @@ class Planner:
     batches that fall in a batch's range requests are read with it and staged, up to
     that many bytes at once (``io/readahead.py``); the samples those requests read
     through are offered to the policy (``offered`` counts those it took), for batches
-    ``readahead_lead`` or more ahead (the DataLoader's workers). Not with ranks.
+    ``readahead_lead`` or more ahead (default: the next one; its worker reads its own
+    misses first, then waits for the plans staging for it to finish, woken as each
+    does). Not with ranks.
+
+    ``order="blocks"``: each epoch as the sampler draws it, then read by blocks of shards
+    (``sampling/blocks.py``, ``block_size`` ids a block; hotset's option): needs a
+    storage whose samples are ranges of larger objects (``extents``).
     """
 
     owns_cache = True
@@ -213,6 +227,8 @@ class Planner:
         sync_every: int = 1,
         readahead_bytes: int = 0,
         readahead_lead: int = 1,
+        order: str = "paper",
+        block_size: int = 2048,
     ) -> None:
         """``ranks``: a data-parallel job's ranks (``distributed.py``): the sampler draws
         the global list (made with ``num_replicas=1``), every rank plans the same global
@@ -290,12 +306,24 @@ class Planner:
         self.latency = None
         if cost is not None and ranks is None:
             self.latency = LatencyFit(cost, storage.concurrency)
+        check_order(order, block_size)
+        self.order, self.block_size = order, int(block_size)
+        self._objects = None  # each id's shard, for the block order
+        if order == "blocks":
+            if storage is None or storage.extents is None:
+                raise ConfigError(
+                    "order='blocks' reads an epoch shard by shard: it needs samples that are "
+                    "ranges of larger objects (tar shards), and this storage keeps a file "
+                    "per sample"
+                )
+            self._objects = np.asarray(storage.extents[0])
         self.readahead = None
         if readahead_bytes < 0:
             raise ConfigError(f"readahead_bytes must be >= 0, got {readahead_bytes}")
         if extents is not None and readahead_bytes and ranks is None:
             self.readahead = ReadAhead(
-                extents, storage.sizes, storage.merge_gap, readahead_bytes, readahead_lead
+                extents, storage.sizes, storage.merge_gap, readahead_bytes, readahead_lead,
+                prefetch=storage.concurrency,
             )
 
     @property
@@ -577,15 +605,17 @@ class Planner:
         needs_future = self.policy.needs_future and self.feed_future
         ready = None
         if self.sampler.num_replicas > 1:
-            order = self.sampler.epoch_order(epoch)
+            order = self._arranged(self.sampler.epoch_order(epoch), epoch)
         else:
             order = self.sampler.order_as_read(epoch)
             if isinstance(order, ShuffledAsRead):
                 padded = not self.drop_last and order.size % self.world
-                if padded or needs_future or self.readahead is not None:
+                whole = needs_future or self.readahead is not None or self._objects is not None
+                if padded or whole:
                     order = order.whole()  # each reads the whole epoch now
                 else:
                     order, ready = order.ids, order.ready
+            order = self._arranged(order, epoch)
         hints = self.sampler.cache_hints(epoch)
         if hints:
             with self.lock:
@@ -599,9 +629,16 @@ class Planner:
             order = np.concatenate([order, np.resize(order, self.world - order.size % self.world)])
         if needs_future:
             # The future as far as it is planned: this epoch and the next one.
-            ahead = self.sampler.epoch_order(epoch + 1)
+            ahead = self._arranged(self.sampler.epoch_order(epoch + 1), epoch + 1)
             self.policy.set_future(np.concatenate([order, ahead]))
         return order, ready
+
+    def _arranged(self, order: np.ndarray, epoch: int) -> np.ndarray:
+        """``order`` as the sampler drew it, or read by blocks of shards (``order``)."""
+        if self._objects is None:
+            return order
+        rng = epoch_rng(self.sampler.seed, epoch)
+        return block_order(order, self._objects, self.block_size, rng)
 
     def _plan(self, epoch: int, index: int, ids: np.ndarray) -> BatchPlan:
         with self.lock:
@@ -611,22 +648,21 @@ class Planner:
             r = self.policy.access(ids)
             served = ids if r.served is None else r.served
             fetch = _EMPTY if r.fetch is None else r.fetch
-            stage = staged = _EMPTY
-            staging = False  # whether an earlier plan in flight stages for this one
+            stage = staged = unstage = _EMPTY
+            staged_by: tuple[int, ...] = ()  # earlier plans in flight staging for this one
             gap = -1 if self.latency is None else self.latency.model.merge_gap
             if self.readahead is not None:
                 if gap >= 0:
                     self.readahead.gap = gap
-                staged, producer = self.readahead.take(index)
-                staging = producer >= self._oldest()
+                staged, producers, unstage = self.readahead.take(index)
+                staged_by = tuple(p for p in producers if p >= self._oldest())  # in flight
                 reads = np.setdiff1d(np.concatenate([served[~r.hits], fetch]), staged)
                 stage, free = self.readahead.plan(index, reads, self._resident, self._seq)
                 offered = self.policy.offer(free) if free.size else _EMPTY
                 self.offered += offered.size
                 fetch = np.concatenate([fetch, offered])
+            seq = self._seq
             wait_s, admitted, fetch = self._track(served[r.hits], r.admitted, fetch, r.evicted)
-            if staging:
-                wait_s = self.wait_s
             hits = r.hits
             if admitted.size < r.admitted.size:  # a write dropped: a later position of this
                 dropped = np.setdiff1d(r.admitted, admitted)  # batch that planned it as a
@@ -648,6 +684,9 @@ class Planner:
             stage=stage,
             staged=staged,
             merge_gap=gap,
+            seq=seq,
+            staged_by=staged_by,
+            unstage=unstage,
         )
 
     def _resident(self, ids: np.ndarray) -> np.ndarray:
@@ -706,7 +745,8 @@ class Planner:
             _, order, first = self._resume
             if self.policy.needs_future and self.feed_future:
                 rest = order[first * self.batch_size * self.world :]
-                self.policy.set_future(np.concatenate([rest, self.sampler.epoch_order(epoch + 1)]))
+                ahead = self._arranged(self.sampler.epoch_order(epoch + 1), epoch + 1)
+                self.policy.set_future(np.concatenate([rest, ahead]))
         else:
             order, ready = self._start_epoch(epoch)
         self._resume = None

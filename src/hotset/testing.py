@@ -417,7 +417,8 @@ listen, target = int(sys.argv[1]), int(sys.argv[2])
 one_way_s, rate, stats_path = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 faults, failing = float(sys.argv[6]), sys.argv[7].encode()
 METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
-STATS = {"requests": 0, "bytes_up": 0, "bytes_down": 0, "connections": 0, "faults": 0}
+STATS = {"requests": 0, "gets": 0, "bytes_up": 0, "bytes_down": 0, "connections": 0,
+         "faults": 0}
 BODY = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
 SLOW_DOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
              b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
@@ -474,6 +475,7 @@ async def carry(reader, writer, link, back=None):
             STATS["bytes_up" if up else "bytes_down"] += len(data)
             if up and data.startswith(METHODS):  # a new HTTP request on this connection
                 STATS["requests"] += 1
+                STATS["gets"] += data.startswith(b"GET ")
                 how = fault(data)
                 if how == "reset":
                     back.transport.abort()
@@ -531,7 +533,8 @@ class DelayProxy:
     connection in each direction, as ``tc netem delay`` and ``rate`` would (netem is not
     in every kernel; this needs none). Requests and bytes cross it as they would cross a
     network: a request costs a round trip, bytes cost their transfer time. ``stats()``:
-    the HTTP requests, bytes each way and connections it has carried (within 0.1 s).
+    the HTTP requests (``gets`` of them GETs), bytes each way and connections it has
+    carried (within 0.1 s).
 
     Faults, as an object store under load gives them: a share ``faults`` of the ranged
     GETs (drawn with a fixed seed), and every one whose path contains ``failing``, are answered

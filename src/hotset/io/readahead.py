@@ -9,9 +9,16 @@ objects later batches will ask for: reading them in the same requests costs no r
 the store, under keys of their own (``STAGE``), outside the cache's budget and policy,
 until the batch that needs them takes them (and deletes them). The bytes staged and not
 yet consumed never exceed ``budget_bytes``; the nearest batches' samples are staged first,
-from ``lead`` batches on: DataLoader workers run neighbouring batches at the same time
-(batch ``b + num_workers`` runs on ``b``'s worker, after it), so samples staged for a
-nearer batch would mostly arrive after it had read them itself.
+from ``lead`` batches on (default: the next). DataLoader workers run neighbouring batches
+at the same time, so a worker whose batch an earlier plan stages for reads its own misses
+first and then waits for the staged ones, woken as they land (``io/arrivals.py``): a
+shard is read once for every batch of the window, not once by each worker running one.
+
+A plan may also read ahead a few objects (``prefetch``, the reader's requests in flight)
+that none of its own misses touches: those the nearest later batches need first, whose
+samples no plan stages yet. Reads of a window are then spread over the plans before it,
+each a request per object for every batch of the window that needs it, instead of all
+falling on the window's first batch while the workers running the next ones wait.
 
 A merged request also reads samples nobody asked for, between the wanted ones: those are
 offered to the cache policy (``Policy.offer``), admitted only if it wants them, never
@@ -31,6 +38,8 @@ from hotset.io.requests import coalesce_ranges
 STAGE = "stage:"
 
 _NONE = np.empty(0, np.int64)
+#: ``_last_for`` of an entry whose deletion no plan carries yet
+_HELD = np.iinfo(np.int64).max
 
 
 class ReadAhead:
@@ -39,7 +48,8 @@ class ReadAhead:
 
     ``extents``: per sample its object, start and end byte; ``sizes``: the bytes each
     staged sample holds in the store; ``gap``: the largest gap a request reads through;
-    ``lead``: the nearest batch (after the one planned) that a plan stages for."""
+    ``lead``: the nearest batch (after the one planned) that a plan stages for;
+    ``prefetch``: objects a plan may read for later batches beside its own misses'."""
 
     def __init__(
         self,
@@ -48,22 +58,35 @@ class ReadAhead:
         gap: int,
         budget_bytes: int,
         lead: int = 1,
+        prefetch: int = 0,
     ) -> None:
         self.objects, self.starts, self.ends = (np.asarray(a, np.int64) for a in extents)
         self.sizes = np.asarray(sizes, np.int64)
         self.gap, self.budget, self.lead = int(gap), int(budget_bytes), max(int(lead), 1)
+        self.prefetch = max(int(prefetch), 0)
+        self._mean_size = max(float(self.sizes.mean()) if self.sizes.size else 1.0, 1.0)
         n_obj = int(self.objects.max()) + 1 if self.objects.size else 0
         # each object's samples by offset: the ones a merged range reads through
         self._by_offset = np.lexsort((self.starts, self.objects))
         self._obj_ptr = np.searchsorted(self.objects[self._by_offset], np.arange(n_obj + 1))
         self._n_obj = n_obj
-        self.staged = np.zeros(self.objects.size, bool)  # staged, its batch not planned yet
-        self.outstanding = 0  # bytes staged whose batch has not been consumed
+        # per id, the batches it is staged for that have not taken it yet
+        self._uses = np.zeros(self.objects.size, np.int32)
+        # per id, the last batch it is staged for, whose worker deletes its staging entry
+        # after taking it: it is not staged again before that batch is consumed
+        self._last_for = np.full(self.objects.size, -1, np.int64)
+        self._done = 0  # batches before this one are consumed
+        self.outstanding = 0  # bytes staged whose last batch has not been consumed
         self._order, self._step = _NONE, 1
         self._pos, self._pos_ptr = _NONE, _NONE
         self._for: dict[int, list[np.ndarray]] = {}  # batch -> ids staged for it
-        self._producer: dict[int, int] = {}  # batch -> the last plan (seq) staging for it
-        self._held: dict[int, int] = {}  # batch -> bytes staged for it, until consumed
+        self._producer: dict[int, list[int]] = {}  # batch -> the plans (seq) staging for it
+        self._held: dict[int, int] = {}  # batch -> the staged bytes its worker deletes
+        self._last_use: dict[int, list[np.ndarray]] = {}  # batch -> the ids it deletes
+        # ids staged for several batches, by the last of them: deleted by the first plan
+        # made after it is consumed (an earlier one of them may run after it)
+        self._deferred: dict[int, list[np.ndarray]] = {}
+        self._drops: list[np.ndarray] = []  # those whose last batch is consumed
 
     def start_epoch(self, order: np.ndarray, step: int) -> None:
         """A new epoch's order (``step`` ids per global batch); nothing is staged."""
@@ -73,27 +96,49 @@ class ReadAhead:
         self._pos = np.argsort(objs, kind="stable")  # the order's positions, by object
         self._pos_ptr = np.searchsorted(objs[self._pos], np.arange(self._n_obj + 1))
 
+    @property
+    def staged(self) -> np.ndarray:
+        """Per id, whether it is staged for a batch not yet planned."""
+        return self._uses > 0
+
     def reset(self) -> None:
         """Forget what is staged (an epoch over or abandoned; the loader deletes it)."""
-        self.staged[:] = False
+        self._uses[:] = 0
+        self._last_for[:] = -1
+        self._done = 0
         self.outstanding = 0
-        self._for.clear()
-        self._producer.clear()
-        self._held.clear()
+        for state in (self._for, self._producer, self._held, self._last_use, self._deferred):
+            state.clear()
+        self._drops.clear()
 
-    def take(self, index: int) -> tuple[np.ndarray, int]:
-        """The ids staged for batch ``index`` and the last plan (seq) that staged one
-        (-1 if none): its worker takes them from the store."""
+    def take(self, index: int) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """For batch ``index``: the ids staged for it and the plans (seq) that staged
+        them, which its worker takes from the store; and the staged entries its worker
+        deletes: those staged for it alone (after taking them), and those staged for
+        several batches whose last one is consumed."""
+        if self._drops:
+            drops = np.concatenate(self._drops)
+            self._drops.clear()
+            self._last_for[drops] = index  # free again once this batch is consumed
+            self._held[index] = self._held.get(index, 0) + int(self.sizes[drops].sum())
+            self._last_use.setdefault(index, []).append(drops)
         parts = self._for.pop(index, None)
-        if not parts:
-            return _NONE, -1
-        ids = np.unique(np.concatenate(parts))
-        self.staged[ids] = False
-        return ids, self._producer.pop(index)
+        ids = np.unique(np.concatenate(parts)) if parts else _NONE
+        self._uses[ids] -= 1
+        last = self._last_use.pop(index, None)
+        return ids, self._producer.pop(index, []), np.concatenate(last) if last else _NONE
 
     def consumed(self, index: int) -> None:
-        """Batch ``index`` reached the training loop: what was staged for it is gone."""
+        """Batch ``index`` reached the training loop: the entries its worker deleted are
+        gone, and those staged for several batches up to it are for the next plan to
+        delete."""
         self.outstanding -= self._held.pop(index, 0)
+        self._done = max(self._done, index + 1)
+        shared = self._deferred.pop(index, None)
+        if shared:
+            ids = np.concatenate(shared)
+            self._last_for[ids] = _HELD
+            self._drops.append(ids)
 
     def plan(
         self,
@@ -105,63 +150,122 @@ class ReadAhead:
         """For batch ``index`` (plan ``seq``), whose worker reads ``misses`` from
         storage: the later batches' samples to read with them and stage, and the samples
         the merged requests read through that nobody asked for (to offer to the policy).
-        ``resident``: which of some ids the cache holds (those are not staged)."""
+        ``resident``: which of some ids the cache holds (those are not staged). With
+        ``prefetch``, the plan also reads up to that many objects that no miss of its own
+        touches, those the nearest later batches need first (``_upcoming``)."""
         misses = np.unique(np.asarray(misses, np.int64))
         room = self.budget - self.outstanding
-        if not misses.size or not self._order.size:
+        if not self._order.size or not (misses.size or self.prefetch):
             return _NONE, _NONE
         if room <= 0:  # nothing more staged; what the requests read through is still free
             return _NONE, self._read_through(misses)
         after = (index + self.lead) * self._step
-        pos = []  # each missed object's later positions in the order (ascending)
-        for a, b in self._slices(misses):
+        extra = self._upcoming(after, misses, resident, room)
+        objs = np.union1d(np.unique(self.objects[misses]), extra)
+        if not objs.size:
+            return _NONE, _NONE
+        pos = []  # each object's later positions in the order (ascending)
+        for a, b in zip(self._pos_ptr[objs].tolist(), self._pos_ptr[objs + 1].tolist(),
+                        strict=True):  # fmt: skip
             mine = self._pos[a:b]
             pos.append(mine[np.searchsorted(mine, after) :])
-        pos = np.sort(np.concatenate(pos)) if pos else _NONE
+        pos = np.sort(np.concatenate(pos))
         cand, first = np.unique(self._order[pos], return_index=True)
-        keep = ~np.isin(cand, misses) & ~self.staged[cand]
+        # a miss drawn again later is staged for those batches too: its bytes are read now
+        keep = (self._uses[cand] == 0) & (self._last_for[cand] < self._done)
         cand, cand_pos = cand[keep], pos[first[keep]]
-        cand, cand_pos = self._with_misses(misses, cand, cand_pos)
+        cand, cand_pos = self._anchored(misses, extra, cand, cand_pos)
         if cand.size:
             keep = ~resident(cand)
             cand, cand_pos = cand[keep], cand_pos[keep]
             nearest = np.argsort(cand_pos, kind="stable")
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room
             nearest = nearest[fits]
-            cand, cand_pos = self._with_misses(misses, cand[nearest], cand_pos[nearest])
-        self._stage(cand, cand_pos // self._step, seq)
+            cand, cand_pos = self._anchored(misses, extra, cand[nearest], cand_pos[nearest])
+        self._stage(cand, cand_pos, pos, seq)
         return cand, self._read_through(np.concatenate([misses, cand]))
 
-    def _slices(self, ids: np.ndarray) -> list[tuple[int, int]]:
-        """Per object of ``ids``, its slice of the order's positions."""
-        objs = np.unique(self.objects[ids])
-        return list(zip(self._pos_ptr[objs].tolist(), self._pos_ptr[objs + 1].tolist(),
-                        strict=True))  # fmt: skip
+    def _upcoming(
+        self,
+        after: int,
+        misses: np.ndarray,
+        resident: Callable[[np.ndarray], np.ndarray],
+        room: int,
+    ) -> np.ndarray:
+        """Up to ``prefetch`` objects, in the order the batches from position ``after``
+        on first need them, holding an id that is neither staged, cached, nor in an object
+        ``misses`` already read: as far on as ``room`` could stage."""
+        if not self.prefetch:
+            return _NONE
+        span = max(self._step, int(room / self._mean_size))
+        ids = self._order[after : after + span]
+        ids = ids[(self._uses[ids] == 0) & (self._last_for[ids] < self._done)]
+        if not ids.size:
+            return _NONE
+        objs = self.objects[ids[~resident(ids)]]
+        objs = objs[~np.isin(objs, self.objects[misses])]
+        found, first = np.unique(objs, return_index=True)
+        found = found[np.argsort(first, kind="stable")][: 4 * self.prefetch]
+        # an object read ahead is read for all of its later samples at once: only those
+        # whose later samples fit half the room (the misses' own staging comes first)
+        pending = np.array([self._pending_bytes(o, after) for o in found.tolist()], np.int64)
+        fits = np.cumsum(pending) <= room // 2
+        return np.sort(found[fits][: self.prefetch])
 
-    def _with_misses(
-        self, misses: np.ndarray, cand: np.ndarray, cand_pos: np.ndarray
+    def _pending_bytes(self, obj: int, after: int) -> int:
+        """The bytes of ``obj``'s samples at positions from ``after`` on that nobody
+        stages."""
+        mine = self._pos[self._pos_ptr[obj] : self._pos_ptr[obj + 1]]
+        ids = np.unique(self._order[mine[np.searchsorted(mine, after) :]])
+        return int(self.sizes[ids[self._uses[ids] == 0]].sum())
+
+    def _anchored(
+        self, misses: np.ndarray, extra: np.ndarray, cand: np.ndarray, cand_pos: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates that fall in a request a miss makes anyway."""
+        """The candidates that fall in a request made anyway: a miss's, or one of the
+        ``extra`` objects read ahead."""
         if not cand.size:
             return cand, cand_pos
         ids = np.concatenate([misses, cand])
         group = coalesce_ranges(self.objects[ids], self.starts[ids], self.ends[ids], self.gap)[0]
         anchored = np.zeros(int(group.max()) + 1, bool)
         anchored[group[: misses.size]] = True
-        keep = anchored[group[misses.size :]]
+        keep = anchored[group[misses.size :]] | np.isin(self.objects[cand], extra)
         return cand[keep], cand_pos[keep]
 
-    def _stage(self, ids: np.ndarray, batches: np.ndarray, seq: int) -> None:
+    def _stage(self, ids: np.ndarray, first: np.ndarray, pos: np.ndarray, seq: int) -> None:
+        """Stage ``ids`` (first needed at positions ``first``) for every batch that needs
+        them among the positions ``pos`` (ascending) within the budget's horizon of their
+        first: an id drawn again (importance sampling) is read once for them all."""
         if not ids.size:
             return
-        self.staged[ids] = True
-        nbytes = self.sizes[ids]
-        self.outstanding += int(nbytes.sum())
-        for b in np.unique(batches).tolist():
-            mine = batches == b
-            self._for.setdefault(b, []).append(ids[mine])
-            self._producer[b] = seq
-            self._held[b] = self._held.get(b, 0) + int(nbytes[mine].sum())
+        by_id = np.argsort(ids)
+        sorted_ids = ids[by_id]
+        at = np.searchsorted(sorted_ids, self._order[pos])
+        at = np.minimum(at, sorted_ids.size - 1)
+        mine = sorted_ids[at] == self._order[pos]
+        horizon = int(self.budget / self._mean_size) + self._step
+        mine &= pos < first[by_id][at] + horizon
+        use_ids, use_batch = self._order[pos[mine]], pos[mine] // self._step
+        pairs = np.unique(np.stack([use_ids, use_batch]), axis=1)  # by id, then batch
+        use_ids, use_batch = pairs[0], pairs[1]
+        np.add.at(self._uses, use_ids, 1)
+        last = np.ones(use_ids.size, bool)  # each id's last batch
+        last[:-1] = use_ids[1:] != use_ids[:-1]
+        first_use = np.ones(use_ids.size, bool)
+        first_use[1:] = use_ids[1:] != use_ids[:-1]
+        ends, end_ids, alone = use_batch[last], use_ids[last], first_use[last]
+        self._last_for[end_ids] = ends
+        self.outstanding += int(self.sizes[end_ids].sum())
+        for b in np.unique(use_batch).tolist():
+            self._for.setdefault(b, []).append(use_ids[use_batch == b])
+            self._producer.setdefault(b, []).append(seq)
+        for b in np.unique(ends).tolist():
+            mine = ends == b
+            freed = end_ids[mine & alone]  # its batch deletes it
+            self._last_use.setdefault(b, []).append(freed)
+            self._held[b] = self._held.get(b, 0) + int(self.sizes[freed].sum())
+            self._deferred.setdefault(b, []).append(end_ids[mine & ~alone])
 
     def _read_through(self, ids: np.ndarray) -> np.ndarray:
         """The samples inside the ranges that reading ``ids`` requests, other than
@@ -177,4 +281,4 @@ class ReadAhead:
             inside = mine[lo:hi]
             out.append(inside[self.ends[inside] <= e])
         free = np.concatenate(out) if out else _NONE
-        return free[~np.isin(free, ids) & ~self.staged[free]]
+        return free[~np.isin(free, ids) & (self._uses[free] == 0)]

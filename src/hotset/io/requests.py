@@ -10,7 +10,8 @@ are always one request; samples far apart are never merged.
 The latency is measured online (``LatencyFit``): from each batch's requests, the bytes
 they moved and the seconds they took, less the bytes' transfer time at the model's
 bandwidth, so that the gap follows what a request really costs this client (its own
-CPU included); the user's ``CostModel`` is the prior and the bound.
+CPU included), not what it waited for a slot other workers held; the user's
+``CostModel`` is the prior and the bound.
 """
 
 from __future__ import annotations
@@ -43,18 +44,24 @@ class CostModel:
 
 
 class LatencyFit:
-    """The latency per request, measured: an exponentially weighted mean over batches of
-    ``seconds * min(requests, concurrency) / requests`` (a request's share of the batch's
-    read time, ``concurrency`` of them in flight) less its bytes' transfer time at
-    ``prior``'s bandwidth share. ``model`` is ``prior`` with that latency, held within
-    ``bound`` times the prior's (a bandwidth lower than the prior's reads as latency, and
-    a gap grown on it would move more bytes: the bound stops that from feeding itself)."""
+    """The latency per request, measured apart from queueing: per batch, a request's
+    share of the batch's read time, ``seconds * min(requests, concurrency) / requests``
+    (``concurrency`` of them in flight), less its bytes' transfer time at ``prior``'s
+    bandwidth share; the latency is a low quantile (``quantile``) of the last ``window``
+    batches' figures. Time a request spends waiting for a slot or for the link that other
+    processes hold (the node's workers share them) only ever adds to a batch's figure, so
+    the batches that waited least tell the link's own latency, as the mean of all would
+    not (it sat at its bound where 8 workers shared 8 slots). ``model`` is ``prior`` with
+    that latency, held within ``bound`` times the prior's (a bandwidth lower than the
+    prior's reads as latency, and a gap grown on it would move more bytes: the bound stops
+    that from feeding itself)."""
 
-    def __init__(self, prior: CostModel, concurrency: int, weight: float = 0.1,
-                 bound: float = 8.0) -> None:  # fmt: skip
+    def __init__(self, prior: CostModel, concurrency: int, window: int = 64,
+                 quantile: float = 0.2, bound: float = 8.0) -> None:  # fmt: skip
         self.prior, self.concurrency = prior, max(int(concurrency), 1)
-        self.weight, self.bound = float(weight), float(bound)
+        self.quantile, self.bound = float(quantile), float(bound)
         self.latency_s = prior.latency_ms / 1000.0
+        self._seen = np.zeros(max(int(window), 1))  # the last batches' figures, a ring
         self.batches = 0
 
     def observe(self, requests: int, nbytes: int, seconds: float) -> None:
@@ -63,8 +70,10 @@ class LatencyFit:
         share = self.prior.bandwidth_mb_s * 1e6 / max(self.prior.in_flight, 1)
         per = seconds * min(requests, self.concurrency) / requests - nbytes / requests / share
         cap = self.bound * self.prior.latency_ms / 1000.0
-        self.latency_s += self.weight * (min(max(per, 0.0), cap) - self.latency_s)
+        self._seen[self.batches % self._seen.size] = min(max(per, 0.0), cap)
         self.batches += 1
+        seen = self._seen[: min(self.batches, self._seen.size)]
+        self.latency_s = float(np.quantile(seen, self.quantile))
 
     @property
     def model(self) -> CostModel:

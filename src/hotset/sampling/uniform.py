@@ -15,6 +15,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.sampling.base import Sampler, register_sampler
+from hotset.sampling.blocks import block_order
 
 SHUFFLES = (True, False, "shards")
 
@@ -64,7 +65,4 @@ class UniformSampler(Sampler):
         ``shuffle_block`` consecutive samples (Streaming's ``py1b``)."""
         n = self.num_samples
         shard = self._shard if self._shard is not None else np.arange(n)
-        rank = rng.permutation(int(shard.max()) + 1 if n else 0)[shard]
-        order = np.lexsort((rng.random(n), rank))  # by shard rank, random within a shard
-        window = np.arange(n) // self.shuffle_block
-        return order[np.lexsort((rng.random(n), window))].astype(np.int64)
+        return block_order(np.arange(n), shard, self.shuffle_block, rng)

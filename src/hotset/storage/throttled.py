@@ -13,13 +13,16 @@ from hotset.storage.base import Storage
 
 
 class ThrottledStorage(Storage):
-    """Wraps a storage so that each read costs ``latency_ms`` plus ``size / bandwidth``,
-    with at most ``concurrency`` reads in flight across *all* processes that share this
-    object (DataLoader workers inherit the same OS semaphore), like an NFS mount or an
-    object store with a request limit.
+    """Wraps a storage so that it sits behind one emulated link: each request costs
+    ``latency_ms``, then its bytes cross a ``bandwidth_mb_s`` that every request in
+    flight shares, with at most ``concurrency`` requests in flight across *all* processes
+    that share this object (DataLoader workers inherit the same OS semaphore and link
+    clock), like an NFS mount or an object store behind one network link.
 
-    Bandwidth is charged by default (100 MB/s per read stream), so that a 1 MB package
-    costs more than one small sample; ``bandwidth_mb_s=0`` means unlimited bandwidth.
+    The bandwidth is the link's, not each stream's: bytes are charged in the order they
+    reach the link, each transfer starting when its latency has passed and the bytes ahead
+    of it have crossed (a token bucket across processes), so 8 requests of 1 MB at
+    100 MB/s take 80 ms in all, not 10. ``bandwidth_mb_s=0`` means unlimited bandwidth.
 
     ``client_cpu_ms``: CPU the reading process spends on each request before it is sent,
     burnt in the reading thread, as an object store's client spends it (signing,
@@ -52,7 +55,11 @@ class ThrottledStorage(Storage):
         self.latency_s = latency_ms / 1000.0
         self.bytes_per_s = bandwidth_mb_s * 1e6
         self.concurrency = int(concurrency)
-        self._slots = multiprocessing.get_context().BoundedSemaphore(self.concurrency)
+        context = multiprocessing.get_context()
+        self._slots = context.BoundedSemaphore(self.concurrency)
+        # when the link has carried every byte charged so far (time.monotonic, which
+        # every process on the machine shares)
+        self._link_free = context.Value("d", 0.0)
         # a storage that makes its own requests (one per file, or a range of a shard for
         # several samples) pays per request, where they are made; others per read here
         self._wired = inner.with_wire(self._through)
@@ -91,8 +98,14 @@ class ThrottledStorage(Storage):
         return (self.inner if self._wired is None else self._wired).wire_bytes
 
     def _pay(self, nbytes: int, start: float) -> None:
-        cost = self.latency_s + (nbytes / self.bytes_per_s if self.bytes_per_s else 0.0)
-        remaining = cost - (time.perf_counter() - start)
+        """Hold a request that began at ``start`` (``time.monotonic``) until its latency
+        has passed and its ``nbytes`` have crossed the shared link."""
+        done = start + self.latency_s
+        if self.bytes_per_s and nbytes:
+            with self._link_free.get_lock():
+                done = max(done, self._link_free.value) + nbytes / self.bytes_per_s
+                self._link_free.value = done
+        remaining = done - time.monotonic()
         if remaining > 0:
             time.sleep(remaining)
 
@@ -108,7 +121,7 @@ class ThrottledStorage(Storage):
         transfer time."""
         self._client_cpu()
         with self._slots:
-            start = time.perf_counter()
+            start = time.monotonic()
             data = request()
             self._pay(len(data), start)
         return data
@@ -123,7 +136,7 @@ class ThrottledStorage(Storage):
             return self._wired.read(i)
         self._client_cpu()
         with self._slots:
-            start = time.perf_counter()
+            start = time.monotonic()
             data = self.inner.read(i)
             self._pay(len(data), start)
         return data
@@ -131,4 +144,4 @@ class ThrottledStorage(Storage):
     def charge(self, nbytes: int) -> None:
         self._client_cpu()
         with self._slots:
-            self._pay(nbytes, time.perf_counter())
+            self._pay(nbytes, time.monotonic())
