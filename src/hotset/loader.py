@@ -77,6 +77,9 @@ class Batch(NamedTuple):
 #: the longest a batch waits for samples an earlier plan stages for it: a bound for a
 #: worker that died (a plan that staged, or failed to, says so at once: ``Arrivals``)
 STAGED_WAIT_S = 30.0
+#: how often a wait looks at the store again for another job's writes (the service's
+#: jobs share a store, not a wake-up); this loader's own workers wake it at once
+OTHERS_POLL_S = 0.005
 
 
 class CachedDataset(Dataset):
@@ -193,10 +196,14 @@ class CachedDataset(Dataset):
         wait_s: float,
         prefix: str = "",
         until: Callable[[], bool] | None = None,
+        poll_s: float = OTHERS_POLL_S,
     ) -> list[int]:
         """Step 1 (and 4): the planned hits from the store, each checked against its
         content digest; a wrong entry is counted, deleted and never served. With
-        ``wait_s``, poll that long for hits another worker or job is still writing.
+        ``wait_s``, wait that long for hits another worker or job is still writing: woken
+        as a write of this loader's workers lands (``Arrivals``), looking again every
+        ``poll_s`` for another job's (the service's co-operative misses; ``None``: the
+        writers are this loader's workers).
         ``prefix``: of the entries' keys (``STAGE``: samples staged by read-ahead).
         ``until``: stop waiting once it holds (after one more look): the writers are done.
         Returns the ids whose entry was wrong."""
@@ -228,7 +235,7 @@ class CachedDataset(Dataset):
             now = time.perf_counter()
             if not pending or over or now >= deadline:
                 break
-            self.arrivals.wait(seen, deadline - now)
+            self.arrivals.wait(seen, min(deadline - now, poll_s or deadline - now))
         stats.store_s += time.perf_counter() - t
         return wrong
 
@@ -252,7 +259,7 @@ class CachedDataset(Dataset):
         if late:
             before = len(got)
             done = functools.partial(self.arrivals.all_finished, plan.staged_by)
-            self._read_hits(late, got, stats, STAGED_WAIT_S, STAGE, until=done)
+            self._read_hits(late, got, stats, STAGED_WAIT_S, STAGE, until=done, poll_s=None)
             stats.readahead_served += len(got) - before
         lost = [i for i in late if i not in got]
         stats.readahead_lost = len(lost)
@@ -286,7 +293,7 @@ class CachedDataset(Dataset):
             self.arrivals.landed()
         deadline = time.perf_counter() + plan.wait_s
         while out and time.perf_counter() < deadline:  # earlier plans' deletions to come
-            self.arrivals.wait(seen, deadline - time.perf_counter())
+            self.arrivals.wait(seen, min(deadline - time.perf_counter(), OTHERS_POLL_S))
             seen = self.arrivals.seen()
             _, out = self.store.put({k: items[k] for k in out})
         refused = set(out)
