@@ -187,3 +187,14 @@ def test_the_emulated_link_shares_its_bandwidth_between_processes(fmnist_dir):
         p.join(30)
     assert all(p.exitcode == 0 for p in procs)
     assert time.monotonic() - start >= 6 * 0.04 * 0.95  # six reads, one after another
+
+
+def test_the_latency_fit_charges_a_large_read_its_transfer_over_the_whole_link():
+    """A whole 290 KB shard read in 4.9 ms behind 2 ms and 100 MB/s: the latency is the
+    2 ms, not the nothing a transfer at an eighth of the link would leave."""
+    from hotset.io.requests import LatencyFit
+
+    fit = LatencyFit(CostModel(latency_ms=2.0, bandwidth_mb_s=100.0, in_flight=8), 1)
+    for _ in range(10):
+        fit.observe(requests=1, nbytes=290_000, seconds=0.0049)
+    assert 1.8 <= fit.model.latency_ms <= 2.2, fit.model.latency_ms

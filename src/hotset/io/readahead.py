@@ -246,9 +246,9 @@ class ReadAhead:
         mine = sorted_ids[at] == self._order[pos]
         horizon = int(self.budget / self._mean_size) + self._step
         mine &= pos < first[by_id][at] + horizon
-        use_ids, use_batch = self._order[pos[mine]], pos[mine] // self._step
-        pairs = np.unique(np.stack([use_ids, use_batch]), axis=1)  # by id, then batch
-        use_ids, use_batch = pairs[0], pairs[1]
+        batches = -(-self._order.size // self._step)
+        pairs = np.unique(self._order[pos[mine]] * batches + pos[mine] // self._step)
+        use_ids, use_batch = pairs // batches, pairs % batches  # by id, then batch
         np.add.at(self._uses, use_ids, 1)
         last = np.ones(use_ids.size, bool)  # each id's last batch
         last[:-1] = use_ids[1:] != use_ids[:-1]

@@ -46,15 +46,17 @@ class CostModel:
 class LatencyFit:
     """The latency per request, measured apart from queueing: per batch, a request's
     share of the batch's read time, ``seconds * min(requests, concurrency) / requests``
-    (``concurrency`` of them in flight), less its bytes' transfer time at ``prior``'s
-    bandwidth share; the latency is a low quantile (``quantile``) of the last ``window``
-    batches' figures. Time a request spends waiting for a slot or for the link that other
-    processes hold (the node's workers share them) only ever adds to a batch's figure, so
-    the batches that waited least tell the link's own latency, as the mean of all would
-    not (it sat at its bound where 8 workers shared 8 slots). ``model`` is ``prior`` with
-    that latency, held within ``bound`` times the prior's (a bandwidth lower than the
-    prior's reads as latency, and a gap grown on it would move more bytes: the bound stops
-    that from feeding itself)."""
+    (``concurrency`` of them in flight), less its bytes' transfer time over the whole
+    link (``prior``'s bandwidth); the latency is a low quantile (``quantile``) of the last
+    ``window`` batches' figures. Time a request spends waiting for a slot or for the link
+    that other processes hold (the node's workers share them) only ever adds to a batch's
+    figure, so the batches that waited least tell the link's own latency, as the mean of
+    all would not (it sat at its bound where 8 workers shared 8 slots); and a transfer
+    charged at a share of the link would make a large read look faster than the latency
+    alone (a whole shard read in 5 ms at "2 ms" counted as 0 ms, and the gap shrank).
+    ``model`` is ``prior`` with that latency, held within ``bound`` times the prior's (a
+    bandwidth lower than the prior's reads as latency, and a gap grown on it would move
+    more bytes: the bound stops that from feeding itself)."""
 
     def __init__(self, prior: CostModel, concurrency: int, window: int = 64,
                  quantile: float = 0.2, bound: float = 8.0) -> None:  # fmt: skip
@@ -67,8 +69,8 @@ class LatencyFit:
     def observe(self, requests: int, nbytes: int, seconds: float) -> None:
         if requests <= 0 or seconds <= 0:
             return
-        share = self.prior.bandwidth_mb_s * 1e6 / max(self.prior.in_flight, 1)
-        per = seconds * min(requests, self.concurrency) / requests - nbytes / requests / share
+        link = self.prior.bandwidth_mb_s * 1e6
+        per = seconds * min(requests, self.concurrency) / requests - nbytes / requests / link
         cap = self.bound * self.prior.latency_ms / 1000.0
         self._seen[self.batches % self._seen.size] = min(max(per, 0.0), cap)
         self.batches += 1
