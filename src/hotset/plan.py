@@ -198,10 +198,10 @@ class Planner:
     ``readahead_bytes``: where the storage has extents (tar shards), the misses of later
     batches that fall in a batch's range requests are read with it and staged, up to
     that many bytes at once (``io/readahead.py``); the samples those requests read
-    through are offered to the policy (``offered`` counts those it took), for batches
-    ``readahead_lead`` or more ahead (default: the next one; its worker reads its own
-    misses first, then waits for the plans staging for it to finish, woken as each
-    does). Not with ranks.
+    through are offered to the policy (``offered`` counts those it took), for the next
+    batches on (a worker reads its own misses first, then waits for the plans staging for
+    its batch to finish, woken as each does); each plan also reads ahead up to the
+    storage's ``concurrency`` shards that the next batches need first. Not with ranks.
 
     ``order="blocks"``: each epoch as the sampler draws it, then read by blocks of shards
     (``sampling/blocks.py``, ``block_size`` ids a block; hotset's option): needs a
@@ -226,7 +226,6 @@ class Planner:
         ranks: RankGroup | None = None,
         sync_every: int = 1,
         readahead_bytes: int = 0,
-        readahead_lead: int = 1,
         order: str = "paper",
         block_size: int = 2048,
     ) -> None:
@@ -322,7 +321,7 @@ class Planner:
             raise ConfigError(f"readahead_bytes must be >= 0, got {readahead_bytes}")
         if extents is not None and readahead_bytes and ranks is None:
             self.readahead = ReadAhead(
-                extents, storage.sizes, storage.merge_gap, readahead_bytes, readahead_lead,
+                extents, storage.sizes, storage.merge_gap, readahead_bytes,
                 prefetch=storage.concurrency,
             )
 
