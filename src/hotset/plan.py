@@ -63,8 +63,9 @@ class BatchPlan:
     staged for this batch, to take from it (and delete) instead of reading storage;
     ``staged_by`` the plans (``seq``) still in flight that stage them: its worker reads its
     own misses first, then waits until those plans' workers have staged, woken as each
-    finishes. A sample staged for several batches (drawn again) is read once for them
-    all; the last of them deletes its entry (``unstage``).
+    finishes. ``unstage``: staged entries its worker deletes (those staged for this batch
+    alone; those a sample drawn again was staged under for several batches, once the last
+    of them is consumed).
     """
 
     epoch: int
