@@ -172,7 +172,7 @@ class ReadAhead:
         pos = np.sort(np.concatenate(pos))
         cand, first = np.unique(self._order[pos], return_index=True)
         # a miss drawn again later is staged for those batches too: its bytes are read now
-        keep = (self._uses[cand] == 0) & (self._last_for[cand] < self._done)
+        keep = self._free(cand)
         cand, cand_pos = cand[keep], pos[first[keep]]
         cand, cand_pos = self._anchored(misses, extra, cand, cand_pos)
         if cand.size:
@@ -184,6 +184,11 @@ class ReadAhead:
             cand, cand_pos = self._anchored(misses, extra, cand[nearest], cand_pos[nearest])
         self._stage(cand, cand_pos, pos, seq)
         return cand, self._read_through(np.concatenate([misses, cand]))
+
+    def _free(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` may be staged: staged for no batch, and no entry of theirs
+        left for a batch not yet consumed to delete."""
+        return (self._uses[ids] == 0) & (self._last_for[ids] < self._done)
 
     def _upcoming(
         self,
@@ -199,7 +204,7 @@ class ReadAhead:
             return _NONE
         span = max(self._step, int(room / self._mean_size))
         ids = self._order[after : after + span]
-        ids = ids[(self._uses[ids] == 0) & (self._last_for[ids] < self._done)]
+        ids = ids[self._free(ids)]
         if not ids.size:
             return _NONE
         objs = self.objects[ids[~resident(ids)]]

@@ -50,10 +50,9 @@ class LatencyFit:
     link (``prior``'s bandwidth); the latency is a low quantile (``quantile``) of the last
     ``window`` batches' figures. Time a request spends waiting for a slot or for the link
     that other processes hold (the node's workers share them) only ever adds to a batch's
-    figure, so the batches that waited least tell the link's own latency, as the mean of
-    all would not (it sat at its bound where 8 workers shared 8 slots); and a transfer
+    figure, so the batches that waited least tell the link's own latency; a transfer
     charged at a share of the link would make a large read look faster than the latency
-    alone (a whole shard read in 5 ms at "2 ms" counted as 0 ms, and the gap shrank).
+    alone.
     ``model`` is ``prior`` with that latency, held within ``bound`` times the prior's (a
     bandwidth lower than the prior's reads as latency, and a gap grown on it would move
     more bytes: the bound stops that from feeding itself)."""
