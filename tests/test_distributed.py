@@ -421,3 +421,51 @@ def test_a_hung_rank_ends_the_others_wait_with_the_users_timeout(fmnist_dir, tmp
     assert "across 2 ranks failed on rank 0 (time-out 0:00:05)" in record["error"]
     assert record["waited"] < 60  # the user's 5 s, not torch's 30 minutes
     assert record["fds"] < 10  # ten loaders' groups: destroyed, not one per loader left
+
+
+def _one_rank_calls(rank: int, world: int, init: str, data: str, out: str) -> None:
+    """Every rank trains a batch; then rank 0 alone calls ``report_accuracy`` while the
+    others go on to the next batch (its feedback's exchange): each rank writes what ended
+    its call."""
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=20))  # fmt: skip
+    loader = hotset.make_loader(FileStorage(data), batch_size=25, system="shade",
+                                cache_fraction=0.2, num_workers=0)  # fmt: skip
+    batches = iter(loader)
+    _, _, ids = next(batches)
+    loader.feedback(ids, torch.rand(len(ids)))
+    try:
+        if rank == 0:
+            loader.report_accuracy(0.5)
+        else:
+            _, _, ids = next(batches)
+            loader.feedback(ids, torch.rand(len(ids)))
+            next(batches)
+        ended = "no error"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        ended = f"{type(exc).__name__}: {exc}"
+    Path(out, f"rank{rank}.txt").write_text(ended)
+    os._exit(0)
+
+
+def test_a_call_made_on_one_rank_only_is_a_rank_error_naming_it(fmnist_dir, tmp_path):
+    ctx = mp.get_context("spawn")
+    init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
+    procs = [ctx.Process(target=_one_rank_calls, args=(r, 2, init, data, str(tmp_path)))
+             for r in range(2)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    ended = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert ended[0].startswith("RankError: hotset's collectives differ across 2 ranks: "
+                               "rank 0 called report_accuracy"), ended[0]  # fmt: skip
+    assert ended[1].startswith("RankError: hotset's collectives differ"), ended[1]
+    assert "report_accuracy" in ended[1] and "feedback sync" in ended[1]

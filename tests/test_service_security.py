@@ -5,6 +5,7 @@ checked messages, and a clear refusal of a 65th DSA job (test_service.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import pwd
@@ -123,13 +124,19 @@ def test_a_register_with_a_bad_pid_is_refused_and_the_service_lives(running):
     assert proc.is_alive() and client.stats()["registered_samples"] == 0
 
 
-def test_default_address_is_in_a_private_directory(tmp_path, monkeypatch):
+def test_default_address_is_in_a_private_directory(tmp_path, monkeypatch, caplog):
+    """A runtime directory others may enter (squatted, or opened) is refused and left
+    alone: the socket goes to ``~/.cache/hotset/run``, said once."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_address() == f"ipc://{tmp_path}/hotset/service.sock"
     assert (tmp_path / "hotset").stat().st_mode & 0o777 == 0o700
     (tmp_path / "hotset").chmod(0o755)
-    with pytest.raises(ConfigError, match="open to other users"):
-        runtime_dir()
+    with caplog.at_level(logging.WARNING, logger="hotset"):
+        assert runtime_dir() == runtime_dir() == tmp_path / "home" / ".cache" / "hotset" / "run"
+    assert [r.getMessage() for r in caplog.records if "open to other users" in r.getMessage()]
+    assert len(caplog.records) == 1
+    assert (tmp_path / "hotset").stat().st_mode & 0o777 == 0o755  # left as it was
 
 
 # -- another OS user, created for the test --------------------------------------------------

@@ -133,6 +133,29 @@ def test_a_store_removed_under_a_running_loader_is_absorbed(fmnist_dir, tmp_path
     assert not path.exists()
 
 
+def test_a_store_directory_replaced_under_a_running_loader_is_not_used(fmnist_dir, tmp_path):
+    """``rm -rf S; mkdir -m700 S`` between epochs: the workers (new processes) and the
+    planner notice the store is not the one the job opened (its directory and the token
+    in its meta), serve every sample right from storage, count it, write nothing into the
+    new directory, and close cleanly; a store another job then makes there is its own."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    path = tmp_path / "replaced"
+    loader = make_loader(storage, batch_size=100, cache_fraction=0.3,
+                         store=f"shared://{path}", num_workers=2)  # fmt: skip
+    epoch_checked(loader, 0)
+    shutil.rmtree(path)
+    path.mkdir(mode=0o700)
+    for e in (1, 2):
+        assert epoch_checked(loader, e) == len(storage)
+        assert os.listdir(path) == []  # no LMDB made in a directory that is not the store
+    assert loader.counters()["store_failures"] > 0
+    other = SharedStore(10_000, path=str(path))
+    other.put_many({"theirs": b"x" * 10})
+    loader.close()
+    assert other.get_many(["theirs"]) == [b"x" * 10]
+    other.close(destroy=True)
+
+
 def test_two_jobs_on_one_redis_url_keep_their_entries_and_budgets(fmnist_dir, redis_server):
     storage = FileStorage(str(fmnist_dir / "train"))
     a = make_loader(storage, batch_size=100, policy="minio", cache_fraction=0.3,
@@ -151,7 +174,23 @@ def test_two_jobs_on_one_redis_url_keep_their_entries_and_budgets(fmnist_dir, re
     b.close()
     import redis
 
-    assert redis.Redis.from_url(redis_server.url).keys("hotset:*") == []  # both cleaned
+    assert redis.Redis.from_url(redis_server.url).keys("hotset*") == []  # both cleaned
+
+
+def test_a_second_live_job_on_one_named_redis_namespace_is_refused(fmnist_dir, redis_server):
+    """As on a named LMDB store: the namespace is claimed on the server while its job
+    lives; another job on the same dataset and namespace is refused, before and after."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    url = redis_server.url + "?namespace=team"
+    a = make_loader(storage, batch_size=100, cache_fraction=0.3, store=url, num_workers=0)
+    with pytest.raises(ConfigError, match="another job already trains .* namespace 'team'"):
+        make_loader(storage, batch_size=100, cache_fraction=0.3, store=url, num_workers=0)
+    epoch_checked(a, 0)
+    a.close()
+    b = make_loader(storage, batch_size=100, cache_fraction=0.3, store=url, num_workers=0)
+    epoch_checked(b, 0)
+    b.dataset.store.clear()
+    b.close()
 
 
 def test_a_killed_jobs_redis_namespace_is_cleared_by_the_next_one(fmnist_dir, redis_server):
@@ -198,8 +237,15 @@ def test_a_named_redis_namespace_outlives_close_but_not_the_jobs_entries(redis_s
     t.close()
 
 
-def test_a_capacity_the_backend_cannot_hold_is_refused_up_front(fmnist_dir, tmp_path):
+def test_a_capacity_the_backend_cannot_hold_is_refused_up_front(
+    fmnist_dir, tmp_path, redis_server
+):
+    import redis
+
     storage = FileStorage(str(fmnist_dir / "train"))
+    with pytest.raises(ConfigError, match="capacity_bytes=100000000000000 .* redis store"):
+        make_loader(storage, batch_size=10, capacity_bytes=10**14, store=redis_server.url)
+    assert redis.Redis.from_url(redis_server.url).keys("hotset*") == []
     before = private_stores()
     for store in ("shared", f"shared://{tmp_path}/big"):
         with pytest.raises(ConfigError, match="capacity_bytes=100000000000000"):
@@ -294,6 +340,76 @@ def test_a_directory_or_link_of_another_user_is_refused(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(mine)
     os.lchown(link, OTHER_UID, OTHER_UID)
-    with pytest.raises(ConfigError, match="link another user made"):
+    with pytest.raises(ConfigError, match="is a link user 54321 owns"):
         SharedStore(1000, path=str(link))
     assert os.listdir(mine) == []
+
+
+@as_root
+def test_a_store_below_a_directory_or_link_another_user_controls_is_refused(tmp_path):
+    """As OpenSSH's StrictModes: every directory above the store, and every link on the
+    way, must be root's or ours and writable by no one else (a sticky one excepted)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    mine = theirs / "mine"  # ours, but its parent's owner could swap it
+    mine.mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match=rf"{theirs}, above .* belongs to user {OTHER_UID}"):
+        SharedStore(1000, path=str(mine / "store"))
+    assert os.listdir(mine) == []
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    hop = tmp_path / "hop"
+    hop.symlink_to(real)
+    os.lchown(hop, OTHER_UID, OTHER_UID)
+    with pytest.raises(ConfigError, match=rf"{hop} \(on the way to .*\) is a link user"):
+        SharedStore(1000, path=str(hop / "store"))
+    assert os.listdir(real) == []
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o775)
+    with pytest.raises(ConfigError, match="is writable by others"):
+        SharedStore(1000, path=str(team / "store"))
+    shared_tmp = tmp_path / "tmp"  # like /tmp: anyone may create, no one may swap
+    shared_tmp.mkdir()
+    shared_tmp.chmod(0o1777)
+    SharedStore(1000, path=str(shared_tmp / "store")).close(destroy=True)
+
+
+@as_root
+def test_a_squatted_default_directory_is_left_and_a_private_one_used(
+    fmnist_dir, tmp_path, monkeypatch, caplog
+):
+    """Another user made the default directory first (``mkdir -m777 ROOT/hotset-UID``):
+    it is refused and left alone, a private directory of ours is used instead, said
+    once; with ``XDG_RUNTIME_DIR`` set, there."""
+    import logging
+
+    import hotset.store.lease as lease
+
+    root = tmp_path / "shm"
+    root.mkdir()
+    root.chmod(0o1777)
+    squat = root / f"hotset-{os.geteuid()}"
+    squat.mkdir()
+    os.chown(squat, OTHER_UID, OTHER_UID)
+    squat.chmod(0o777)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with caplog.at_level(logging.WARNING, logger="hotset.store.lease"):
+        base = private_base(str(root))
+        assert private_base(str(root)) == base != str(squat)
+    assert len([r for r in caplog.records if "instead" in r.getMessage()]) == 1
+    assert os.stat(base).st_uid == os.geteuid() and os.stat(base).st_mode & 0o777 == 0o700
+    assert os.listdir(squat) == [] and os.stat(squat).st_uid == OTHER_UID
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setattr(lease, "_INSTEAD", {})
+    assert private_base(str(root)) == str(runtime / "hotset-stores")
+    # a default store of a loader goes there, and works
+    monkeypatch.setattr(lease, "private_base", lambda: private_base(str(root)))
+    loader = make_loader(FileStorage(str(fmnist_dir / "train")), batch_size=100,
+                         cache_fraction=0.1, num_workers=0)  # fmt: skip
+    epoch_checked(loader, 0)
+    assert loader.dataset.store.inner.path.startswith(str(runtime / "hotset-stores"))
+    loader.close()

@@ -27,13 +27,21 @@ def split_sample(storage, i: int, sample: Any, label: int) -> tuple[Any, Any]:
         field = storage.input_field
         if field is not None:
             target = storage.target_field
-            if field not in sample or (target is not None and target not in sample):
-                missing = field if field not in sample else target
-                raise KeyError(f"no field {missing!r} (it has {sorted(sample)})")
-            return sample[field], sample[target] if target is not None else _label(label)
+            return _fields(sample, field), (
+                _fields(sample, target) if target is not None else _label(label)
+            )
     elif isinstance(sample, list | tuple) and len(sample) == 2:
         return sample[0], sample[1]
     return sample, _label(label)
+
+
+def _fields(sample: dict, field: str | tuple[str, ...]) -> Any:
+    """``sample[field]``, or a dict of the fields named (a tuple of names)."""
+    names = (field,) if isinstance(field, str) else field
+    missing = next((f for f in names if f not in sample), None)
+    if missing is not None:
+        raise KeyError(f"no field {missing!r} (it has {sorted(sample)})")
+    return sample[field] if isinstance(field, str) else {f: sample[f] for f in names}
 
 
 def _label(label: int) -> int | None:

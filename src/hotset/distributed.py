@@ -86,17 +86,34 @@ class RankGroup:
                 f"close alike). {str(exc).splitlines()[0] if str(exc) else ''}"
             ) from exc
 
-    def all_gather(self, obj) -> list:
-        """Every rank's ``obj``, in rank order (a collective: all ranks call it)."""
+    def all_gather(self, obj, call: str = "all_gather") -> list:
+        """Every rank's ``obj``, in rank order (a collective: all ranks call it). ``call``
+        names what it is for and rides with it: ranks that made different calls get a
+        ``RankError`` naming each rank's, never another call's objects."""
         out: list = [None] * self.world
-        self._collective("all_gather", self._dist.all_gather_object, out, obj)
-        return out
+        self._collective(call, self._dist.all_gather_object, out, (call, obj))
+        calls = [c for c, _ in out]
+        if any(c != call for c in calls):
+            self._mismatch(call, ", ".join(f"rank {r} {c}" for r, c in enumerate(calls)))
+        return [o for _, o in out]
 
-    def broadcast(self, obj, src: int = 0):
-        """Rank ``src``'s ``obj`` on every rank."""
-        box = [obj]
-        self._collective("broadcast", self._dist.broadcast_object_list, box, src=src)
-        return box[0]
+    def broadcast(self, obj, src: int = 0, call: str = "broadcast"):
+        """Rank ``src``'s ``obj`` on every rank (``call`` as in ``all_gather``: a rank
+        whose call differs from rank ``src``'s gets a ``RankError``)."""
+        box = [(call, obj)]
+        self._collective(call, self._dist.broadcast_object_list, box, src=src)
+        theirs, obj = box[0]
+        if theirs != call:
+            self._mismatch(call, f"rank {src} {theirs}")
+        return obj
+
+    def _mismatch(self, mine: str, theirs: str) -> None:
+        raise RankError(
+            f"hotset's collectives differ across {self.world} ranks: rank {self.rank} called "
+            f"{mine}, {theirs}. Every rank must make the same hotset calls in the same "
+            "order (iterate the loader, feedback, report_accuracy, close): one made on "
+            "some ranks only stops here"
+        )
 
     def barrier(self) -> None:
         self._collective("barrier", self._dist.barrier)
@@ -109,7 +126,7 @@ class RankGroup:
 
     def hosts(self) -> int:
         """How many machines the ranks run on (a collective)."""
-        return len(set(self.all_gather(node_name())))
+        return len(set(self.all_gather(node_name(), call="make_loader's hosts")))
 
 
 class _Unregistered:

@@ -66,6 +66,20 @@ class StorageError(SampleError):
     """The storage failed to read the sample (I/O error, permission, network)."""
 
 
+class ShardError(HotsetError):
+    """A shard (a tar or Parquet file, or the listing that names them) could not be
+    listed, indexed or read; names the shard and what happened: ``kind`` is ``not
+    found``, ``forbidden``, ``unreachable``, ``timed out``, ``cut off``, ``truncated``,
+    ``empty``, ``not a tar`` or ``failed`` (``io/reader.failure_kind``)."""
+
+    def __init__(self, url: str, kind: str, detail: str = "") -> None:
+        self.url, self.kind, self.detail = url, kind, detail
+        super().__init__(f"{url}: {kind}" + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.kind, self.detail))
+
+
 class SkipLimitError(HotsetError):
     """``on_error="skip"`` dropped more than a batch may lose, or a whole epoch served
     nothing; the message gives the first cause."""

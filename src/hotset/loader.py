@@ -8,6 +8,7 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import inspect
@@ -502,7 +503,6 @@ class HotsetLoader:
         self._synced = False
         self._drift: tuple = ()  # what suggested the store's budget counter moved unseen
         self._closed = False
-        self._release = weakref.finalize(self, _release, dataset.store, owns_store, release)
         if dataloader_kwargs.get("pin_memory") and not torch.cuda.is_available():
             # torch's DataLoader warns and goes on; so do we (the targets too stay unpinned)
             warnings.warn(
@@ -517,6 +517,8 @@ class HotsetLoader:
             collate_fn=_pass_through,
             **dataloader_kwargs,
         )
+        # (after the DataLoader: a loader that failed to be made is its maker's to release)
+        self._release = weakref.finalize(self, _release, dataset.store, owns_store, release)
 
     @property
     def sampler(self) -> HotsetLoader:
@@ -680,6 +682,7 @@ class HotsetLoader:
         """The data plane's counters (``LoaderStats``) with the control plane's."""
         out = self.stats.as_dict()
         out.update(self.planner.counters())
+        out["storage_retries"] += self.dataset.storage.index_retries
         # every request the storage served: planned and late misses, prefetches, the
         # packaging thread's sample reads and the packages loaded from their file
         out["storage_reads"] = (
@@ -783,6 +786,8 @@ def make_loader(
     collate_fn: Callable | None = None,
     format: str | None = None,
     storage_options: dict | None = None,
+    input_field: str | list[str] | None = None,
+    target_field: str | list[str] | None = None,
     on_error: str = "raise",
     max_skipped: Real = 0.5,
     drop_last: bool = False,
@@ -809,7 +814,12 @@ def make_loader(
             Face ``save_to_disk`` directory: detected, or named by ``format``), a
             map-style torch ``Dataset`` (``hotset.from_dataset``), or a ``Storage``.
         format: ``files``, ``imagefolder``, ``tar``, ``parquet`` or ``hf``.
-        storage_options: fsspec options of the URL (credentials, endpoint, ...).
+        storage_options: fsspec options of the URL (credentials, endpoint, ...): for an
+            S3-compatible server, ``{"client_kwargs": {"endpoint_url": ...}}`` (or set
+            ``AWS_ENDPOINT_URL``).
+        input_field, target_field: for tar shards and tables, the field (column) a
+            batch's inputs and targets come from, or a list of them (each then a dict of
+            those fields); default: the image field, and a label field where there is one.
         batch_size: samples per batch.
         system: a published system by name, exactly as ``hotset compare --systems``
             measures it (``hotset.SYSTEMS``: ``shade``, ``icache``, ``spider``, or a
@@ -902,8 +912,13 @@ def make_loader(
     """
     sampler, policy, sampler_options = _parts(system, sampler, policy, sampler_options)
     check_order(order, block_size)
+    _check_dataloader(num_workers, dataloader_kwargs)  # before anything is opened
     package_dir = os.fspath(package_dir) if package_dir is not None else None
-    storage = open_storage(storage, format, storage_options)
+    fields = {
+        k: v for k, v in (("input_field", input_field), ("target_field", target_field))
+        if v is not None
+    }  # fmt: skip
+    storage = open_storage(storage, format, storage_options, **fields)
     identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
     if decode is None:
         decode = functools.partial(decode_sample, size=size, mode=mode)
@@ -999,6 +1014,29 @@ def make_loader(
         raise
 
 
+#: make_loader's own arguments (a typo of one is told apart from a DataLoader's)
+MAKE_LOADER_ARGS = list(inspect.signature(make_loader).parameters)[:-1]  # (not **kwargs)
+
+
+def _check_dataloader(num_workers: int, kwargs: dict) -> None:
+    """Refuse what ``DataLoader`` would refuse (an unknown argument, ``num_workers < 0``,
+    a ``prefetch_factor`` without workers, ...) before a store or a lease is made: torch's
+    own checks, on an empty loader."""
+    known = set(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], [*known, *MAKE_LOADER_ARGS], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(f"make_loader() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+        if k in kwargs:
+            raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
+    try:
+        DataLoader([], batch_sampler=[], num_workers=num_workers, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"make_loader: {exc}") from None
+
+
 def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_options):
     """The sampler, policy and sampler options ``system`` names (the user's options over
     its own), or the parts given (default: uniform + LRU)."""
@@ -1088,10 +1126,10 @@ def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> Store:
     if ranks is None:
         return make_store(spec, capacity)
     if spec.startswith(TIERED):
-        nodes = ranks.all_gather(node_name())
+        nodes = ranks.all_gather(node_name(), call="make_loader's store")
         first = nodes.index(nodes[ranks.rank])  # the node's first rank makes its LMDB
         local = SharedStore(capacity) if first == ranks.rank else None
-        paths = ranks.all_gather(local.path if local else None)
+        paths = ranks.all_gather(local.path if local else None, call="make_loader's store")
         local = local or SharedStore(capacity, path=paths[first])
         pooled = _made_by_rank_0(spec[len(TIERED) :], capacity, ranks)
         return TieredStore(local, pooled, trims=first == ranks.rank)
@@ -1108,7 +1146,7 @@ def _open_store(spec: str, capacity: int, ranks: RankGroup | None) -> Store:
 def _made_by_rank_0(spec: str, capacity: int, ranks: RankGroup) -> Store:
     """Rank 0 makes the store ``spec`` names; the others open the same entries."""
     store = make_store(spec, capacity) if ranks.rank == 0 else None
-    same = ranks.broadcast(store.spec if store is not None else None)
+    same = ranks.broadcast(store.spec if store is not None else None, call="make_loader's store")
     return store if store is not None else make_store(same, capacity)
 
 

@@ -330,7 +330,7 @@ class Packager:
                 log.warning("loading package %s failed: %s", path, exc)
         ok = entries is not None
         if self.ranks is not None:  # rank 0's outcome decides for every rank
-            ok = self.ranks.broadcast(ok)
+            ok = self.ranks.broadcast(ok, call="an iCACHE package's read")
         if not ok:
             return
         with self.lock:
@@ -346,7 +346,7 @@ class Packager:
                 log.warning("loading package %s failed: %s", path, exc)
             finally:
                 if self.ranks is not None:  # every rank commits what landed
-                    loaded = self.ranks.broadcast(loaded)
+                    loaded = self.ranks.broadcast(loaded, call="an iCACHE package's load")
                 self.policy.l_commit(ids, loaded=loaded)
                 if self.threads and self.policy.l_wants_package():
                     with self._cv:

@@ -367,7 +367,9 @@ class Planner:
         same step (``sync_every`` feedbacks, or reports where the sampler takes none),
         and at each epoch's boundaries."""
         start = time.perf_counter()
-        gathered = self.ranks.all_gather((self._reports, self._feedback, self.sampler.shared()))
+        gathered = self.ranks.all_gather(
+            (self._reports, self._feedback, self.sampler.shared()), call="the feedback sync"
+        )
         self._reports, self._feedback = [], []
         self.sync_s += time.perf_counter() - start
         self.sync_calls += 1
@@ -395,7 +397,8 @@ class Planner:
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy (with ranks: the mean of every rank's, a collective)."""
         if self.ranks is not None:
-            accuracy = float(np.mean(self.ranks.all_gather(float(accuracy))))
+            every = self.ranks.all_gather(float(accuracy), call="report_accuracy")
+            accuracy = float(np.mean(every))
         self.sampler.report_accuracy(float(accuracy))
 
     def batch_consumed(self, report: PlanReport | None = None) -> None:
@@ -499,7 +502,7 @@ class Planner:
                 except HotsetError as exc:
                     log.debug("cannot reconcile with the store: %s", exc)
             if self.ranks is not None:
-                held = self.ranks.broadcast(held)
+                held = self.ranks.broadcast(held, call="the store's listing")
             if held is None:
                 return False
             extra = self.sync_with_store(held)

@@ -249,7 +249,7 @@ def _meeting_point(ranks: RankGroup) -> tuple[tuple, object]:
             "0.0.0.0", 0, ranks.world, True, timeout=timeout, wait_for_workers=False
         )
         address = (os.environ.get("MASTER_ADDR") or socket.gethostname(), server.port)
-    host, port = ranks.broadcast(address)
+    host, port = ranks.broadcast(address, call="the planner process's address")
     return (host, port, ranks.rank, ranks.world, timeout), server
 
 

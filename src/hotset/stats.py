@@ -22,7 +22,8 @@ class LoaderStats:
     * ``corrupt_hits``: store entries whose bytes did not match the sample's digest: never
       served, deleted, the sample read from storage (counted in ``late_misses`` too).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
-    * ``storage_retries``: storage reads tried again after a transient failure.
+    * ``storage_retries``: storage calls tried again after a transient failure: reads,
+      and the listing and indexing of the storage when it was opened.
     * ``storage_requests``: requests made to the storage for the batches' samples, where
       it counts them (a range request of a tar shard may serve several samples).
     * ``wire_bytes``: bytes those requests moved (the gaps a range request read through

@@ -203,18 +203,28 @@ seen = {}
 
 async def serve(request):
     name = request.match_info["name"]
+    if request.method == "HEAD":  # (an object's size and version: never a fault)
+        return web.FileResponse(f"{root}/{name}")
     seen[name] = seen.get(name, 0) + 1
     h = int(hashlib.blake2b(name.encode(), digest_size=4).hexdigest(), 16)
     if not name.endswith("manifest.json") and (
         name == always or (seen[name] == 1 and (h % 1000) < faulty * 1000)
     ):
-        fault = h % 3 if name != always else 0
+        fault = h % 4 if name != always else 0
         if fault == 0:
             return web.Response(status=503, text="SlowDown")
         if fault == 1:
             request.transport.abort()  # the connection drops mid-request
             await asyncio.sleep(0.05)
             return web.Response(status=500)
+        if fault == 3:  # the connection resets mid-body
+            with open(f"{root}/{name}", "rb") as f:
+                body = f.read()
+            answer = web.StreamResponse(headers={"Content-Length": str(len(body))})
+            await answer.prepare(request)
+            await answer.write(body[: len(body) // 2])
+            request.transport.abort()
+            return answer
         await asyncio.sleep(3.0)  # a stall past the client's time-out
     return web.FileResponse(f"{root}/{name}")
 
@@ -235,8 +245,9 @@ asyncio.run(main())
 
 class FaultyHTTPServer:
     """An HTTP server on 127.0.0.1 (aiohttp, in a process of its own) serving ``root``,
-    whose first answer for a share ``faulty`` of the files (chosen by name) is a fault:
-    a 503, a dropped connection or a 3 s stall; the file ``always`` fails every time."""
+    whose first GET for a share ``faulty`` of the files (chosen by name) is a fault:
+    a 503, a dropped connection, a connection reset mid-body or a 3 s stall; the file
+    ``always`` fails every time (a 503)."""
 
     def __init__(self, root: Path, faulty: float = 0.2, always: str = "") -> None:
         import sys
@@ -250,6 +261,41 @@ class FaultyHTTPServer:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+
+
+class PlainHTTPServer:
+    """Python's own HTTP server (``http.server``, in a thread of this process) serving
+    ``root`` as ``python -m http.server`` does: no ``Range`` support, a directory listing;
+    paths containing ``forbidden`` answered 403. ``requests`` counts the requests."""
+
+    def __init__(self, root: Path, forbidden: str = "forbidden") -> None:
+        import functools
+        import http.server
+        import threading
+
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def send_head(self):
+                server.requests += 1
+                if forbidden and forbidden in self.path:
+                    self.send_error(403)
+                    return None
+                return super().send_head()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.requests = 0
+        self._httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Handler, directory=str(root))
+        )
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
 
 
 def _free_port() -> int:

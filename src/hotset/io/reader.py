@@ -10,20 +10,33 @@ the DataLoader's workers read in parallel anyway.
 A transient failure (a time-out, a dropped connection, a 5xx, 408 or 429 answer) is
 retried with exponential backoff and full jitter, up to ``Retry.attempts`` in all; a
 missing file or a refusal is final at once. What still fails is returned as its
-exception, for the caller to name the sample.
+exception, for the caller to name the sample; ``failure_kind`` says what it was. Calls
+other than reads (a listing, an index) are retried by the same rule (``retried``).
+
+A server that ignores ``Range`` (``python -m http.server``) answers a range request with
+the whole object: the reader then slices the range out of it, reads each object once per
+call from then on, and warns once with what that costs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from hotset.errors import ShardError
+
+log = logging.getLogger("hotset")
+
+T = TypeVar("T")
 
 FINAL = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -45,14 +58,100 @@ def transient(exc: BaseException) -> bool:
     """Whether a read that failed with ``exc`` may succeed if tried again."""
     if isinstance(exc, FINAL):
         return False
-    status = getattr(exc, "status", None)  # an HTTP answer (aiohttp, s3fs)
-    if not isinstance(status, int) and type(exc).__module__.startswith("gcsfs"):
-        status = getattr(exc, "code", None)  # gcsfs's HttpError
-    if isinstance(status, int):
+    status = _status(exc)
+    if status is not None:
         return status >= 500 or status in (408, 429)
     return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith(
         ("aiohttp", "botocore", "aiobotocore", "gcsfs")
     )
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)  # an HTTP answer (aiohttp, s3fs)
+    if not isinstance(status, int) and type(exc).__module__.startswith("gcsfs"):
+        status = getattr(exc, "code", None)  # gcsfs's HttpError
+    return status if isinstance(status, int) else None
+
+
+def _named(exc: BaseException, *names: str) -> bool:
+    return any(n in c.__name__ for c in type(exc).__mro__ for n in names)
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What a remote call's failure was, in a user's words: ``not found``, ``forbidden``,
+    ``unreachable``, ``timed out``, ``cut off`` (a connection reset or an answer shorter
+    than announced) or ``failed``."""
+    status = _status(exc)
+    if isinstance(exc, FileNotFoundError) or status in (404, 410):
+        return "not found"
+    if isinstance(exc, PermissionError) or status in (401, 403):
+        return "forbidden"
+    if isinstance(exc, TimeoutError) or _named(exc, "Timeout"):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError) or _named(
+        exc, "ClientConnectorError", "EndpointConnectionError", "gaierror"
+    ):
+        return "unreachable"
+    if isinstance(exc, ConnectionResetError) or _named(
+        exc, "ClientPayloadError", "ContentLengthError", "IncompleteRead", "ServerDisconnected"
+    ):
+        return "cut off"
+    return "failed"
+
+
+def read_failure(exc: BaseException, retry: Retry) -> str:
+    """Why a read failed, for a sample's error: its kind, the attempts made, the cause."""
+    attempts = f" after {retry.attempts} attempts" if transient(exc) else ""
+    return f"read {failure_kind(exc)}{attempts}: {exc!r}"
+
+
+def retried(call: Callable[[], T], retry: Retry, count: Callable[[], None] | None = None) -> T:
+    """``call()``, tried again after a transient failure as ``retry`` says (``count()``
+    at each new attempt); the last failure is raised."""
+    for attempt in range(retry.attempts):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt + 1 == retry.attempts or not transient(exc):
+                raise
+            if count is not None:
+                count()
+            time.sleep(retry.delay(attempt))
+    raise AssertionError("unreachable")
+
+
+def remote_call(
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    call: Callable[[], T],
+    retry: Retry,
+    count: Callable[[], None] | None = None,
+) -> T:
+    """``call()`` (a listing, an index read) on the object or prefix ``url``, retried as
+    ``retried``; its failure raised as ``ShardError`` naming ``url`` and its
+    ``failure_kind``. fsspec's HTTP answers every failed listing as not found: a
+    one-byte read of ``url`` says which failure it was (none: a transient one)."""
+    for attempt in range(retry.attempts):
+        try:
+            return call()
+        except ShardError:
+            raise
+        except Exception as exc:
+            cause: BaseException | None = exc
+            if isinstance(exc, FileNotFoundError) and "http" in fs.protocol:
+                try:
+                    fs.cat_file(fs._strip_protocol(url), start=0, end=1)
+                    cause = None  # it is there: the listing failed for a moment
+                except Exception as probe:  # noqa: BLE001 - it names the failure
+                    cause = probe
+            final = cause is not None and not transient(cause)
+            if final or attempt + 1 == retry.attempts:
+                cause = cause or exc
+                raise ShardError(url, failure_kind(cause), read_failure(cause, retry)) from cause
+            if count is not None:
+                count()
+            time.sleep(retry.delay(attempt))
+    raise AssertionError("unreachable")
 
 
 class BatchReader:
@@ -75,6 +174,7 @@ class BatchReader:
         self._pool: ThreadPoolExecutor | None = None
         self._local = isinstance(fs, LocalFileSystem) and wire is None
         self._read_s = 0.0  # a local read's time, smoothed: whether threads pay off
+        self.whole_objects = False  # the server ignores Range: read whole objects
 
     def read(
         self,
@@ -90,14 +190,11 @@ class BatchReader:
         todo = list(range(len(paths)))
         for attempt in range(self.retry.attempts):
             again = []
-            self.requests += len(todo)
-            once = self._once(
+            once = self._ranges(
                 [paths[i] for i in todo], [starts[i] for i in todo], [ends[i] for i in todo]
             )
             for i, got in zip(todo, once, strict=True):
                 out[i] = got
-                if isinstance(got, bytes):
-                    self.bytes += len(got)
                 if isinstance(got, BaseException) and transient(got):
                     again.append(i)
             if not again or attempt + 1 == self.retry.attempts:
@@ -107,7 +204,39 @@ class BatchReader:
             todo = again
         return out
 
+    def _ranges(self, paths: list[str], starts: list, ends: list) -> list[bytes | BaseException]:
+        """One attempt at each range; from a server that ignores ``Range``, each object
+        read whole once and the ranges sliced from it."""
+        if self.whole_objects:
+            unique = list(dict.fromkeys(paths))
+            got = dict(zip(unique, self._once(unique, [None] * len(unique), [None] * len(unique)),
+                           strict=True))  # fmt: skip
+            return [got[p] if isinstance(got[p], BaseException) else got[p][a or 0 : b]
+                    for p, a, b in zip(paths, starts, ends, strict=True)]  # fmt: skip
+        out = self._once(paths, starts, ends)
+        for k, (got, a, b) in enumerate(zip(out, starts, ends, strict=True)):
+            if isinstance(got, bytes) and b is not None and len(got) > b - (a or 0):
+                self._ignores_range(paths[k], len(got), b - (a or 0))
+                out[k] = got[a or 0 : b]  # (the answer was the whole object)
+        return out
+
+    def _ignores_range(self, path: str, got: int, asked: int) -> None:
+        if not self.whole_objects:
+            log.warning(
+                "%s: the server ignores Range requests (asked for %d bytes, got the whole "
+                "object, %d): hotset reads each object whole once per batch from now on, "
+                "which moves far more bytes than the samples need; serve the data from a "
+                "server that answers Range (nginx, an object store)", path, asked, got,
+            )  # fmt: skip
+        self.whole_objects = True
+
     def _once(self, paths: list[str], starts: list, ends: list) -> list[bytes | BaseException]:
+        out = self._requests(paths, starts, ends)
+        self.requests += len(paths)
+        self.bytes += sum(len(got) for got in out if isinstance(got, bytes))
+        return out
+
+    def _requests(self, paths: list[str], starts: list, ends: list) -> list[bytes | BaseException]:
         if getattr(self.fs, "async_impl", False):  # one call, its reads in flight together
             return self.fs.cat_ranges(paths, starts, ends, batch_size=self.concurrency,
                                       on_error="return")  # fmt: skip

@@ -7,29 +7,36 @@ beside its socket, so a second one never takes the address over."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
-import stat
 from pathlib import Path
 
 from hotset.errors import ConfigError
-from hotset.store.lease import check_own_file
+from hotset.store.lease import check_own_file, own_private_dir
+
+log = logging.getLogger("hotset")
 
 
 def runtime_dir() -> Path:
-    """The user's private directory for the service's socket, created 0700 and checked:
-    a directory another user owns, or that others may enter, is refused."""
+    """The user's private directory for the service's socket, created 0700 and checked
+    (``lease.check_own_dir``). One another user made or opened (squatted), or could swap,
+    is refused and left alone: ``~/.cache/hotset/run`` is used instead (the same in every
+    process, so that clients find the service), said once."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     path = Path(base, "hotset") if base else Path(f"/tmp/hotset-{os.getuid()}")
     try:
-        path.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the service directory {path}: {exc}") from exc
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise ConfigError(f"{path} is not a directory of yours: refusing to use it")
-    if st.st_mode & 0o077:
-        raise ConfigError(f"{path} is open to other users (mode {st.st_mode & 0o777:o})")
-    return path
+        return Path(own_private_dir(str(path)))
+    except ConfigError as refused:
+        instead = Path(os.path.expanduser("~"), ".cache", "hotset", "run")
+        instead.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        got = Path(own_private_dir(str(instead)))
+        if str(path) not in _WARNED:
+            _WARNED.add(str(path))
+            log.warning("%s; the service's socket is kept in %s instead", refused, got)
+        return got
+
+
+_WARNED: set[str] = set()
 
 
 def default_address() -> str:

@@ -227,7 +227,7 @@ class RemotePlanner:
         self._absent: list[np.ndarray] = []  # planned hits the store lacked, to report
         reply = self._register() if self.leader else None
         if ranks is not None:
-            reply = ranks.broadcast(reply)
+            reply = ranks.broadcast(reply, call="the service's registration")
             if not self.leader:
                 self._adopt(reply)
         self._stop = threading.Event()
@@ -321,7 +321,11 @@ class RemotePlanner:
             yield from self._plans()
             return
         plans = self._plans() if self.leader else None  # rank 0 asks, every rank shards
-        while (plan := self.ranks.broadcast(next(plans, None) if plans else None)) is not None:
+        while (
+            plan := self.ranks.broadcast(
+                next(plans, None) if plans else None, call="the service's next plan"
+            )
+        ) is not None:
             yield shard(plan, self.ranks.rank, self.world)
 
     def _plans(self) -> Iterator[BatchPlan]:
@@ -376,7 +380,7 @@ class RemotePlanner:
         corrupt) go to the service with the next request, which forgets them."""
         absent = np.empty(0, np.int64) if report is None else report.absent
         if self.ranks is not None:  # every rank's reads of it ran: the service may evict
-            absent = np.concatenate(self.ranks.all_gather(absent))
+            absent = np.concatenate(self.ranks.all_gather(absent, call="a plan's report"))
         if absent.size:
             self._absent.append(absent)
         self.done += 1
@@ -390,7 +394,7 @@ class RemotePlanner:
         start = time.perf_counter()
         mine = [(np.asarray(ids, np.int64), np.asarray(losses, np.float64))]
         if self.ranks is not None:  # rank 0 sends every rank's
-            mine = [x for got in self.ranks.all_gather(mine) for x in got]
+            mine = [x for got in self.ranks.all_gather(mine, call="feedback") for x in got]
         if self.leader:
             self._losses += mine
         self.feedback_s += time.perf_counter() - start

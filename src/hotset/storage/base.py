@@ -70,8 +70,8 @@ class Storage(ABC):
     content_keyed: bool = True
     #: for samples that are records of fields (tar groups, table rows): the fields a
     #: batch's inputs and targets come from (``collate.split_sample``)
-    input_field: str | None = None
-    target_field: str | None = None
+    input_field: str | tuple[str, ...] | None = None
+    target_field: str | tuple[str, ...] | None = None
     #: the largest gap between two samples of one object that a range request reads
     #: through rather than making two requests (``io/requests.CostModel.merge_gap``)
     merge_gap: int = 0
@@ -137,6 +137,9 @@ class Storage(ABC):
     def retries(self) -> int:
         """Reads this process tried again after a transient failure (``io/reader.py``)."""
         return 0
+
+    #: calls made to list and index the storage (at its opening) that were tried again
+    index_retries: int = 0
 
     @property
     def requests(self) -> int | None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
 from hotset.ids import ids_within
-from hotset.io.reader import Retry
+from hotset.io.reader import Retry, read_failure
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.index_cache import cached_path
 from hotset.storage.manifest import (
@@ -94,9 +94,7 @@ class FileStorage(FsspecStorage):
             if isinstance(data, FileNotFoundError):
                 raise MissingSampleError(i, path, "file not found", key) from data
             if isinstance(data, BaseException):
-                raise StorageError(
-                    i, path, f"read failed after {self.retry.attempts} attempts: {data!r}", key
-                ) from data
+                raise StorageError(i, path, read_failure(data, self.retry), key) from data
             if not self.verify:
                 continue
             if self.content_keyed and content_key(data) != key:

@@ -10,7 +10,8 @@ from typing import Any
 
 import fsspec
 
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, ShardError
+from hotset.io.reader import Retry, remote_call
 from hotset.storage.base import Storage
 from hotset.storage.manifest import MANIFEST_NAME
 
@@ -42,11 +43,15 @@ def detect_format(url: str | Sequence[str], storage_options: dict | None = None)
         if name.endswith(ext) or name.endswith(ext + "}"):
             return fmt
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    if not fs.exists(root):
-        raise ConfigError(f"{url}: no such file or directory")
+    try:  # (retried, and a failure named: unreachable, forbidden, ...)
+        listing = remote_call(fs, url, lambda: fs.ls(root, detail=False), Retry())
+    except ShardError as exc:
+        if exc.kind == "not found":
+            raise ConfigError(f"{url}: no such file or directory") from exc
+        raise
     if not fs.isdir(root):
         raise ConfigError(f"{url}: a file hotset cannot read; name its format= ({FORMATS})")
-    names = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)}
+    names = {posixpath.basename(p.rstrip("/")) for p in listing}
     if MANIFEST_NAME in names:
         return "files"
     if "state.json" in names and "dataset_info.json" in names:

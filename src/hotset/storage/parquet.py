@@ -33,7 +33,7 @@ from hotset.io.reader import Retry, transient
 from hotset.storage.base import TAG, Storage
 from hotset.storage.files import _version
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
-from hotset.storage.records import encode_record
+from hotset.storage.records import check_fields, encode_record
 
 INPUT_NAMES = ("image", "img", "jpg", "png", "pixel_values", "input", "x")
 TARGET_NAMES = ("label", "labels", "target", "cls", "class", "y")
@@ -59,6 +59,13 @@ def _cell(value):
     return value
 
 
+def _label_column(target_field, cols: list[str]) -> str | None:
+    """The column the labels come from: the target's, where it is one column."""
+    if target_field is None:
+        return next((c for c in cols if c.lower() in TARGET_NAMES), None)
+    return target_field if isinstance(target_field, str) and target_field in cols else None
+
+
 class TableStorage(Storage):
     """Rows of pieces (subclasses: Parquet row groups, Arrow record batches)."""
 
@@ -81,16 +88,14 @@ class TableStorage(Storage):
                 pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
             )
 
-        self.input_field = input_field or next(
+        where = "the table's columns"
+        self.input_field = check_fields("input_field", input_field, self.columns, where) or next(
             (c for c in self.columns if c.lower() in INPUT_NAMES),
             next((c for c in self.columns if bytes_like(c)), None),
         )
-        self.target_field = target_field or next(
-            (c for c in self.columns if c.lower() in TARGET_NAMES), None
-        )
-        for arg, c in (("input_field", self.input_field), ("target_field", self.target_field)):
-            if c is not None and c not in self.columns:
-                raise ConfigError(f"{arg}={c!r}: the table's columns are {self.columns}")
+        self.target_field = check_fields(
+            "target_field", target_field, self.columns, where
+        ) or next((c for c in self.columns if c.lower() in TARGET_NAMES), None)
         starts = np.concatenate([[0], np.cumsum(piece_rows)]).astype(np.int64)
         self._piece_start = starts
         n = int(starts[-1])
@@ -182,8 +187,8 @@ class ParquetStorage(TableStorage):
         url: str | Sequence[str],
         *,
         columns: Sequence[str] | None = None,
-        input_field: str | None = None,
-        target_field: str | None = None,
+        input_field: str | Sequence[str] | None = None,
+        target_field: str | Sequence[str] | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
         buffer_bytes: int = 64 << 20,
@@ -221,7 +226,7 @@ class ParquetStorage(TableStorage):
                 per_row = nbytes // max(rows, 1) + _FIELD_OVERHEAD * len(cols) + TAG
                 sizes.append(np.full(rows, per_row))
         version = ";".join(f"{p}:{_version(fs.info(p))}" for p in self._paths)
-        target = target_field or next((c for c in cols if c.lower() in TARGET_NAMES), None)
+        target = _label_column(target_field, cols)
         labels = np.full(sum(piece_rows), -1, np.int64)
         if target is not None:  # the target column alone (small), for label-aware samplers
             labels = np.concatenate([
@@ -267,8 +272,8 @@ class ArrowStorage(TableStorage):
         url: str,
         *,
         columns: Sequence[str] | None = None,
-        input_field: str | None = None,
-        target_field: str | None = None,
+        input_field: str | Sequence[str] | None = None,
+        target_field: str | Sequence[str] | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
     ) -> None:
@@ -293,7 +298,7 @@ class ArrowStorage(TableStorage):
                 col = pa.compute.struct_field(col, "bytes")
             if pa.types.is_binary(col.type) or pa.types.is_string(col.type):
                 sizes += pa.compute.binary_length(col).fill_null(0).to_numpy().astype(np.int64)
-        target = target_field or next((c for c in cols if c.lower() in TARGET_NAMES), None)
+        target = _label_column(target_field, cols)
         labels = _labels(table.column(target) if target else None, table.num_rows)
         self._setup(url, schema, columns, input_field, target_field,
                     [b.num_rows for b in self._batches], str(state.get("_fingerprint")),

@@ -16,6 +16,7 @@ import numpy as np
 
 from hotset.codecs import RECORD_MAGIC as MAGIC
 from hotset.codecs import decode_array, npy_bytes
+from hotset.errors import ConfigError
 
 _ARRAY = 1
 
@@ -83,3 +84,21 @@ def record_size(fields: Iterable[tuple[str, int]]) -> int:
         name_len = len(name.encode())
         size += _length_head(name_len, 32) + name_len + _length_head(length, 0) + length
     return size
+
+
+Fields = str | tuple[str, ...]
+
+
+def check_fields(name: str, value: str | Iterable[str] | None, fields: list[str], where: str):
+    """``value`` of the argument ``name`` (one field, or several: a tuple) once each of its
+    fields is one of ``fields`` (``where`` holds them); None as it is."""
+    if value is None or isinstance(value, str):
+        wanted: tuple[str, ...] = () if value is None else (value,)
+    else:
+        wanted = tuple(value)
+        if not wanted or not all(isinstance(f, str) for f in wanted):
+            raise ConfigError(f"{name}={value!r}: a field's name, or a list of them")
+    missing = [f for f in wanted if f not in fields]
+    if missing:
+        raise ConfigError(f"{name}={value!r}: no field {missing[0]!r}; {where} are {fields}")
+    return value if value is None or isinstance(value, str) else wanted

@@ -21,22 +21,28 @@ import io
 import posixpath
 import re
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 import numpy as np
 
 from hotset.codecs import IMAGE_FIELDS, INT_FIELDS
-from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, StorageError
+from hotset.errors import (
+    ConfigError,
+    CorruptSampleError,
+    MissingSampleError,
+    ShardError,
+    StorageError,
+)
 from hotset.ids import ids_within
-from hotset.io.reader import Retry
+from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.files import _version
 from hotset.storage.index_cache import cached_index
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
-from hotset.storage.records import encode_record, record_size
+from hotset.storage.records import check_fields, encode_record, record_size
 
 #: a remote shard this small is indexed from one read of it (a request per member header
 #: costs a round trip each: 20 s a 250-sample shard behind 20 ms); larger ones in blocks
@@ -51,20 +57,46 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 def index_shard(fileobj) -> list[list]:
     """``[[key, header offset, [[field, data offset, size], ...]], ...]`` of a tar read
-    from headers only (``tarfile`` seeks over payloads)."""
+    from headers only (``tarfile`` seeks over payloads). A tar that does not end in
+    tar's end-of-archive block (cut at a member boundary, or mid-header: ``tarfile``
+    stops there without a word) or whose last payload is cut raises ``TruncatedShard``."""
     samples: list[list] = []
-    with tarfile.open(fileobj=fileobj, mode="r:") as tf:
-        for info in tf:
-            if not info.isfile():
-                continue
-            m = _KEY_EXT.match(info.name)
-            if m is None or posixpath.basename(info.name).startswith("__"):
-                continue
-            key, field = m.group(1), m.group(2).lower()
-            if not samples or samples[-1][0] != key:
-                samples.append([key, info.offset, []])
-            samples[-1][2].append([field, info.offset_data, info.size])
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:") as tf:
+            for info in tf:
+                if not info.isfile():
+                    continue
+                m = _KEY_EXT.match(info.name)
+                if m is None or posixpath.basename(info.name).startswith("__"):
+                    continue
+                key, field = m.group(1), m.group(2).lower()
+                if not samples or samples[-1][0] != key:
+                    samples.append([key, info.offset, []])
+                samples[-1][2].append([field, info.offset_data, info.size])
+            fileobj.seek(tf.offset)
+            end = fileobj.read(512)
+    except tarfile.ReadError as exc:
+        if "empty file" in str(exc):
+            raise TruncatedShard("empty", "0 bytes") from None
+        kind = "truncated" if samples or "unexpected end" in str(exc) else "not a tar"
+        raise TruncatedShard(kind, f"{exc}, after {len(samples)} samples") from None
+    if len(end) < 512:
+        raise TruncatedShard("truncated", (
+            f"ends at byte {tf.offset + len(end)}, after {len(samples)} samples, "
+            + ("mid-header" if end else "without tar's end-of-archive block")
+            + ": was its upload cut short?"))  # fmt: skip
+    if end.count(0) != 512:
+        raise TruncatedShard("not a tar", f"a corrupt header at byte {tf.offset}")
     return samples
+
+
+class TruncatedShard(Exception):
+    """What ``index_shard`` found wrong with a tar (``kind``, ``detail``); the caller
+    names the shard (``ShardError``)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(kind, detail)
+        self.kind, self.detail = kind, detail
 
 
 def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
@@ -94,9 +126,12 @@ def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
     }  # fmt: skip
 
 
-def shard_urls(url: str | Sequence[str], fs: fsspec.AbstractFileSystem) -> list[str]:
+def shard_urls(
+    url: str | Sequence[str], fs: fsspec.AbstractFileSystem, retry: Retry | None = None
+) -> list[str]:
     """The shards a URL names: a list, a ``{000..009}`` range or glob, a ``.tar`` file, or
-    a directory of them (sorted)."""
+    a directory of them (sorted; the listing retried as ``retry`` says, its failure a
+    ``ShardError`` naming the URL)."""
     if not isinstance(url, str):
         return [str(u) for u in url]
     protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
@@ -105,11 +140,16 @@ def shard_urls(url: str | Sequence[str], fs: fsspec.AbstractFileSystem) -> list[
         head, lo, hi, tail = braces.groups()
         return [f"{head}{i:0{len(lo)}d}{tail}" for i in range(int(lo), int(hi) + 1)]
     path = fs._strip_protocol(url)
-    if globlib.has_magic(path):
-        found = sorted(fs.glob(path))
-    elif fs.isdir(path):
-        found = sorted(p for p in fs.find(path) if p.endswith(".tar"))
-    else:
+
+    def listing() -> list[str] | None:
+        if globlib.has_magic(path):
+            return sorted(fs.glob(path))
+        if fs.isdir(path):
+            return sorted(p for p in fs.find(path) if p.endswith(".tar"))
+        return None
+
+    found = remote_call(fs, url, listing, retry or Retry())
+    if found is None:
         return [url]
     if not found:
         raise ConfigError(f"{url}: no .tar shards found")
@@ -119,9 +159,10 @@ def shard_urls(url: str | Sequence[str], fs: fsspec.AbstractFileSystem) -> list[
 class TarStorage(FsspecStorage):
     """Samples of WebDataset tar shards at ``url`` (any fsspec URL: local, ``s3://``,
     ``http://``; a directory, a glob, ``shard-{000..099}.tar`` or a list), each sample read
-    by range. ``input_field`` / ``target_field``: the fields a batch's inputs and targets
-    come from (default: the first image field, and ``cls`` when the shards have one);
-    the other fields stay in the sample for a ``collate_fn``.
+    by range. ``input_field`` / ``target_field``: the field a batch's inputs and targets
+    come from, or a list of fields (each sample's a dict of them; default: the first
+    image field, and ``cls`` when the shards have one); the other fields stay in the
+    sample for a ``collate_fn``.
 
     ``merge_gap``: a fixed gap (bytes) to read through; by default the gap follows the
     latency the planner measures, ``cost`` (default: 10 ms per request remote, 0.2 ms
@@ -139,17 +180,17 @@ class TarStorage(FsspecStorage):
         retry: Retry | None = None,
         merge_gap: int | None = None,
         cost: CostModel | None = None,
-        input_field: str | None = None,
-        target_field: str | None = None,
+        input_field: str | Sequence[str] | None = None,
+        target_field: str | Sequence[str] | None = None,
     ) -> None:
         if not isinstance(url, str) and not url:
             raise ConfigError("TarStorage: no shards given")
         first = url if isinstance(url, str) else url[0]
         self.storage_options = dict(storage_options or {})
         fs = fsspec.core.url_to_fs(first, **self.storage_options)[0]
-        self.urls = shard_urls(url, fs)
-        self.url = first
         self.concurrency, self.retry = concurrency_for(fs, concurrency), retry or Retry()
+        self.urls = shard_urls(url, fs, self.retry)
+        self.url = first
         if merge_gap is None:  # the planner measures the latency, this is its prior
             local = "file" in fs.protocol
             self.cost = cost or CostModel(0.2 if local else 10.0, in_flight=self.concurrency)
@@ -158,6 +199,7 @@ class TarStorage(FsspecStorage):
             self.merge_gap = int(merge_gap)
         self._paths = [fsspec.core.url_to_fs(u, **self.storage_options)[1] for u in self.urls]
         self._fs = fs
+        self.index_retries = 0
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
             parts = list(pool.map(self._index, self.urls, self._paths))
@@ -187,39 +229,63 @@ class TarStorage(FsspecStorage):
             for p, path in zip(parts, self._paths, strict=True)
         ]).tolist()  # fmt: skip
         keys = np.concatenate([p["keys"] for p in parts]).tolist()
-        self.input_field = input_field or next((f for f in self.fields if f in IMAGE_FIELDS), None)
-        self.target_field = target_field or next((f for f in self.fields if f in INT_FIELDS), None)
-        for name, f in (("input_field", input_field), ("target_field", target_field)):
-            if f is not None and f not in self.fields:
-                raise ConfigError(f"{name}={f!r}: the shards' fields are {self.fields}")
+        where = "the shards' fields"
+        self.input_field = check_fields("input_field", input_field, self.fields, where) or next(
+            (f for f in self.fields if f in IMAGE_FIELDS), None
+        )
+        self.target_field = check_fields("target_field", target_field, self.fields, where) or next(
+            (f for f in self.fields if f in INT_FIELDS), None
+        )
         self.manifest = Manifest(
             paths, keys, sizes, np.full(len(keys), -1), [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
 
     def _index(self, url: str, path: str) -> dict[str, np.ndarray]:
-        """One shard's index (``shard_arrays``), from the cache or its headers."""
-        try:
-            info = self._fs.info(path)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"{url}: shard not found") from exc
-        fingerprint = f"{info.get('size')}:{_version(info)}"
+        """One shard's index (``shard_arrays``), from the cache or its headers; each
+        request retried as ``retry`` says, a failure raised as the shard's
+        ``ShardError``."""
+        remote = "file" not in self._fs.protocol
+        info = self._call(url, lambda: self._fs.info(path))
+        size = info.get("size")
+        fingerprint = f"{size}:{_version(info)}"
 
         def build() -> bytes:
-            if "file" in self._fs.protocol:
+            if not remote:
                 with open(path, "rb") as f:
-                    samples = index_shard(f)
-            elif (info.get("size") or 0) <= WHOLE_SHARD_BYTES:  # one request, not one a header
-                samples = index_shard(io.BytesIO(self._fs.cat_file(path)))
+                    samples = self._headers(url, f)
+            elif (size or 0) <= WHOLE_SHARD_BYTES:  # one request, not one a header
+                data = self._call(url, lambda: self._fs.cat_file(path))
+                if size is not None and len(data) != size:
+                    raise ShardError(url, "cut off", f"{len(data)} of {size} bytes came")
+                samples = self._headers(url, io.BytesIO(data))
             else:  # large blocks, read ahead: a few requests a shard
-                with self._fs.open(path, "rb", block_size=INDEX_BLOCK, cache_type="readahead") as f:
-                    samples = index_shard(f)
+
+                def blocks() -> list[list]:
+                    with self._fs.open(path, "rb", block_size=INDEX_BLOCK,
+                                       cache_type="readahead") as f:  # fmt: skip
+                        return self._headers(url, f)
+
+                samples = self._call(url, blocks)
             buf = io.BytesIO()
             np.savez(buf, **shard_arrays(url, samples))
             return buf.getvalue()
 
         with np.load(io.BytesIO(cached_index("tar", url, fingerprint, build))) as z:
             return {k: z[k] for k in z.files}
+
+    def _call(self, url: str, call: Callable[[], T]) -> T:
+        return remote_call(self._fs, url, call, self.retry, self._count_retry)
+
+    def _count_retry(self) -> None:
+        self.index_retries += 1
+
+    @staticmethod
+    def _headers(url: str, fileobj) -> list[list]:
+        try:
+            return index_shard(fileobj)
+        except TruncatedShard as exc:
+            raise ShardError(url, exc.kind, exc.detail) from None
 
     @property
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -262,7 +328,5 @@ class TarStorage(FsspecStorage):
     def _fail(self, i: int, exc: BaseException) -> None:
         if isinstance(exc, FileNotFoundError):
             raise MissingSampleError(i, self.describe(i), "shard not found", self.keys[i]) from exc
-        raise StorageError(
-            i, self.describe(i), f"read failed after {self.retry.attempts} attempts: {exc!r}",
-            self.keys[i],
-        ) from exc  # fmt: skip
+        why = read_failure(exc, self.retry)
+        raise StorageError(i, self.describe(i), why, self.keys[i]) from exc

@@ -69,6 +69,10 @@ class ThrottledStorage(Storage):
         return (self.inner if self._wired is None else self._wired).retries
 
     @property
+    def index_retries(self) -> int:  # type: ignore[override]
+        return self.inner.index_retries
+
+    @property
     def requests(self) -> int | None:
         return (self.inner if self._wired is None else self._wired).requests
 

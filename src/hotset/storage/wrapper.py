@@ -60,5 +60,9 @@ class StorageWrapper(Storage):
         return self.inner.retries
 
     @property
+    def index_retries(self) -> int:  # type: ignore[override]
+        return self.inner.index_retries
+
+    @property
     def requests(self) -> int | None:
         return self.inner.requests

@@ -1,11 +1,15 @@
 """Who may use a shared store's directory, and who removes what.
 
 * **Trust no path another user controls.** A default store lives in the user's own
-  directory (``/dev/shm/hotset-UID``, 0700, checked). A named directory must be the user's
-  own and writable by nobody else; hotset's files in it (``data.mdb``, ``lock.mdb``,
-  ``hotset.lock``) must be the user's own regular files that nobody else can open. Files
-  are opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat``: a symlink, a FIFO
-  or a device is refused, never followed or waited on.
+  directory (``/dev/shm/hotset-UID``, 0700, checked; where another user squatted it, a
+  private one of the user's own instead). A named directory must be the user's own and
+  writable by nobody else, as every directory above it and every link on the way
+  (OpenSSH's ``StrictModes``; sticky ``/tmp`` and ``/dev/shm`` pass); hotset's files in
+  it (``data.mdb``, ``lock.mdb``, ``hotset.lock``) must be the user's own regular files
+  that nobody else can open. Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and
+  checked with ``fstat``: a symlink, a FIFO or a device is refused, never followed or
+  waited on. A store whose directory is replaced under a running job is noticed
+  (``shared.py``: its directory's identity and a token in its meta) and not used.
 * **Delete only what hotset made.** Every user of a store holds a shared ``flock`` on its
   ``hotset.lock`` while the store is open (the kernel drops it when the process dies, even
   by kill -9). Leaving with ``remove=True``, the last user out (granted the exclusive lock)
@@ -18,6 +22,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -41,7 +46,8 @@ _OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 def check_own_dir(path: str, private: bool = False) -> None:
     """Refuse a directory that is a symlink, not this user's, or writable by others
-    (``private``: that others can enter at all)."""
+    (``private``: that others can enter at all), or one another user could swap
+    (``check_ancestors``)."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise ConfigError(f"{path} is not a directory of yours: refusing to keep a cache in it")
@@ -52,6 +58,44 @@ def check_own_dir(path: str, private: bool = False) -> None:
             f"or replace the cached samples; use a directory only you can "
             f"{'enter' if private else 'write'} (chmod {'700' if private else 'go-w'})"
         )
+    check_ancestors(path)
+
+
+def check_ancestors(path: str) -> None:
+    """Refuse ``path`` if another user could replace it: a directory above it, or a link
+    on the way to it, that is not root's or this user's, or that others may write to
+    (OpenSSH's ``StrictModes`` rule; a sticky directory such as ``/tmp`` or ``/dev/shm``
+    is safe: no one may rename or remove another's entries in it)."""
+    me, where = os.geteuid(), "/"
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        where = os.path.join(where, part)
+        try:
+            st = os.lstat(where)
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
+            on_the_way = f" (on the way to {path})" if where != os.path.abspath(path) else ""
+            raise ConfigError(
+                f"{where}{on_the_way} is a link user {st.st_uid} owns: they could point it "
+                "elsewhere under a running job; use a path without it"
+            )
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        st = os.stat(parent)
+        sticky = st.st_mode & stat.S_ISVTX
+        if st.st_uid not in (0, me) or (st.st_mode & 0o022 and not sticky):
+            whose = (
+                f"belongs to user {st.st_uid}" if st.st_uid not in (0, me)
+                else f"is writable by others (mode {st.st_mode & 0o777:o})"
+            )  # fmt: skip
+            raise ConfigError(
+                f"{parent}, above {path}, {whose}: another user could replace what is "
+                "below it under a running job; keep caches in a directory that only you "
+                "and root control"
+            )
+        if parent == "/":
+            return
+        parent = os.path.dirname(parent)
 
 
 def check_own_file(path: str, st: os.stat_result) -> None:
@@ -76,19 +120,55 @@ def check_lmdb_files(path: str) -> None:
             continue
 
 
-def private_base() -> str:
-    """This user's directory for default stores: ``/dev/shm/hotset-UID`` (else under the
-    temporary directory), made 0700 and checked."""
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    base = os.path.join(shm or tempfile.gettempdir(), f"hotset-{os.geteuid()}")
+def own_private_dir(path: str) -> str:
+    """``path``, made 0700 if missing and checked (``check_own_dir``, private)."""
     try:
-        os.mkdir(base, 0o700)
+        os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise ConfigError(f"cannot create the store directory {base}: {exc}") from exc
-    check_own_dir(base, private=True)
-    return base
+        raise ConfigError(f"cannot create the directory {path}: {exc}") from exc
+    check_own_dir(path, private=True)
+    return path
+
+
+#: the private directories used instead of refused defaults, in this process
+_INSTEAD: dict[str, str] = {}
+
+
+def private_base(root: str | None = None) -> str:
+    """This user's directory for default stores: ``ROOT/hotset-UID`` (``root``: default
+    ``/dev/shm``, else the temporary directory), made 0700 and checked. One that another
+    user made or opened (squatted) is refused and left alone: a private directory of this
+    user's own is used instead (``$XDG_RUNTIME_DIR/hotset-stores``, else a fresh one beside
+    it), said once."""
+    if root is None:
+        shm = os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)
+        root = "/dev/shm" if shm else tempfile.gettempdir()
+    preferred = os.path.join(root, f"hotset-{os.geteuid()}")
+    try:
+        return own_private_dir(preferred)
+    except ConfigError as refused:
+        instead = _INSTEAD.get(preferred)
+        if instead is not None and os.path.isdir(instead):
+            return instead
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        try:
+            instead = own_private_dir(os.path.join(xdg, "hotset-stores")) if xdg else None
+        except ConfigError:
+            instead = None
+        if instead is None:
+            instead = tempfile.mkdtemp(prefix=f"hotset-{os.geteuid()}-", dir=root)
+            check_own_dir(instead, private=True)
+            atexit.register(_remove_if_empty, instead)
+        log.warning("%s; keeping this process's stores in %s instead", refused, instead)
+        _INSTEAD[preferred] = instead
+        return instead
+
+
+def _remove_if_empty(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def open_lock(path: str, create: bool, name: str = LOCK) -> int:
@@ -163,6 +243,7 @@ class Lease:
     def open(cls, path: str) -> Lease:
         """Use the store at ``path``, making the directory (mode 0700) if it is missing;
         an existing one is checked. Retries if the last user out removes it meanwhile."""
+        check_ancestors(path)  # before anything is made
         for _ in range(10):
             try:
                 os.mkdir(path, 0o700)

@@ -59,13 +59,21 @@ class RedisClusterStore(RedisStore):
     (``redis+cluster://host:port``, or several seeds ``host:port,host:port``)."""
 
     def __init__(self, capacity_bytes: int, url: str, namespace: str | None = None, **options):
-        super().__init__(capacity_bytes, url=url, namespace=namespace, **options)
-        self._prefix = f"hotset:{self.namespace}:"  # no hash tag: keys spread over all slots
         self._node_down: dict[str, float] = {}  # master -> not asked again until
         self._warned_coverage = False
         self._budgets: tuple[int, dict[str, tuple[str, int]]] = (0, {})
         self._seeds: list[tuple[str, int]] = []  # nodes seen: a new process (a worker)
         # starts from any of them, not only the URL's, which may be the master that died
+        super().__init__(capacity_bytes, url=url, namespace=namespace, **options)
+        self._prefix = f"hotset:{self.namespace}:"  # no hash tag: keys spread over all slots
+
+    def _memory_limit(self, r) -> int:
+        """What the masters hold together (each its maxmemory, else its machine's)."""
+        per_node = r.info("memory", target_nodes=r.PRIMARIES)
+        return sum(
+            int(i.get("maxmemory") or i.get("total_system_memory") or 0)
+            for i in per_node.values()
+        )
 
     def _outages(self, redis) -> tuple[type[Exception], ...]:
         # a master down, the cluster not ok, slots moving: the loader reads from storage

@@ -14,20 +14,23 @@ Each store's entries and budget counter live under its ``namespace``: a URL that
 none (``?namespace=name``) gets a fresh one, so two jobs on one server never share a
 budget, and ``close(destroy=True)`` clears only a namespace the store drew itself. A
 namespace the user names is theirs: it outlives ``close`` (a resumed job finds its
-entries), and one job at a time should use it. A drawn namespace is held by a lock file
-in the user's private directory while its process lives; the next store drawn on the
-same server clears the namespaces whose process died (kill -9) instead of leaking them.
+entries), and one live job at a time uses it (``claim``: a second is refused). A drawn
+namespace is held by a lock file in the user's private directory while its process
+lives; the next store drawn on the same server clears the namespaces whose process died
+(kill -9) instead of leaking them. A capacity the server cannot hold is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
 import secrets
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from hotset.errors import ConfigError, StoreUnavailable
@@ -66,6 +69,14 @@ if freed > 0 then redis.call('DECRBY', KEYS[1], freed) end
 return freed
 """
 
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+#: how long a job's claim on a named namespace outlives its last renewal (a killed job's)
+CLAIM_TTL_S = 15.0
 
 REDIS_LEASE = "redis-"  # lock files of drawn namespaces in the private directory
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -127,6 +138,69 @@ class RedisStore(Store):
         self._held = None
         if self.owns_namespace:
             self._sweep_and_hold()
+        if capacity_bytes > 0:
+            self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        """Refuse, before anything is written, a capacity the server cannot hold: more
+        than its ``maxmemory`` (else its machine's memory). A server that does not answer
+        now is not checked (its outage is absorbed as any other)."""
+        limit = self._aside(self._memory_limit)
+        if limit and self.capacity_bytes > limit:
+            raise ConfigError(
+                f"capacity_bytes={self.capacity_bytes} is more than the redis store at "
+                f"{self.url} can hold ({limit} bytes: its maxmemory, else its machine's "
+                "memory): use a smaller cache_fraction or capacity_bytes"
+            )
+
+    def _aside(self, fn):
+        """``fn(client)``, or None where the server fails: unlike ``_call``, never marks
+        the store down nor counts a failure (a check, a claim's renewal: not the data
+        plane's business)."""
+        import redis
+
+        try:
+            return fn(self._redis())
+        except (redis.exceptions.RedisError, *self._outages(redis)) as exc:
+            log.debug("redis store %s: %s", self.url, exc)
+            return None
+
+    def _memory_limit(self, r) -> int:
+        info = r.info("memory")
+        return int(info.get("maxmemory") or info.get("total_system_memory") or 0)
+
+    def claim(self, namespace: str) -> Callable[[], None]:
+        """Reserve ``namespace`` on the server while the caller lives (``SET NX`` with a
+        time-to-live, renewed every third of it by a thread): a second live job on the
+        same named namespace is refused; a killed job's claim lapses within
+        ``CLAIM_TTL_S``. A server that does not answer now is not checked."""
+        digest = hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
+        key, token = f"hotset-claim:{{{self.namespace}}}:{digest}", secrets.token_hex(8)
+        ttl = int(CLAIM_TTL_S * 1000)
+        got = self._aside(lambda r: bool(r.set(key, token, nx=True, px=ttl)))
+        if got is None:
+            return lambda: None
+        if not got:
+            raise ConfigError(
+                f"another job already trains on this dataset in the redis namespace "
+                f"{self.namespace!r} at {self.url}: two planners would evict each other's "
+                "entries. Give each job its own namespace (or none: one is drawn), or share "
+                f"one cache with `hotset serve` (a killed job's claim lapses within "
+                f"{CLAIM_TTL_S:.0f} s)"
+            )
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(CLAIM_TTL_S / 3):
+                self._aside(lambda r: r.pexpire(key, ttl))
+
+        threading.Thread(target=renew, name="hotset-redis-claim", daemon=True).start()
+
+        def release() -> None:
+            stop.set()
+            self._aside(lambda r: r.eval(_RELEASE, 1, key, token))
+
+        return release
 
     def _sweep_and_hold(self) -> None:
         """Clear the namespaces drawn on this server by processes that died, then hold

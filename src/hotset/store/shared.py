@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -39,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _USED = b"used_bytes"
 _CAPACITY = b"capacity_bytes"
+_TOKEN = b"token"  # drawn when the store is made: a store made anew at the path differs
 #: room a write needs on the tmpfs beyond its values (LMDB pages, B-tree, free list)
 WRITE_MARGIN = 1 << 20
 
@@ -84,14 +84,23 @@ def _environment(
     return handle
 
 
-def _resolve(path: str) -> str:
-    """``path`` with its links resolved; a link another user made is not followed."""
+class StoreReplaced(lmdb.Error):
+    """The store's directory was removed or replaced since this job opened it: the job
+    reads from storage (each use counted in ``failures``), never from another store."""
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return os.path.realpath(path)
-    if stat.S_ISLNK(st.st_mode) and st.st_uid != os.geteuid():
-        raise ConfigError(f"{path} is a link another user made: refusing to follow it")
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _resolve(path: str) -> str:
+    """``path`` with its links resolved, once no link on the way is another user's and
+    no directory above it is one another user could swap (``lease.check_ancestors``)."""
+    lease.check_ancestors(path)
     return os.path.realpath(path)
 
 
@@ -116,6 +125,11 @@ class SharedStore(Store):
         # room for page overhead and for pages freed while readers still hold them.
         self.map_size = 3 * self.capacity_bytes + (256 << 20)
         self.lease: lease.Lease | None = None
+        # what the store was when this job opened it (its directory, the token in its
+        # meta): each process checks both as it opens the environment
+        self._dir_id: tuple[int, int] | None = None
+        self.token: bytes | None = None
+        self._warned = False
         if path is None:
             base = lease.private_base()
             self._check_capacity(base)
@@ -138,6 +152,7 @@ class SharedStore(Store):
         except BaseException:
             self.close(destroy=True)
             raise
+        self._dir_id = _dir_id(self.path)
 
     @property
     def spec(self) -> str:
@@ -178,10 +193,35 @@ class SharedStore(Store):
                 txn.put(_CAPACITY, str(self.capacity_bytes).encode())
                 if txn.get(_USED) is None:
                     txn.put(_USED, b"0")
+                if txn.get(_TOKEN) is None:
+                    txn.put(_TOKEN, os.urandom(16))
+            self.token = txn.get(_TOKEN)
 
     def _open(self, create: bool = False) -> lmdb.Environment:
+        fresh = self.path not in _ENVS  # (first use in this process, or after a fork)
+        if fresh and self._dir_id is not None and (
+            _dir_id(self.path) != self._dir_id
+            or not os.path.exists(os.path.join(self.path, lease.LMDB_FILES[0]))
+        ):  # (never open, and so make, LMDB files in a directory that is not the store)
+            self._replaced()
         env, self._data, self._meta = _environment(self.path, self.map_size, create)
+        if fresh and self.token is not None:
+            with env.begin(db=self._meta) as txn:
+                same = txn.get(_TOKEN) == self.token
+            if not same:
+                _ENVS.pop(self.path)
+                env.close()
+                self._replaced()
         return env
+
+    def _replaced(self) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "shared store %s was removed or replaced since this job opened it: "
+                "training goes on from storage (counted in store_failures)", self.path,
+            )  # fmt: skip
+        raise StoreReplaced(f"shared store {self.path} is not the one this job opened")
 
     def _txn(self, fn, fallback, write: bool = False):
         """``fn(txn)`` in a transaction; an LMDB error (map full, no space left, the store

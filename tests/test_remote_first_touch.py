@@ -1,0 +1,208 @@
+"""The first touch of remote tar shards, over HTTP servers the tests start: a shard
+that is cut, empty, not a tar, missing, forbidden or unreachable is an error naming the
+shard and what happened (never fewer samples without a word); indexing survives a
+faulty server (retried, counted); a server without Range support serves exact bytes
+with one warning; a bad argument to ``make_loader`` is refused before anything opens."""
+
+from __future__ import annotations
+
+import gc
+import io
+import logging
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hotset
+from hotset import TarStorage, make_loader
+from hotset.errors import ConfigError, ShardError
+from hotset.io.reader import Retry, failure_kind
+from hotset.testing import FaultyHTTPServer, PlainHTTPServer
+
+OPTIONS = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=1.0)}}
+SHARDS, PER_SHARD = 4, 25
+
+
+def _png(rng: np.random.Generator) -> bytes:
+    size = tuple(int(v) for v in rng.integers(6, 20, 2))
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (*size, 3), np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """``ok/`` four good shards (PNG + cls + json, images of mixed sizes); ``bad/`` the
+    first cut or spoilt each way a shard arrives broken."""
+    root = tmp_path_factory.mktemp("first-touch")
+    (root / "ok").mkdir()
+    (root / "bad").mkdir()
+    rng = np.random.default_rng(0)
+    for s in range(SHARDS):
+        with tarfile.open(root / "ok" / f"shard-{s:03d}.tar", "w") as tf:
+            for k in range(PER_SHARD):
+                i = s * PER_SHARD + k
+                for name, data in ((f"s{i:04d}.png", _png(rng)), (f"s{i:04d}.cls", b"%d" % (i % 5)),
+                                   (f"s{i:04d}.json", b'{"i": %d}' % i)):  # fmt: skip
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    good = (root / "ok" / "shard-000.tar").read_bytes()
+    with tarfile.open(root / "ok" / "shard-000.tar") as tf:
+        member = tf.getmembers()[30]
+    cuts = {
+        "boundary": good[: member.offset],  # at a member boundary: no end-of-archive block
+        "header": good[: member.offset + 200],  # mid-header
+        "payload": good[: member.offset_data + 10],  # mid-payload
+        "empty": b"",
+        "garbage": b"not a tar at all " * 64,
+    }
+    for name, data in cuts.items():
+        (root / "bad" / f"{name}.tar").write_bytes(data)
+    (root / "forbidden").mkdir()
+    (root / "forbidden" / "shard.tar").write_bytes(good)
+    return root
+
+
+@pytest.fixture
+def plain(shards):
+    server = PlainHTTPServer(shards)
+    yield server
+    server.stop()
+
+
+KINDS = {"boundary": "truncated", "header": "truncated", "payload": "truncated",
+         "empty": "empty", "garbage": "not a tar"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_spoilt_shard_is_named_with_what_is_wrong(shards, plain, name):
+    for url in (str(shards / "bad" / f"{name}.tar"), f"{plain.url}/bad/{name}.tar"):
+        with pytest.raises(ShardError, match=rf"{name}\.tar: {KINDS[name]}") as err:
+            TarStorage(url)
+        assert err.value.kind == KINDS[name] and err.value.url == url
+
+
+def test_missing_forbidden_and_unreachable_shards_are_told_apart(shards, plain):
+    cases = {
+        f"{plain.url}/ok/shard-999.tar": "not found",
+        f"{plain.url}/forbidden/shard.tar": "forbidden",
+        "http://127.0.0.1:9/shard-000.tar": "unreachable",  # (the discard port: refused)
+        str(shards / "ok" / "shard-999.tar"): "not found",
+    }
+    for url, kind in cases.items():
+        t = time.monotonic()
+        with pytest.raises(ShardError) as err:
+            TarStorage(url, retry=Retry(attempts=3, base_s=0.01))
+        assert (err.value.url, err.value.kind) == (url, kind), str(err.value)
+        assert time.monotonic() - t < 10
+    with pytest.raises(ShardError, match="unreachable"):  # detected by make_loader too
+        make_loader("http://127.0.0.1:9/data/", batch_size=4, cache_fraction=0.1)
+
+
+def test_a_server_without_range_serves_exact_bytes_reading_each_shard_once(
+    shards, plain, caplog
+):
+    local = TarStorage(str(shards / "ok"))
+    remote = TarStorage(f"{plain.url}/ok/shard-{{000..003}}.tar")
+    assert len(remote) == len(local)  # (keys name where each sample lives: they differ)
+    ids = np.random.default_rng(1).permutation(len(local))
+    with caplog.at_level(logging.WARNING, logger="hotset"):
+        for batch in np.array_split(ids, 5):
+            before = remote.requests
+            assert remote.read_many(batch) == local.read_many(batch)
+            # after the first answer, one whole read per shard the batch touches
+            assert remote.requests - before <= len(set(remote.extents[0][batch])) + (
+                len(batch) if before == 0 else 0
+            )
+    warned = [r for r in caplog.records if "ignores Range" in r.getMessage()]
+    assert len(warned) == 1
+
+
+def test_indexing_through_a_faulty_server_is_retried_and_counted(shards):
+    """Every shard's first answer is a fault (a 503, a dropped connection, a reset
+    mid-body or a stall): the loader starts, counts the retries, serves exact bytes."""
+    server = FaultyHTTPServer(shards / "ok", faulty=1.0)
+    try:
+        local = TarStorage(str(shards / "ok"))
+        url = f"{server.url}/shard-{{000..003}}.tar"
+        loader = make_loader(url, batch_size=20, cache_fraction=0.2, num_workers=0,
+                             store="memory", storage_options=OPTIONS, size=(12, 12))  # fmt: skip
+        # shard 0's first answer resets mid-body, shard 3's stalls: each tried again
+        # (aiohttp itself retries a request whose connection dropped before an answer)
+        assert loader.counters()["storage_retries"] >= 2
+        seen = []
+        for x, y, ids in loader:
+            for k, i in enumerate(ids.tolist()):
+                sample = hotset.decode_sample(local.read(i), size=(12, 12))
+                assert torch.equal(x[k], hotset.to_tensor(sample["png"]))
+                assert int(y[k]) == sample["cls"]
+            seen += ids.tolist()
+        assert sorted(seen) == list(range(len(local)))
+        loader.close()
+    finally:
+        server.stop()
+
+
+def test_a_shard_that_always_fails_ends_the_start_naming_it(shards):
+    server = FaultyHTTPServer(shards / "ok", faulty=0.0, always="shard-002.tar")
+    try:
+        t = time.monotonic()
+        with pytest.raises(ShardError, match=r"shard-002\.tar: failed .*after 4 attempts"):
+            TarStorage(f"{server.url}/shard-{{000..003}}.tar", storage_options=OPTIONS)
+        assert time.monotonic() - t < 60
+    finally:
+        server.stop()
+
+
+def test_failure_kinds():
+    class Answer(Exception):
+        def __init__(self, status):
+            self.status = status
+
+    assert failure_kind(Answer(403)) == "forbidden" and failure_kind(Answer(404)) == "not found"
+    assert failure_kind(TimeoutError()) == "timed out"
+    assert failure_kind(ConnectionRefusedError()) == "unreachable"
+    assert failure_kind(ConnectionResetError()) == "cut off"
+    assert failure_kind(aiohttp.ClientPayloadError("reset")) == "cut off"
+    assert failure_kind(Answer(503)) == "failed"
+
+
+def test_fields_by_name_and_several_as_a_dict(shards):
+    url = str(shards / "ok")
+    loader = make_loader(url, batch_size=10, cache_fraction=0.1, num_workers=0, store="memory",
+                         target_field=["cls", "json"], size=(12, 12))  # fmt: skip
+    x, y, ids = next(iter(loader))
+    assert y["cls"].tolist() == [i % 5 for i in ids.tolist()]
+    assert y["json"]["i"].tolist() == ids.tolist()
+    loader.close()
+    with pytest.raises(ConfigError, match=r"input_field='jpg': no field 'jpg'.*\['png', 'cls'"):
+        make_loader(url, batch_size=10, cache_fraction=0.1, input_field="jpg")
+
+
+@pytest.mark.parametrize(
+    "bad,error,match",
+    [
+        ({"shufle": True}, TypeError, r"'shufle' \(did you mean 'shuffle'\?\)"),
+        ({"num_workers": -1}, ConfigError, "num_workers"),
+        ({"num_workers": 0, "prefetch_factor": 2}, ConfigError, "prefetch_factor"),
+        ({"target_feild": "cls"}, TypeError, "did you mean 'target_field'"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_anything_opens(shards, bad, error, match):
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with pytest.raises(error, match=match):
+            make_loader(str(shards / "ok"), batch_size=10, cache_fraction=0.1, **bad)
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not unraisable  # (a lease closed twice printed "Bad file descriptor")
