@@ -87,6 +87,7 @@ $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/constrai
 
 peers: install system-deps $(PEERS)/.installed
 	$(PY) benchmarks/peer_compare.py --peer-python $(PEERS)/bin/python
+	$(PY) benchmarks/first_batch.py --peer-python $(PEERS)/bin/python
 
 # the locked set from the current venv (torch and hotset itself excluded)
 lock: install

@@ -34,8 +34,9 @@ from hotset.sim.oracle import LossOracle  # noqa: E402
 from hotset.sim.simulate import simulate  # noqa: E402
 from hotset.systems import resolve_system  # noqa: E402
 
-SHADE = [
-    (f"r={r} {order}", {"repetition": float(r), "order": order}, {})
+SHADE = [  # with the floor of shade+ (K = 4); the last row, K = None, is the paper's
+    (f"r={r} {order}, floor K=4", {"repetition": float(r), "order": order, "coverage_epochs": 4},
+     {})
     for r in (1, 3, 6)
     for order in ("hits_first", "shuffled")
 ] + [

@@ -35,7 +35,7 @@ def main() -> None:
     loader = hotset.make_loader(  # ranks, shards and the shared store come from the group
         storage, batch_size=64, system=args.system,
         cache_fraction=0.2, store=args.store, num_workers=2,
-        planner_process=args.planner_process,
+        planner_process=args.planner_process, epochs=args.epochs,
     )  # fmt: skip
     model = nn.parallel.DistributedDataParallel(TinyCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

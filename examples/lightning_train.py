@@ -40,7 +40,7 @@ class HotsetModule(L.LightningModule):
         a = self.args
         self.loader = hotset.make_loader(  # ranks come from Lightning's process group
             hotset.FileStorage(a.data), batch_size=a.batch_size, system=a.system,
-            cache_fraction=0.2, store=a.store, num_workers=a.num_workers,
+            cache_fraction=0.2, store=a.store, num_workers=a.num_workers, epochs=a.epochs,
         )  # fmt: skip
         return self.loader
 

@@ -1,4 +1,5 @@
-"""The coverage floor every importance sampler honours (ours: no paper guarantees it)."""
+"""The coverage floor every importance sampler honours where it is on (ours: no paper
+guarantees it; the ``+`` systems turn it on, the papers' names leave it off)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from hypothesis import strategies as st
 
 from hotset.errors import ConfigError
 from hotset.sampling import make_sampler
-from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage, uniform_subset
+from hotset.sampling.coverage import FLOOR_EPOCHS, Coverage, uniform_subset
 from hotset.sim.oracle import LossOracle
 from hotset.sim.simulate import simulate
+from hotset.systems import resolve_system
 
 
 def _trained_within(sampler, n: int, epochs: int, cached=None, losses=None) -> np.ndarray:
@@ -61,19 +63,17 @@ def test_every_sample_is_trained_within_k_epochs(cache, r, k, system):
 
 def test_without_the_floor_shade_at_r_c_above_one_trains_its_cache_only():
     """The pathology the floor exists for: at r*c >= 1 (a 50% cache, r = 3) SHADE's list
-    is the cached samples only; the floor (default) brings every sample back."""
+    is the cached samples only (the paper's, ``shade``); the floor of ``shade+`` brings
+    every sample back."""
     n = 1000
     cached = np.arange(0, n, 2)
     losses = np.random.default_rng(0).random(n)
     gaps = {}
-    for name, k in (("off", None), ("default", DEFAULT_COVERAGE_EPOCHS)):
-        smp = make_sampler(
-            "shade", n, repetition=3, repetition_mode="repeat", steep_drop=10.0,
-            coverage_epochs=k,
-        )  # fmt: skip
-        gaps[name] = _trained_within(smp, n, 10, cached, losses)
-    assert (gaps["off"] >= 9).sum() >= 0.4 * n  # half the samples never trained after epoch 0
-    assert gaps["default"].max() <= DEFAULT_COVERAGE_EPOCHS - 1
+    for name in ("shade", "shade+"):
+        options = {**resolve_system(name).sampler_options, "steep_drop": 10.0}
+        gaps[name] = _trained_within(make_sampler("shade", n, **options), n, 10, cached, losses)
+    assert (gaps["shade"] >= 9).sum() >= 0.4 * n  # half the samples never trained after epoch 0
+    assert gaps["shade+"].max() <= FLOOR_EPOCHS - 1
 
 
 def test_the_floor_holds_end_to_end_with_the_app_cache_in_the_simulator():
@@ -84,11 +84,11 @@ def test_the_floor_holds_end_to_end_with_the_app_cache_in_the_simulator():
     oracle = LossOracle(rng.gamma(0.5, size=(epochs, n)))
     out = simulate(
         "app", n, epochs, cache_fraction=0.5, sampler="shade", batch_size=100, oracle=oracle,
-        sampler_options={"repetition": 3.0, "repetition_mode": "repeat"},
+        sampler_options=resolve_system("shade+").sampler_options,
     )  # fmt: skip
     c = out["sampler_counters"]
     assert c["trained_distinct"] == n
-    assert c["oldest_untrained_epochs"] <= DEFAULT_COVERAGE_EPOCHS
+    assert c["oldest_untrained_epochs"] <= FLOOR_EPOCHS
     assert c["coverage_added"] > 0  # the floor acted: the pathology was there to prevent
 
 
@@ -111,18 +111,16 @@ def test_a_substituting_cache_serves_a_due_sample_as_itself(system):
     centres = rng.normal(size=(5, 8))
     emb = centres[labels] * 4 + 0.2 * rng.normal(size=(epochs, n, 8))
     oracle = LossOracle(rng.gamma(0.5, size=(epochs, n)), embeddings=emb, labels=labels)
-    from hotset.systems import resolve_system
-
-    s = resolve_system(system)
+    s = resolve_system(system + "+")
     out = simulate(
         s.policy, n, epochs, cache_fraction=0.2, sampler=s.sampler, batch_size=100,
         oracle=oracle, sampler_options={**s.sampler_options, "k": 32} if system == "spider"
-        else {"keep_exponent": 3.0},
+        else {**s.sampler_options, "keep_exponent": 3.0},
     )  # fmt: skip
     c = out["sampler_counters"]
     assert out["substitute_hits"] > 0  # substitution is there
     assert c["trained_distinct"] == n
-    assert c["oldest_untrained_epochs"] <= DEFAULT_COVERAGE_EPOCHS
+    assert c["oldest_untrained_epochs"] <= FLOOR_EPOCHS
 
 
 @settings(max_examples=60, deadline=None)
@@ -143,3 +141,12 @@ def test_uniform_subset_makes_every_subset_equally_likely():
     assert counts.size == 10
     chi2 = float(((counts - trials / 10) ** 2 / (trials / 10)).sum())
     assert chi2 < 27.9  # p = 0.001
+
+
+def test_each_papers_name_leaves_the_floor_off_and_its_plus_turns_it_on():
+    for name in ("shade", "icache", "spider"):
+        assert resolve_system(name).sampler_options.get("coverage_epochs") is None
+        assert resolve_system(name + "+").sampler_options["coverage_epochs"] == FLOOR_EPOCHS
+        plain = {k: v for k, v in resolve_system(name + "+").sampler_options.items()
+                 if k != "coverage_epochs"}  # fmt: skip
+        assert plain == resolve_system(name).sampler_options  # the floor is all it adds

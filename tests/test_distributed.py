@@ -163,14 +163,16 @@ SYSTEMS = {
     "icache": {"policy": "icache", "sampler": "iis"},
     # a first L-cache small enough that the plans in flight size it (``l_in_flight``)
     "icache-in-flight": {"policy": "icache", "sampler": "iis", "policy_options": {"h_share": 0.95}},
-    "spider": {"policy": "spider", "sampler": "spider"},
+    "spider": {"policy": "spider", "sampler": "spider", "epochs": 3},
     # feedback learnt one batch later (as from a GPU), embeddings too
     "shade-deferred": {"policy": "app", "sampler": "shade", "defer_feedback": True},
-    "spider-deferred": {"policy": "spider", "sampler": "spider", "defer_feedback": True},
+    "spider-deferred": {"policy": "spider", "sampler": "spider", "defer_feedback": True,
+                        "epochs": 3},
     # each rank's planner in a process of its own; those processes exchange among them
     "shade-process": {"policy": "app", "sampler": "shade", "planner_process": True},
     "icache-process": {"policy": "icache", "sampler": "iis", "planner_process": True},
-    "spider-process": {"policy": "spider", "sampler": "spider", "planner_process": True},
+    "spider-process": {"policy": "spider", "sampler": "spider", "planner_process": True,
+                       "epochs": 3},
 }
 
 

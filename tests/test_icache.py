@@ -1218,3 +1218,31 @@ def test_a_loader_with_two_workers_serves_its_first_h_list_epoch_from_the_cache(
         finally:
             loader.close()
     assert hits[True] >= 0.6 and hits[False] <= 0.8 * hits[True], hits
+
+
+def _icache_run(fmnist_dir, epochs: int, **policy_options) -> list[list[int]]:
+    """The ids served per batch by iCACHE over ``epochs`` epochs, losses a function of the
+    id (so the feedback is the same in every run)."""
+    from hotset import make_loader
+
+    loader = make_loader(str(fmnist_dir / "train"), batch_size=50, system="icache",
+                         cache_fraction=0.2, num_workers=0, store="memory", seed=3,
+                         policy_options={"package_bytes": 8_000, **policy_options})  # fmt: skip
+    served = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for _, _, ids in loader:
+            served.append(ids.tolist())
+            loader.feedback(ids, (ids.float() * 0.618) % 1.0)
+    loader.close()
+    return served
+
+
+def test_icache_serves_the_same_sequence_twice_without_package_threads(fmnist_dir):
+    """With ``package_threads=False`` (packages made and loaded in the planner's thread,
+    as under ranks) a plan is a function of the seed, the data and the feedback: two runs
+    serve the same ids in the same order, substitutes included (the default packages in
+    background threads, so which substitutes a plan serves depends on when one lands)."""
+    first = _icache_run(fmnist_dir, 4, package_threads=False)
+    assert _icache_run(fmnist_dir, 4, package_threads=False) == first
+    assert len(first) < 4 * 1000 // 50  # IIS trained a subset after its warm-up

@@ -409,5 +409,47 @@ def test_one_name_per_system_builds_what_compare_measures(fmnist_dir):
         make_loader(url, policy="shade", **common)
     with pytest.raises(ConfigError, match="not both"):
         make_loader(url, system="shade", policy="lru", **common)
-    with pytest.raises(ConfigError, match="unknown system or policy 'shady'"):
+    with pytest.raises(ConfigError, match="unknown system or policy 'shady'") as err:
         make_loader(url, system="shady", **common)
+    named = str(err.value).split("choose from: ")[1].split(", ")
+    assert len(named) == len(set(named)) and "icache" in named  # each name once
+
+
+def test_a_closed_loader_says_so(fmnist_dir):
+    loader = make_loader(str(fmnist_dir / "train"), batch_size=100, cache_fraction=0.1,
+                         num_workers=0, store="memory")  # fmt: skip
+    next(iter(loader))
+    loader.close()
+    for use in (lambda: next(iter(loader)), lambda: loader.set_epoch(1)):
+        with pytest.raises(hotset.LoaderClosed, match="this loader is closed"):
+            use()
+
+
+def test_progress_shows_as_lines_where_there_is_no_terminal(fmnist_dir, capsys):
+    loader = make_loader(str(fmnist_dir / "train"), batch_size=250, cache_fraction=0.1,
+                         num_workers=0, store="memory", progress=True)  # fmt: skip
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    loader.close()
+    err = capsys.readouterr().err
+    batches = len(loader)
+    for epoch in range(2):
+        assert f"epoch {epoch}: {batches}/{batches} batches (100%)" in err
+
+
+def test_a_system_that_schedules_over_the_run_takes_its_length_from_epochs(fmnist_dir):
+    """SpiderCache's elastic manager needs the run's length: ``epochs=`` gives it, the same
+    way ``hotset compare`` passes ``--epochs``; missing, it is refused naming ``epochs``."""
+    pytest.importorskip("hnswlib")
+    url = str(fmnist_dir / "train")
+    common = dict(batch_size=100, cache_fraction=0.1, num_workers=0, store="memory")
+    with pytest.raises(ConfigError, match="give make_loader epochs=N"):
+        make_loader(url, system="spider", **common)
+    with make_loader(url, system="spider", epochs=7, **common) as loader:
+        assert loader.planner.sampler.controller.total == 7.0
+    with pytest.raises(ConfigError, match="give one"):
+        make_loader(url, system="spider", epochs=7, sampler_options={"total_epochs": 5},
+                    **common)  # fmt: skip
+    make_loader(url, system="lru", epochs=7, **common).close()  # taken, not needed

@@ -71,10 +71,12 @@ def test_tensorboard_event_file_holds_the_counters_per_epoch(fmnist_dir, tmp_pat
     assert hit[1][1] > 0.1  # MinIO hits from the second epoch on
 
 
-def test_prometheus_endpoint_serves_a_loaders_counters(fmnist_dir):
+@pytest.mark.parametrize("given", ["loader", "function"])
+def test_prometheus_endpoint_serves_a_loaders_counters(fmnist_dir, given):
     loader = trained_loader(fmnist_dir, 2)
     port = free_port()
-    server = serve_prometheus(lambda: {"train": scalars(loader.counters())}, port)
+    source = loader if given == "loader" else (lambda: {"train": scalars(loader.counters())})
+    server = serve_prometheus(source, port)
     try:
         got = scrape(port)
     finally:
@@ -84,6 +86,8 @@ def test_prometheus_endpoint_serves_a_loaders_counters(fmnist_dir):
     assert got[("hotset_hits", "train")] == c["hits"] > 0
     assert got[("hotset_storage_reads", "train")] == c["storage_reads"]
     assert got[("hotset_hit_ratio", "train")] == pytest.approx(c["hits"] / c["accesses"])
+    with pytest.raises(TypeError, match="a loader or a function"):
+        serve_prometheus({"train": 1.0}, free_port())
 
 
 def test_service_exports_figures_per_job(fmnist_dir, tmp_path):

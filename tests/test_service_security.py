@@ -5,6 +5,7 @@ checked messages, and a clear refusal of a 65th DSA job (test_service.py)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -18,11 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hotset
 from hotset.errors import ConfigError
 from hotset.service.address import default_address, runtime_dir
-from hotset.service.protocol import decode, encode
+from hotset.service.messages import parse
+from hotset.service.protocol import ProtocolError, decode, encode
 from hotset.service.server import CacheService, start_service
 from hotset.storage.columns import DigestColumn
 
@@ -470,3 +474,55 @@ def test_the_protocol_survives_fuzzing_while_a_job_trains(running, fmnist_dir):
     thread.join(300)
     assert not thread.is_alive() and answered[0] > 2500 and silent[0] == 0
     assert proc.is_alive() and "store" in client.hello()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    op=st.sampled_from(["hello", "register", "plan", "heartbeat", "leave", "stats", "x"]),
+    fields=st.dictionaries(
+        st.sampled_from(["frames", "job", "epoch", "done", "cache", "benefit", "name", "pid",
+                         "batch_size", "host", "instance"]), _json, max_size=5),  # fmt: skip
+    frames=st.lists(st.binary(max_size=32), max_size=3),
+)
+def test_every_hostile_header_is_refused_by_the_decoder_before_any_handler(op, fields, frames):
+    """Whatever types and shapes a header's fields have, decoding and checking it either
+    gives a request of the schema or a ``ProtocolError`` naming what is wrong: never an
+    error from inside (it reached the handlers as ``TypeError`` / ``RecursionError``)."""
+    header = json.dumps({"op": op, **fields}, allow_nan=True).encode()
+    with contextlib.suppress(ProtocolError):
+        parse(*decode([header, *frames]))
+
+
+def test_a_header_nested_too_deep_or_too_large_is_refused():
+    deep = b'{"op": "hello", "frames": [], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ProtocolError, match="over 65536 bytes"):
+        decode([deep])
+    deep = b'{"op": "hello", "frames": [], "x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    with pytest.raises(ProtocolError, match="malformed message header"):
+        decode([deep])
+    for header in (b"[1, 2]", b'"x"', b'{"op": "hello", "frames": 7}'):
+        with pytest.raises(ProtocolError, match="malformed"):
+            decode([header])
+
+
+def test_failures_a_peer_causes_are_logged_one_line_at_a_time(caplog):
+    from hotset.service.server import _Quiet
+
+    quiet = _Quiet("a request failed", every_s=60.0)
+    with caplog.at_level(logging.DEBUG, logger="hotset.service.server"):
+        for k in range(1000):
+            quiet.note(TypeError(f"bad {k}"))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "TypeError: bad 0" in warned[0].getMessage()
+    quiet._last -= 61.0
+    with caplog.at_level(logging.WARNING, logger="hotset.service.server"):
+        quiet.note(TypeError("bad again"))
+    assert "(999 more since the last line)" in caplog.records[-1].getMessage()

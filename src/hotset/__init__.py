@@ -19,8 +19,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "hotset.codecs": ["decode_array", "decode_image", "decode_sample", "to_tensor"],
     "hotset.errors": [
-        "ConfigError", "CorruptSampleError", "HotsetError", "MissingSampleError",
-        "RankError", "SampleError", "ServiceError", "ServiceUnavailable", "StorageError",
+        "ConfigError", "CorruptSampleError", "HotsetError", "LoaderClosed",
+        "MissingSampleError", "RankError", "SampleError", "ServiceError",
+        "ServiceUnavailable", "ShardError", "StorageError",
     ],
     "hotset.feedback": ["per_sample_loss"],
     "hotset.importance": ["ScoreBoard", "coarse_importance", "rank_importance"],
@@ -62,11 +63,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
         ConfigError,
         CorruptSampleError,
         HotsetError,
+        LoaderClosed,
         MissingSampleError,
         RankError,
         SampleError,
         ServiceError,
         ServiceUnavailable,
+        ShardError,
         StorageError,
     )
     from hotset.feedback import per_sample_loss

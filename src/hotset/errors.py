@@ -32,6 +32,10 @@ class SampleError(HotsetError):
         return (type(self), (self.sample_id, self.path, self.reason, self.key))
 
 
+class LoaderClosed(HotsetError, RuntimeError):
+    """A loader was used after ``close()``."""
+
+
 class ServiceError(HotsetError):
     """The hotset service refused a request; the message is the service's."""
 

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from pydantic import SkipValidation
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from hotset.arguments import Int, IntPair, Real, checked
 from hotset.checkpoint import from_safe, to_safe
@@ -36,6 +35,7 @@ from hotset.errors import (
     ConfigError,
     CorruptSampleError,
     HotsetError,
+    LoaderClosed,
     SampleError,
     SkipLimitError,
 )
@@ -46,6 +46,7 @@ from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
 from hotset.plan_process import PlannerProcess
 from hotset.policy import POLICIES
 from hotset.policy.base import make_policy, policy_class
+from hotset.progress import progress
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.sampling.blocks import check_order
 from hotset.stats import LoaderStats
@@ -527,6 +528,7 @@ class HotsetLoader:
         return self
 
     def set_epoch(self, epoch: int) -> None:
+        self._check_open()
         self._feedback.flush()
         self._epochs_set = True
         self.epoch = int(epoch)
@@ -552,6 +554,7 @@ class HotsetLoader:
         return n
 
     def __iter__(self) -> Iterator[Batch]:
+        self._check_open()
         self._feedback.flush()  # (an epoch left early)
         if self._iterated and not self._epochs_set:
             self._next_epoch()
@@ -570,11 +573,8 @@ class HotsetLoader:
     def _epoch(self, batches: Iterator[dict]) -> Iterator[Batch]:
         """The epoch's batches from the DataLoader's ``batches``, each plan's report
         consumed as it arrives."""
-        bar = (
-            tqdm(batches, total=len(self), desc=self.desc or "epoch", leave=False, disable=None)
-            if self.progress
-            else batches
-        )
+        bar = progress(batches, len(self), self.desc or f"epoch {self.epoch}", "batches",
+                       enabled=self.progress)  # fmt: skip
         pin = self.dataloader.pin_memory
         served, causes = 0, []
         for n, raw in enumerate(bar):
@@ -695,6 +695,13 @@ class HotsetLoader:
         )  # fmt: skip
         return out
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoaderClosed(
+                "this loader is closed (its store and planner are gone): make a new one "
+                "with make_loader, or iterate it before close()"
+            )
+
     def close(self) -> None:
         """Stop background threads (iCACHE's packager, SpiderCache's graph worker), leave
         the multi-job service, and remove a store made for this loader."""
@@ -804,6 +811,7 @@ def make_loader(
     planner_process: bool = False,
     order: str = "paper",
     block_size: Int = 2048,
+    epochs: Int | None = None,
     **dataloader_kwargs,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -882,6 +890,9 @@ def make_loader(
             (docs/systems.md).
         block_size: ids per shuffle window of ``order="blocks"``; a window's misses should
             fit the read-ahead budget (``loader.budget``).
+        epochs: how many epochs the run trains, for a system that schedules over the whole
+            run (SpiderCache's elastic cache manager, Eq. 5-8: required there); others
+            take it and need it not.
         num_workers: DataLoader worker processes executing the plans.
         decode: bytes -> a sample (default: ``.npy``, any PIL image in its own mode, or
             a record of fields: ``codecs.decode_sample``).
@@ -898,7 +909,8 @@ def make_loader(
         max_skipped: with ``"skip"``, the share of a batch that may be lost before
             ``SkipLimitError`` (an epoch that serves nothing raises it too).
         drop_last: drop the last incomplete batch of each epoch.
-        progress: show a tqdm bar per epoch.
+        progress: show each epoch's progress (a tqdm bar on a terminal, else a line on
+            stderr every 10 s).
         policy_options: keyword arguments of the policy's constructor.
         sampler_options: keyword arguments of the sampler's constructor (a sampler that
             ``needs_labels``, ``spider``, gets the storage's unless given).
@@ -911,6 +923,7 @@ def make_loader(
             sampler and collation itself.
     """
     sampler, policy, sampler_options = _parts(system, sampler, policy, sampler_options)
+    sampler_options = _run_length(sampler, sampler_options, epochs)
     check_order(order, block_size)
     _check_dataloader(num_workers, dataloader_kwargs)  # before anything is opened
     package_dir = os.fspath(package_dir) if package_dir is not None else None
@@ -1016,6 +1029,24 @@ def make_loader(
 
 #: make_loader's own arguments (a typo of one is told apart from a DataLoader's)
 MAKE_LOADER_ARGS = list(inspect.signature(make_loader).parameters)[:-1]  # (not **kwargs)
+
+
+def _run_length(sampler: str, sampler_options: dict | None, epochs: int | None) -> dict | None:
+    """``sampler_options`` with the run's length where the sampler schedules over it
+    (``total_epochs``, from ``epochs``); refused where it is needed and missing."""
+    if not sampler_class(sampler).needs_epochs:
+        return sampler_options
+    options = dict(sampler_options or {})
+    given = options.get("total_epochs")
+    if epochs is not None and given is not None and given != epochs:
+        raise ConfigError(f"epochs={epochs} and sampler_options total_epochs={given}: give one")
+    if epochs is None and given is None:
+        raise ConfigError(
+            f"sampler {sampler!r} schedules its cache over the whole run (its elastic "
+            "manager's horizon): give make_loader epochs=N, the number of epochs you train"
+        )
+    options["total_epochs"] = given if given is not None else epochs
+    return options
 
 
 def _check_dataloader(num_workers: int, kwargs: dict) -> None:

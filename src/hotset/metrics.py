@@ -59,11 +59,25 @@ class _Collector:
 
 
 def serve_prometheus(
-    read: Callable[[], dict[str, dict[str, float]]], port: int, addr: str = "127.0.0.1",
-    prefix: str = "hotset_",
-) -> Any:  # fmt: skip
-    """Serve ``read()``'s figures (``{job: {name: value}}``) at ``http://addr:port/metrics``
-    in a registry of their own; returns the HTTP server (``.shutdown()`` to stop)."""
+    source: Any, port: int, addr: str = "127.0.0.1", prefix: str = "hotset_", job: str = "train"
+) -> Any:
+    """Serve figures at ``http://addr:port/metrics`` in a registry of their own; returns
+    the HTTP server (``.shutdown()`` to stop). ``source``: a loader (its watched counters,
+    labelled ``job``), or a function returning ``{job: {name: value}}`` read at each
+    scrape (several loaders, the service's figures)."""
+    if hasattr(source, "counters"):
+        loader = source
+
+        def read() -> dict[str, dict[str, float]]:
+            return {job: scalars(loader.counters())}
+
+    elif callable(source):
+        read = source
+    else:
+        raise TypeError(
+            f"serve_prometheus takes a loader or a function returning {{job: {{name: value}}}}, "
+            f"not a {type(source).__qualname__}"
+        )
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as exc:  # an extra: say which

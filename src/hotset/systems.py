@@ -3,7 +3,10 @@
 A bare policy name (``lru``, ``belady``, ...) means that policy under uniform shuffling,
 the papers' baseline. The ``sh_*`` names are SHADE's ablations (FAST'23 section 6.2):
 default importance sampling on coarse-grained (minibatch mean) losses with another
-eviction policy; ``shade`` is the full system.
+eviction policy; ``shade`` is the full system. Each paper's name builds the paper; a
+``+`` name (``shade+``, ``icache+``, ``spider+``) is that system with hotset's coverage
+floor (``sampling/coverage.py``: every sample trained at least once in 4 epochs), which
+no paper has.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 from hotset.errors import ConfigError
 from hotset.policy import POLICIES
+from hotset.sampling.coverage import FLOOR_EPOCHS
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,14 @@ SYSTEMS: dict[str, System] = {
                "iCACHE: I/O-oriented importance sampling + H-cache (heap) + L-cache packages"),
         System("spider", "spider", "spider", {},
                "SpiderCache: graph importance sampling + importance/homophily caches"),
+        System("shade+", "shade", "app",
+               {"importance": "rank", "repetition": 3.0, "repetition_mode": "repeat",
+                "coverage_epochs": FLOOR_EPOCHS},
+               "SHADE with hotset's coverage floor (every sample once in 4 epochs)"),
+        System("icache+", "iis", "icache", {"coverage_epochs": FLOOR_EPOCHS},
+               "iCACHE with hotset's coverage floor (every sample once in 4 epochs)"),
+        System("spider+", "spider", "spider", {"coverage_epochs": FLOOR_EPOCHS},
+               "SpiderCache with hotset's coverage floor (every sample once in 4 epochs)"),
         System("sh_app", "shade", "app", _COARSE, "coarse importance sampling + APP cache"),
         System("sh_pq", "shade", "pq", _COARSE, "coarse importance sampling + priority queue"),
         System("sh_lru", "shade", "lru", _COARSE, "coarse importance sampling + LRU"),
@@ -50,5 +62,7 @@ def resolve_system(name: str) -> System:
         return SYSTEMS[name]
     if name in POLICIES and not POLICIES[name].needs_scores:
         return System(name, "uniform", name, {}, f"uniform shuffling + {name}")
-    known = sorted(SYSTEMS) + sorted(p for p, c in POLICIES.items() if not c.needs_scores)
+    known = sorted(SYSTEMS) + sorted(
+        p for p, c in POLICIES.items() if not c.needs_scores and p not in SYSTEMS
+    )
     raise ConfigError(f"unknown system or policy {name!r}; choose from: {', '.join(known)}")

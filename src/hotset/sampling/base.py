@@ -36,6 +36,9 @@ class Sampler(ABC):
     #: whether the constructor needs ``labels=`` (one per sample; ``make_loader`` gives
     #: the storage's)
     needs_labels: ClassVar[bool] = False
+    #: whether it schedules over the whole run and so needs its length (``total_epochs``:
+    #: ``make_loader(epochs=N)`` gives it)
+    needs_epochs: ClassVar[bool] = False
     #: the per-sample importance scores a score-keyed policy reads (``None``: no scores)
     board: ScoreBoard | None = None
     #: attributes that are not state (threads, locks): left out of ``state_dict``

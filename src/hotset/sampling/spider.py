@@ -70,6 +70,7 @@ class SpiderSampler(Sampler):
     learns_from_feedback = True
     needs_embeddings = True
     needs_labels = True
+    needs_epochs = True  # the elastic controller's horizon (Eq. 5-8)
     transient = ("_lock", "_cv", "_pending", "_busy", "_worker", "_stop", "_role")
 
     def __init__(

@@ -5,7 +5,9 @@ One request and one reply per batch."""
 from __future__ import annotations
 
 import json
+from typing import Annotated, Literal
 
+import msgspec
 import numpy as np
 
 from hotset.errors import HotsetError
@@ -37,15 +39,33 @@ def encode(header: dict, payload: Payload | None = None) -> list[bytes]:
     return [json.dumps({**header, "frames": specs}).encode(), *frames]
 
 
+#: a request's header (JSON) is small: larger is refused before it is parsed
+MAX_HEADER_BYTES = 64 << 10
+#: one payload frame's description: name, kind, dtype, shape
+FrameSpec = tuple[
+    Annotated[str, msgspec.Meta(max_length=64)],
+    Literal["array", "digests", "lines"],
+    Annotated[str, msgspec.Meta(max_length=16)],
+    Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]], msgspec.Meta(max_length=4)],
+]
+
+
 def decode(frames: list[bytes]) -> tuple[dict, Payload]:
     """The header and payload of ``frames``; a malformed message raises ``ProtocolError``
     (naming what is wrong) before anything is allocated for it."""
+    if len(frames[0]) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"message header over {MAX_HEADER_BYTES} bytes: refused")
     try:
         header = json.loads(frames[0])
-        specs = header.pop("frames")
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
-        raise ProtocolError(f"malformed message header: {exc}") from None
-    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
+    except (ValueError, RecursionError) as exc:  # (RecursionError: nested too deep)
+        raise ProtocolError(f"malformed message header: {str(exc)[:200]}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"malformed message header: a JSON {type(header).__name__}")
+    try:
+        specs = msgspec.convert(header.pop("frames", None), list[FrameSpec])
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"malformed frame list: {exc}") from None
+    if len(specs) != len(frames) - 1:
         raise ProtocolError(f"the header names {len(specs)} frames, {len(frames) - 1} came")
     payload: Payload = {}
     for spec, data in zip(specs, frames[1:], strict=True):

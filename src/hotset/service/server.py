@@ -31,6 +31,25 @@ from hotset.store.shared import SharedStore
 
 log = logging.getLogger(__name__)
 
+
+class _Quiet:
+    """Failures a peer can cause, logged as one line at most every ``every_s`` seconds
+    (with how many were left out): a peer that sends thousands cannot fill the disk. The
+    traceback at debug level only."""
+
+    def __init__(self, what: str, every_s: float = 10.0) -> None:
+        self.what, self.every_s, self._last, self._left_out = what, every_s, -1e9, 0
+
+    def note(self, exc: BaseException) -> None:
+        log.debug("%s", self.what, exc_info=exc)
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._left_out += 1
+            return
+        more = f" ({self._left_out} more since the last line)" if self._left_out else ""
+        log.warning("%s: %s: %s%s", self.what, type(exc).__name__, str(exc)[:200], more)
+        self._last, self._left_out = now, 0
+
 MAX_MESSAGE_BYTES = 256 << 20  # a register of ~5M sample keys; larger: refused
 #: a request's frames: the ROUTER envelope (identity, empty), a header, at most 3 arrays
 MAX_FRAMES = 6
@@ -77,6 +96,7 @@ class CacheService:
         self.reap_every_s = reap_every_s
         self.lock = threading.Lock()  # the coordinator: requests, reaping, a metrics scrape
         self.max_message_bytes = int(max_message_bytes)
+        self._failed = _Quiet("a request failed")
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))  # bounded frames
@@ -168,7 +188,7 @@ class CacheService:
                     except HotsetError as exc:
                         reply, payload = {"error": str(exc), "code": type(exc).__name__}, {}
                     except Exception as exc:  # noqa: BLE001 - a bad request must not stop it
-                        log.exception("request failed")
+                        self._failed.note(exc)
                         reply, payload = {"error": f"{type(exc).__name__}: {exc}"}, {}
                     self._sock.send_multipart([ident, empty, *encode(reply, payload)])
                 if time.monotonic() - last_reap >= self.reap_every_s:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
-from tqdm import tqdm
 
 from hotset.codecs import npy_bytes
 from hotset.errors import ConfigError
+from hotset.progress import progress
 from hotset.storage.files import list_imagefolder
 from hotset.storage.manifest import MANIFEST_NAME, Manifest
 
@@ -62,9 +62,7 @@ def _write_split(
     fs.makedirs(root, exist_ok=True)
 
     def written():
-        for rel, data, label in tqdm(
-            samples, total=total, desc=f"prepare {name}", unit="img", disable=None
-        ):
+        for rel, data, label in progress(samples, total, f"prepare {name}", "img"):
             fs.makedirs(posixpath.dirname(posixpath.join(root, rel)), exist_ok=True)
             fs.pipe_file(posixpath.join(root, rel), data)
             yield rel, data, label
@@ -87,7 +85,7 @@ def _write_tar_split(
 
     fs, root = fsspec.core.url_to_fs(out)
     fs.makedirs(root, exist_ok=True)
-    rows = iter(tqdm(samples, total=total, desc=f"prepare {name}", unit="img", disable=None))
+    rows = iter(progress(samples, total, f"prepare {name}", "img"))
     n = 0
     while chunk := list(itertools.islice(rows, shard_size)):
         path = posixpath.join(root, f"shard-{n // shard_size:06d}.tar")
@@ -114,7 +112,7 @@ def _write_parquet_split(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = list(tqdm(samples, total=total, desc=f"prepare {name}", unit="img", disable=None))
+    rows = list(progress(samples, total, f"prepare {name}", "img"))
     meta = {"info": {"features": {"image": {"_type": "Image"},
                                   "label": {"_type": "ClassLabel", "names": classes}}}}
     table = pa.table(

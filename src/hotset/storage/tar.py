@@ -38,6 +38,7 @@ from hotset.errors import (
 from hotset.ids import ids_within
 from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
+from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.files import _version
 from hotset.storage.index_cache import cached_index
@@ -50,6 +51,8 @@ WHOLE_SHARD_BYTES = 64 << 20
 INDEX_BLOCK = 8 << 20
 #: remote shards indexed at once (at least; the storage's ``concurrency`` if higher)
 INDEX_THREADS = 8
+#: indexing at least this many shards shows its progress
+PROGRESS_SHARDS = 32
 
 #: WebDataset's split of a member name into the sample's key and the field's name
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
@@ -202,7 +205,10 @@ class TarStorage(FsspecStorage):
         self.index_retries = 0
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
-            parts = list(pool.map(self._index, self.urls, self._paths))
+            parts = list(progress(
+                pool.map(self._index, self.urls, self._paths), len(self.urls),
+                "indexing tar shards", "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
+            ))  # fmt: skip
         if not sum(len(p["start"]) for p in parts):
             raise ConfigError(f"{url}: the shards hold no samples")
         self.fields = list(dict.fromkeys(f for p in parts for f in p["fields"].tolist()))
