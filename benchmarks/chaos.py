@@ -2,7 +2,7 @@
 
     python benchmarks/chaos.py [--minutes 10] [--samples 3000]
 
-Rounds of seven faults until the time is up, each injected mid-epoch into a loader of
+Rounds of eight faults until the time is up, each injected mid-epoch into a loader of
 real bytes (Fashion-MNIST files, DataLoader workers, a real store or service):
 
 * ``worker-kill``: a DataLoader worker is killed (-9); torch raises, the loop resumes
@@ -16,11 +16,14 @@ real bytes (Fashion-MNIST files, DataLoader workers, a real store or service):
   again and finishes its epoch.
 * ``process-kill9``: the training process itself is killed (-9) after saving its state;
   a new process resumes from it on the surviving named store.
+* ``process-kill9-before-save``: killed between a batch and its state's save: the
+  resumed process serves that batch again (it was never checkpointed as trained).
 
-Every served sample is compared with a direct read and decode of its file (``wrong``,
-must be 0); every epoch's ids with the epoch's (``lost``: never served, must be 0;
-``repeated``: served twice, must be 0). A fault is ``absorbed`` when its epochs end with
-nothing wrong, lost or repeated. Writes ``results/chaos.json`` and prints a table.
+Every served sample is compared with a direct read and decode of its file, its pixels
+and its label (``wrong``, must be 0); every epoch's ids with the epoch's (``lost``: never
+served, must be 0; ``repeated``: served twice, must be 0). A fault is ``absorbed`` when
+its epochs end with nothing wrong, lost or repeated. Writes ``results/chaos.json`` and
+prints a table.
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ class Outcome:
         return self.injected > 0 and self.wrong == self.lost == self.repeated == self.errors == 0
 
 
-def check(storage: FileStorage, x: torch.Tensor, ids: torch.Tensor) -> int:
-    """How many served samples differ from a direct read of their files."""
+def check(storage: FileStorage, x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> int:
+    """How many served samples differ from a direct read of their files, in their pixels
+    or their labels."""
     truth = torch.stack([to_tensor(decode_image(storage.read(i))) for i in ids.tolist()])
-    return int((x != truth).flatten(1).any(1).sum())
+    labels = torch.as_tensor(storage.labels[ids.numpy()], dtype=y.dtype)
+    return int(((x != truth).flatten(1).any(1) | (y != labels)).sum())
 
 
 def coverage(out: Outcome, served: list[int], expected: int) -> None:
@@ -89,8 +94,8 @@ def epoch(loader, storage, out: Outcome, e: int, fault=None, at: int = 5) -> lis
     """One epoch of ``loader``, every batch checked; ``fault()`` after batch ``at``."""
     loader.set_epoch(e)
     served = []
-    for k, (x, _, ids) in enumerate(loader):
-        out.wrong += check(storage, x, ids)
+    for k, (x, y, ids) in enumerate(loader):
+        out.wrong += check(storage, x, y, ids)
         served += ids.tolist()
         if k == at and fault is not None:
             fault()
@@ -113,10 +118,10 @@ def worker_kill(storage, tmp: Path, round_: int) -> Outcome:
         served, state, killed = [], loader.state_dict(), e != 1
         while True:
             try:
-                for k, (x, _, ids) in enumerate(loader):
+                for k, (x, y, ids) in enumerate(loader):
                     # one statement: torch raises a dead worker's error between any two
                     state, served = loader.state_dict(), served + ids.tolist()
-                    out.wrong += check(storage, x, ids)
+                    out.wrong += check(storage, x, y, ids)
                     if not killed and k == 5:
                         killed = True
                         os.kill(_workers()[0], signal.SIGKILL)
@@ -263,47 +268,70 @@ RESUME = textwrap.dedent("""
     e = loader.epoch
     while e < 2:
         loader.set_epoch(e)
-        for k, (x, _, ids) in enumerate(loader):
-            wrong = check(storage, x, ids)
+        for k, (x, y, ids) in enumerate(loader):
+            wrong = check(storage, x, y, ids)
             with open(log, "a") as f:
-                f.write(f"{{e}} {{' '.join(map(str, ids.tolist()))}} {{wrong}}\\n")
+                f.write(f"served {{e}} {{wrong}} {{' '.join(map(str, ids.tolist()))}}\\n")
+            if {kill!r} == "before save" and e == 1 and k == 7:
+                os.kill(os.getpid(), signal.SIGKILL)  # the batch served, its state not saved
             with open({state!r} + ".new", "wb") as f:
                 pickle.dump(loader.state_dict(), f)
             os.replace({state!r} + ".new", {state!r})
-            if {kill} and e == 1 and k == 7:
+            with open(log, "a") as f:
+                f.write("saved\\n")
+            if {kill!r} == "after save" and e == 1 and k == 7:
                 os.kill(os.getpid(), signal.SIGKILL)
         e += 1
     loader.close()
 """)
 
 
-def process_kill9(storage, tmp: Path, round_: int) -> Outcome:
-    out = Outcome("process-kill9")
+def _process_kill9(storage, tmp: Path, when: str) -> Outcome:
+    """The training process killed (-9) at its eighth batch of epoch 1, ``when`` "after
+    save" (its state saved) or "before save" (the batch served, its state not saved: the
+    resumed run serves it again, as a trainer that had not checkpointed it would want);
+    a new process resumes from the last state on the surviving named store. A batch
+    counts as trained once its state was saved."""
+    out = Outcome("process-kill9" + ("" if when == "after save" else "-before-save"))
     args = {"bench": str(Path(__file__).resolve().parent), "data": storage.url,
             "store": f"shared://{tmp}/job-store", "log": str(tmp / "served.log"),
             "state": str(tmp / "state.pkl")}  # fmt: skip
-    first = subprocess.run([sys.executable, "-c", RESUME.format(kill=True, **args)],
+    first = subprocess.run([sys.executable, "-c", RESUME.format(kill=when, **args)],
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     if first.returncode == -signal.SIGKILL:
         out.injected += 1
     else:
         out.notes.append(f"no kill: rc {first.returncode} {first.stderr[-200:]}")
-    second = subprocess.run([sys.executable, "-c", RESUME.format(kill=False, **args)],
+    second = subprocess.run([sys.executable, "-c", RESUME.format(kill="", **args)],
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     if second.returncode:
         out.notes.append(f"resume failed: {second.stderr[-300:]}")
     served: dict[int, list[int]] = {0: [], 1: []}
+    pending = None  # the batch served whose state is not saved yet
     for line in Path(args["log"]).read_text().splitlines():
-        e, *ids, wrong = line.split()
-        served[int(e)] += list(map(int, ids))
+        if line == "saved":
+            e, ids = pending
+            served[e] += ids
+            pending = None
+            continue
+        _, e, wrong, *ids = line.split()
         out.wrong += int(wrong)
+        pending = (int(e), list(map(int, ids)))  # (a pending one before it died unsaved)
     for ids in served.values():
         coverage(out, ids, len(storage))
     return out
 
 
+def process_kill9(storage, tmp: Path, round_: int) -> Outcome:
+    return _process_kill9(storage, tmp, "after save")
+
+
+def process_kill9_before_save(storage, tmp: Path, round_: int) -> Outcome:
+    return _process_kill9(storage, tmp, "before save")
+
+
 FAULTS = [worker_kill, store_removed, tmpfs_full, redis_restart, cluster_master_restart,
-          service_kill9, process_kill9]  # fmt: skip
+          service_kill9, process_kill9, process_kill9_before_save]  # fmt: skip
 
 
 def main() -> None:

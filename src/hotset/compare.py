@@ -162,6 +162,19 @@ def _train_and_validation(cfg: CompareConfig, decode):
     return train, load_ids(open_split(cfg.data, "train"), val_ids, decode)
 
 
+def system_arguments(cfg: CompareConfig, name: str) -> dict:
+    """What ``make_loader`` is given for system ``name`` (its run's options): the same
+    arguments a user's ``make_loader(system=name, ...)`` takes, so that compare measures
+    exactly what a user builds (``tests/test_systems_table.py`` checks both ways)."""
+    system = resolve_system(name)
+    return {
+        "system": system.name, "batch_size": cfg.batch_size, "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "sampler_options": SAMPLERS.options_for(system.sampler, cfg.sampler_options),
+        "policy_options": POLICIES.options_for(system.policy, cfg.policy_options),
+    }  # fmt: skip
+
+
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     """Train from scratch with one system and cache size; returns the row of the table."""
     system = resolve_system(name)
@@ -170,17 +183,13 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
     store = make_store(cfg.store, capacity)
-    sampler_options = SAMPLERS.options_for(system.sampler, cfg.sampler_options)
     device = resolve_device(cfg.device)
     loader = None
     try:
         loader = make_loader(
-            storage, batch_size=cfg.batch_size, system=system.name,
-            sampler_options=sampler_options,
-            policy_options=POLICIES.options_for(system.policy, cfg.policy_options),
-            capacity_bytes=capacity, store=store, seed=cfg.seed, num_workers=cfg.num_workers,
-            decode=decode, progress=cfg.progress, persistent_workers=cfg.num_workers > 0,
-            pin_memory=device.type == "cuda", epochs=cfg.epochs,
+            storage, **system_arguments(cfg, system.name), capacity_bytes=capacity,
+            store=store, num_workers=cfg.num_workers, decode=decode, progress=cfg.progress,
+            persistent_workers=cfg.num_workers > 0, pin_memory=device.type == "cuda",
         )  # fmt: skip
         model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
         epoch_times, hit_ratios, accs, train_losses, reads = [], [], [], [], []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tqdm import tqdm
 
@@ -29,7 +29,7 @@ def progress(
     return _Lines(items, total, desc, unit)
 
 
-class _Lines:
+class _Lines(Generic[T]):
     """``items`` with a progress line on stderr every ``EVERY_S`` seconds and at the end
     (``set_postfix`` as tqdm's: figures appended to the line)."""
 

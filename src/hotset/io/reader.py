@@ -11,7 +11,7 @@ A transient failure (a time-out, a dropped connection, a 5xx, 408 or 429 answer)
 retried with exponential backoff and full jitter, up to ``Retry.attempts`` in all; a
 missing file or a refusal is final at once. What still fails is returned as its
 exception, for the caller to name the sample; ``failure_kind`` says what it was. Calls
-other than reads (a listing, an index) are retried by the same rule (``retried``).
+other than reads (a listing, an index) are retried by the same rule (``remote_call``).
 
 A server that ignores ``Range`` (``python -m http.server``) answers a range request with
 the whole object: the reader then slices the range out of it, reads each object once per
@@ -99,25 +99,13 @@ def failure_kind(exc: BaseException) -> str:
     return "failed"
 
 
+def _attempts(exc: BaseException, retry: Retry) -> str:
+    return f" after {retry.attempts} attempts" if transient(exc) else ""
+
+
 def read_failure(exc: BaseException, retry: Retry) -> str:
     """Why a read failed, for a sample's error: its kind, the attempts made, the cause."""
-    attempts = f" after {retry.attempts} attempts" if transient(exc) else ""
-    return f"read {failure_kind(exc)}{attempts}: {exc!r}"
-
-
-def retried(call: Callable[[], T], retry: Retry, count: Callable[[], None] | None = None) -> T:
-    """``call()``, tried again after a transient failure as ``retry`` says (``count()``
-    at each new attempt); the last failure is raised."""
-    for attempt in range(retry.attempts):
-        try:
-            return call()
-        except Exception as exc:
-            if attempt + 1 == retry.attempts or not transient(exc):
-                raise
-            if count is not None:
-                count()
-            time.sleep(retry.delay(attempt))
-    raise AssertionError("unreachable")
+    return f"read {failure_kind(exc)}{_attempts(exc, retry)}: {exc!r}"
 
 
 def remote_call(
@@ -127,10 +115,11 @@ def remote_call(
     retry: Retry,
     count: Callable[[], None] | None = None,
 ) -> T:
-    """``call()`` (a listing, an index read) on the object or prefix ``url``, retried as
-    ``retried``; its failure raised as ``ShardError`` naming ``url`` and its
-    ``failure_kind``. fsspec's HTTP answers every failed listing as not found: a
-    one-byte read of ``url`` says which failure it was (none: a transient one)."""
+    """``call()`` (a listing, an index read) on the object or prefix ``url``, tried again
+    after a transient failure as ``retry`` says (``count()`` at each new attempt); its
+    failure raised as ``ShardError`` naming ``url`` and its ``failure_kind``. fsspec's
+    HTTP answers every failed listing as not found: a one-byte read of ``url`` says which
+    failure it was (none: a transient one)."""
     for attempt in range(retry.attempts):
         try:
             return call()
@@ -147,11 +136,12 @@ def remote_call(
             final = cause is not None and not transient(cause)
             if final or attempt + 1 == retry.attempts:
                 cause = cause or exc
-                raise ShardError(url, failure_kind(cause), read_failure(cause, retry)) from cause
+                detail = f"{cause!r}{_attempts(cause, retry)}"
+                raise ShardError(url, failure_kind(cause), detail) from cause
             if count is not None:
                 count()
             time.sleep(retry.delay(attempt))
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # (the loop returns or raises)
 
 
 class BatchReader:

@@ -67,13 +67,13 @@ class RedisClusterStore(RedisStore):
         super().__init__(capacity_bytes, url=url, namespace=namespace, **options)
         self._prefix = f"hotset:{self.namespace}:"  # no hash tag: keys spread over all slots
 
-    def _memory_limit(self, r) -> int:
-        """What the masters hold together (each its maxmemory, else its machine's)."""
-        per_node = r.info("memory", target_nodes=r.PRIMARIES)
-        return sum(
-            int(i.get("maxmemory") or i.get("total_system_memory") or 0)
-            for i in per_node.values()
-        )
+    def _memory_limits(self, r) -> tuple[int, int]:
+        """What the masters' machines hold together, and their ``maxmemory`` together
+        (0: one has none)."""
+        nodes = list(r.info("memory", target_nodes=r.PRIMARIES).values())
+        maxmemory = [int(i.get("maxmemory") or 0) for i in nodes]
+        machine = sum(int(i.get("total_system_memory") or 0) for i in nodes)
+        return machine, (sum(maxmemory) if all(maxmemory) else 0)
 
     def _outages(self, redis) -> tuple[type[Exception], ...]:
         # a master down, the cluster not ok, slots moving: the loader reads from storage

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -74,6 +75,35 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+_TAKE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (``/proc``: its pid may be reused later), or ''."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _holder(pid: int) -> str:
+    return f"{socket.gethostname()} {pid} {_started(pid)} {secrets.token_hex(4)}"
+
+
+def _dead(holder: str) -> bool:
+    """Whether the claim's holder is a process of this machine that is gone."""
+    host, pid, started, _ = (holder.split(" ") + ["", "", "", ""])[:4]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return _started(int(pid)) != started
 
 #: how long a job's claim on a named namespace outlives its last renewal (a killed job's)
 CLAIM_TTL_S = 15.0
@@ -142,16 +172,26 @@ class RedisStore(Store):
             self._check_capacity()
 
     def _check_capacity(self) -> None:
-        """Refuse, before anything is written, a capacity the server cannot hold: more
-        than its ``maxmemory`` (else its machine's memory). A server that does not answer
-        now is not checked (its outage is absorbed as any other)."""
-        limit = self._aside(self._memory_limit)
-        if limit and self.capacity_bytes > limit:
+        """Refuse, before anything is written, a capacity more than the server's machine
+        holds (as every store refuses one its memory cannot hold); say so once where it
+        is more than the server's ``maxmemory`` (its puts are then refused or it evicts,
+        both absorbed and counted). A server that does not answer now is not checked."""
+        limits = self._aside(self._memory_limits)
+        if not limits:
+            return
+        machine, maxmemory = limits
+        if machine and self.capacity_bytes > machine:
             raise ConfigError(
                 f"capacity_bytes={self.capacity_bytes} is more than the redis store at "
-                f"{self.url} can hold ({limit} bytes: its maxmemory, else its machine's "
-                "memory): use a smaller cache_fraction or capacity_bytes"
+                f"{self.url} can hold ({machine} bytes of memory on its machine): use a "
+                "smaller cache_fraction or capacity_bytes"
             )
+        if maxmemory and self.capacity_bytes > maxmemory:
+            log.warning(
+                "capacity_bytes=%d is more than the redis store at %s may use (maxmemory "
+                "%d): it will refuse or evict entries before the cache is full (counted in "
+                "store_failures)", self.capacity_bytes, self.url, maxmemory,
+            )  # fmt: skip
 
     def _aside(self, fn):
         """``fn(client)``, or None where the server fails: unlike ``_call``, never marks
@@ -165,29 +205,35 @@ class RedisStore(Store):
             log.debug("redis store %s: %s", self.url, exc)
             return None
 
-    def _memory_limit(self, r) -> int:
+    def _memory_limits(self, r) -> tuple[int, int]:
+        """The server's machine's memory and its ``maxmemory`` (0: none)."""
         info = r.info("memory")
-        return int(info.get("maxmemory") or info.get("total_system_memory") or 0)
+        return int(info.get("total_system_memory") or 0), int(info.get("maxmemory") or 0)
 
     def claim(self, namespace: str) -> Callable[[], None]:
         """Reserve ``namespace`` on the server while the caller lives (``SET NX`` with a
         time-to-live, renewed every third of it by a thread): a second live job on the
-        same named namespace is refused; a killed job's claim lapses within
-        ``CLAIM_TTL_S``. A server that does not answer now is not checked."""
+        same named namespace is refused. A claim whose holder died on this machine is
+        taken over at once; one from another machine lapses within ``CLAIM_TTL_S``. A
+        server that does not answer now is not checked."""
         digest = hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
-        key, token = f"hotset-claim:{{{self.namespace}}}:{digest}", secrets.token_hex(8)
+        key, mine = f"hotset-claim:{{{self.namespace}}}:{digest}", _holder(os.getpid())
         ttl = int(CLAIM_TTL_S * 1000)
-        got = self._aside(lambda r: bool(r.set(key, token, nx=True, px=ttl)))
+        got = self._aside(lambda r: bool(r.set(key, mine, nx=True, px=ttl)))
         if got is None:
             return lambda: None
         if not got:
-            raise ConfigError(
-                f"another job already trains on this dataset in the redis namespace "
-                f"{self.namespace!r} at {self.url}: two planners would evict each other's "
-                "entries. Give each job its own namespace (or none: one is drawn), or share "
-                f"one cache with `hotset serve` (a killed job's claim lapses within "
-                f"{CLAIM_TTL_S:.0f} s)"
-            )
+            theirs = self._aside(lambda r: r.get(key))
+            if not (theirs and _dead(theirs.decode()) and self._aside(
+                lambda r: r.eval(_TAKE, 1, key, theirs, mine, ttl)
+            )):  # fmt: skip
+                raise ConfigError(
+                    f"another job already trains on this dataset in the redis namespace "
+                    f"{self.namespace!r} at {self.url}: two planners would evict each "
+                    "other's entries. Give each job its own namespace (or none: one is "
+                    "drawn), or share one cache with `hotset serve` (a claim from a job "
+                    f"killed on another machine lapses within {CLAIM_TTL_S:.0f} s)"
+                )
         stop = threading.Event()
 
         def renew() -> None:
@@ -198,7 +244,7 @@ class RedisStore(Store):
 
         def release() -> None:
             stop.set()
-            self._aside(lambda r: r.eval(_RELEASE, 1, key, token))
+            self._aside(lambda r: r.eval(_RELEASE, 1, key, mine))
 
         return release
 
