@@ -5,14 +5,15 @@ substitute, the share of samples trained per epoch (the mean after epoch 0, and 
 lowest), and what the coverage floor did.
 
 * SHADE: the repetition ``r`` x the order of the list (the prototype's hits first, or
-  shuffled), with the default floor; and ``r = 3`` with other floors (``K=None``: none).
+  shuffled), with ``shade+``'s floor (K = 4); and ``r = 3`` with other floors
+  (``K=None``: none, the paper's ``shade``).
 * iCACHE: the H-list's size (fit to the cache, the paper's reading, or the prototype's
   fixed shares) x the package size in samples.
 * SpiderCache: how the edge threshold is set (the default: normalised embeddings and a
   fixed threshold; the calibrated quantile, ours; the raw absolute Eq. 1) x ``k``.
 
-    python benchmarks/sensitivity.py [--oracle data/oracles/resnet18_gpu.npz]
-        [--samples 20000] [--epochs 8] [--cache-fraction 0.2]
+    python benchmarks/sensitivity.py [--oracle data/oracles/resnet18_gpu.npz | synthetic]
+        [--samples 20000] [--epochs 8] [--cache-fraction 0.2] [--systems shade,icache,spider]
 
 An oracle with fewer epochs than ``--epochs`` replays its last epoch's losses after it.
 Record one with ``hotset record`` (``--epochs 10 --embedding-dims 64``).
@@ -68,9 +69,18 @@ def subset(oracle: LossOracle, n: int) -> LossOracle:
     return LossOracle(oracle.losses[:, :n], oracle.meta, embeddings=emb, labels=labels)
 
 
+def synthetic(n: int, epochs: int) -> LossOracle:
+    """Losses without a model: each sample's a gamma(0.5) draw (a few hard samples, most
+    easy), times log-normal noise each epoch, shrinking by 0.8 an epoch (no embeddings)."""
+    rng = np.random.default_rng(0)
+    base = rng.gamma(0.5, size=n)
+    return LossOracle(np.stack([base * rng.lognormal(0, 0.3, n) * 0.8**e for e in range(epochs)]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--oracle", default="data/oracles/resnet18_gpu.npz")
+    ap.add_argument("--oracle", default="data/oracles/resnet18_gpu.npz",
+                    help="a recorded oracle, or 'synthetic' (losses only: SHADE, iCACHE)")
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--cache-fraction", type=float, default=0.2)
@@ -78,12 +88,15 @@ def main() -> None:
     ap.add_argument("--systems", default="shade,icache,spider")
     ap.add_argument("--name", default="sensitivity")
     args = ap.parse_args()
-    if not Path(args.oracle).exists():
+    if args.oracle == "synthetic":
+        oracle = synthetic(args.samples, args.epochs)
+    elif not Path(args.oracle).exists():
         sys.exit(
             f"no oracle at {args.oracle}: record one with `hotset record --epochs 10 "
-            f"--embedding-dims 64 --out {args.oracle}`"
+            f"--embedding-dims 64 --out {args.oracle}`, or give --oracle synthetic"
         )
-    oracle = subset(LossOracle.load(args.oracle), args.samples)
+    else:
+        oracle = subset(LossOracle.load(args.oracle), args.samples)
     n = oracle.num_samples
     rows = []
     for name in args.systems.split(","):
