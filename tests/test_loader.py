@@ -453,3 +453,28 @@ def test_a_system_that_schedules_over_the_run_takes_its_length_from_epochs(fmnis
         make_loader(url, system="spider", epochs=7, sampler_options={"total_epochs": 5},
                     **common)  # fmt: skip
     make_loader(url, system="lru", epochs=7, **common).close()  # taken, not needed
+
+
+def test_each_epoch_has_its_own_counters(fmnist_dir):
+    """``epoch_stats``: per epoch what ``counters()`` sums over the run (an epoch left early
+    too), so that no user diffs epochs by hand."""
+    loader = make_loader(str(fmnist_dir / "train"), batch_size=100, cache_fraction=0.3,
+                         policy="minio", num_workers=0, store="memory")  # fmt: skip
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    loader.set_epoch(2)
+    for k, _ in enumerate(loader):
+        if k == 2:
+            break
+    c = loader.counters()
+    loader.close()
+    first, second, left = loader.epoch_stats
+    assert isinstance(first, hotset.EpochStats)
+    assert [s.epoch for s in loader.epoch_stats] == [0, 1, 2]
+    assert first.samples == second.samples == 1000 and left.samples == 300
+    assert first.hits == 0 and second.hits > 200  # MinIO: filled in epoch 0, hits from 1
+    assert second.hit_ratio == pytest.approx(second.hits / 1000)
+    assert sum(s.hits for s in loader.epoch_stats) == c["hits"]
+    assert sum(s.storage_reads for s in loader.epoch_stats) == c["storage_reads"]

@@ -33,7 +33,7 @@ _EXPORTS = {
     ],
     "hotset.service.client": ["connect"],
     "hotset.service.server": ["start_service"],
-    "hotset.stats": ["LoaderStats"],
+    "hotset.stats": ["EpochStats", "LoaderStats"],
     "hotset.systems": ["SYSTEMS", "resolve_system"],
     "hotset.storage": ["FileStorage", "Manifest", "Storage", "ThrottledStorage"],
     "hotset.storage.open": ["from_dataset", "open_storage"],
@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     )
     from hotset.service.client import connect
     from hotset.service.server import start_service
-    from hotset.stats import LoaderStats
+    from hotset.stats import EpochStats, LoaderStats
     from hotset.storage import FileStorage, Manifest, Storage, ThrottledStorage
     from hotset.storage.open import from_dataset, open_storage
     from hotset.storage.parquet import ArrowStorage, ParquetStorage

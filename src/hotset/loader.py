@@ -8,6 +8,7 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -49,7 +50,7 @@ from hotset.policy.base import make_policy, policy_class
 from hotset.progress import progress
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.sampling.blocks import check_order
-from hotset.stats import LoaderStats
+from hotset.stats import EpochStats, LoaderStats
 from hotset.storage.base import Storage
 from hotset.storage.decoded import DecodedStorage
 from hotset.storage.open import open_storage
@@ -492,6 +493,8 @@ class HotsetLoader:
         self.progress = progress
         self.desc = desc
         self.stats = LoaderStats()
+        #: one ``EpochStats`` per epoch iterated, in order: each epoch's counters
+        self.epoch_stats: list[EpochStats] = []
         self.with_ids = with_ids
         self.fits = fits
         self.budget = budget or {}
@@ -564,11 +567,17 @@ class HotsetLoader:
         if getattr(self.planner, "readahead", None) is not None:
             self._drop_staged()
         batches = iter(self.dataloader)
+        before, start = self.counters(), time.perf_counter()
         try:
             yield from self._epoch(batches)
         except Exception:  # the workers stop now, not when a later collection finds them
             _stop_workers(self.dataloader, batches)
             raise
+        finally:  # (an epoch left early counts what it did)
+            with contextlib.suppress(Exception):  # never hide the epoch's own error
+                self.epoch_stats.append(EpochStats.between(
+                    self.epoch, time.perf_counter() - start, before, self.counters()
+                ))  # fmt: skip
 
     def _epoch(self, batches: Iterator[dict]) -> Iterator[Batch]:
         """The epoch's batches from the DataLoader's ``batches``, each plan's report
@@ -679,7 +688,8 @@ class HotsetLoader:
         self.planner.report_accuracy(float(accuracy))
 
     def counters(self) -> dict:
-        """The data plane's counters (``LoaderStats``) with the control plane's."""
+        """The data plane's counters (``LoaderStats``) with the control plane's, summed over
+        the run (each epoch's apart: ``epoch_stats``)."""
         out = self.stats.as_dict()
         out.update(self.planner.counters())
         out["storage_retries"] += self.dataset.storage.index_retries

@@ -87,3 +87,41 @@ class LoaderStats:
         d["exact_hits"] = self.exact_hits
         d["hit_ratio"] = self.hit_ratio
         return d
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one epoch's iteration did (``HotsetLoader.epoch_stats``): the counters users
+    watch, as the difference over that epoch rather than the run's totals."""
+
+    epoch: int
+    seconds: float  # the iteration's wall time (training steps included)
+    samples: int  # served (hits, misses and late misses)
+    hits: int
+    misses: int
+    late_misses: int
+    hit_ratio: float
+    storage_reads: int
+    storage_bytes: int
+    storage_retries: int
+    store_failures: int
+    skipped: int
+    storage_wait_s: float  # worker-seconds waiting on storage
+    planning_s: float
+
+    @classmethod
+    def between(cls, epoch: int, seconds: float, before: dict, after: dict) -> EpochStats:
+        """The epoch ``epoch`` from the loader's ``counters()`` before and after it."""
+
+        def d(key: str) -> float:
+            return after.get(key, 0) - before.get(key, 0)
+
+        served, hits = int(d("accesses")), int(d("hits"))
+        return cls(
+            epoch=epoch, seconds=seconds, samples=served, hits=hits, misses=int(d("misses")),
+            late_misses=int(d("late_misses")), hit_ratio=hits / served if served else 0.0,
+            storage_reads=int(d("storage_reads")), storage_bytes=int(d("storage_bytes")),
+            storage_retries=int(d("storage_retries")), store_failures=int(d("store_failures")),
+            skipped=int(d("skipped")), storage_wait_s=float(d("storage_wait_s")),
+            planning_s=float(d("planning_s")),
+        )  # fmt: skip
