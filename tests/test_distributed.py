@@ -405,20 +405,28 @@ def _hang_or_fail(rank: int, world: int, init: str, data: str, out: str) -> None
     os._exit(0)  # the peer is stopped: no teardown with it
 
 
-def test_a_hung_rank_ends_the_others_wait_with_the_users_timeout(fmnist_dir, tmp_path):
+def _two_ranks(target, fmnist_dir, tmp_path, wait_for: list[int], timeout: float) -> list:
+    """``target(rank, 2, init, data, out)`` on two spawned ranks; waits for the ranks
+    ``wait_for`` (up to ``timeout`` s each), kills what is left; the processes."""
     ctx = mp.get_context("spawn")
     init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
-    procs = [ctx.Process(target=_hang_or_fail, args=(r, 2, init, data, str(tmp_path)))
+    procs = [ctx.Process(target=target, args=(r, 2, init, data, str(tmp_path)))
              for r in range(2)]  # fmt: skip
     try:
         for p in procs:
             p.start()
-        procs[0].join(180)
-        assert procs[0].exitcode == 0
+        for r in wait_for:
+            procs[r].join(timeout)
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
+    return procs
+
+
+def test_a_hung_rank_ends_the_others_wait_with_the_users_timeout(fmnist_dir, tmp_path):
+    procs = _two_ranks(_hang_or_fail, fmnist_dir, tmp_path, wait_for=[0], timeout=180)
+    assert procs[0].exitcode == 0
     record = json.loads((tmp_path / "rank0.json").read_text())
     assert "across 2 ranks failed on rank 0 (time-out 0:00:05)" in record["error"]
     assert record["waited"] < 60  # the user's 5 s, not torch's 30 minutes
@@ -453,19 +461,7 @@ def _one_rank_calls(rank: int, world: int, init: str, data: str, out: str) -> No
 
 
 def test_a_call_made_on_one_rank_only_is_a_rank_error_naming_it(fmnist_dir, tmp_path):
-    ctx = mp.get_context("spawn")
-    init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
-    procs = [ctx.Process(target=_one_rank_calls, args=(r, 2, init, data, str(tmp_path)))
-             for r in range(2)]  # fmt: skip
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    _two_ranks(_one_rank_calls, fmnist_dir, tmp_path, wait_for=[0, 1], timeout=120)
     ended = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert ended[0].startswith("RankError: hotset's collectives differ across 2 ranks: "
                                "rank 0 called report_accuracy"), ended[0]  # fmt: skip

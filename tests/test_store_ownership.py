@@ -112,16 +112,22 @@ def test_two_jobs_on_one_named_store_the_last_out_cleans(fmnist_dir, tmp_path):
     make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=0).close()
 
 
-def test_a_store_removed_under_a_running_loader_is_absorbed(fmnist_dir, tmp_path):
-    """A tmpfs cleanup removes the store's directory mid-run: every sample is still served
-    right (from storage), the failures are counted, listings do not escape, and close()
-    does not touch a new store made at the same path meanwhile."""
+def _a_job_whose_store_goes(fmnist_dir, path):
+    """A loader of 2 workers on the named store ``path``, one epoch checked, then the
+    store's directory removed under it: (storage, path, loader)."""
     storage = FileStorage(str(fmnist_dir / "train"))
-    path = tmp_path / "swept"
     loader = make_loader(storage, batch_size=100, cache_fraction=0.3,
                          store=f"shared://{path}", num_workers=2)  # fmt: skip
     epoch_checked(loader, 0)
     shutil.rmtree(path)
+    return storage, path, loader
+
+
+def test_a_store_removed_under_a_running_loader_is_absorbed(fmnist_dir, tmp_path):
+    """A tmpfs cleanup removes the store's directory mid-run: every sample is still served
+    right (from storage), the failures are counted, listings do not escape, and close()
+    does not touch a new store made at the same path meanwhile."""
+    storage, path, loader = _a_job_whose_store_goes(fmnist_dir, tmp_path / "swept")
     for e in (1, 2):
         assert epoch_checked(loader, e) == len(storage)
     assert loader.counters()["store_failures"] > 0
@@ -138,12 +144,7 @@ def test_a_store_directory_replaced_under_a_running_loader_is_not_used(fmnist_di
     planner notice the store is not the one the job opened (its directory and the token
     in its meta), serve every sample right from storage, count it, write nothing into the
     new directory, and close cleanly; a store another job then makes there is its own."""
-    storage = FileStorage(str(fmnist_dir / "train"))
-    path = tmp_path / "replaced"
-    loader = make_loader(storage, batch_size=100, cache_fraction=0.3,
-                         store=f"shared://{path}", num_workers=2)  # fmt: skip
-    epoch_checked(loader, 0)
-    shutil.rmtree(path)
+    storage, path, loader = _a_job_whose_store_goes(fmnist_dir, tmp_path / "replaced")
     path.mkdir(mode=0o700)
     for e in (1, 2):
         assert epoch_checked(loader, e) == len(storage)

@@ -484,9 +484,7 @@ class HotsetLoader:
                 f"store {type(dataset.store).__name__} is private to one process; with "
                 f"num_workers={num_workers} use a shared store ('shared' or a Redis URL)"
             )
-        for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
-            if k in dataloader_kwargs:
-                raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
+        _refuse_planner_args(dataloader_kwargs)
         self.dataset = dataset
         self.planner = planner
         self._feedback = DeferredFeedback(planner.feedback, defer_feedback)
@@ -1059,6 +1057,13 @@ def _run_length(sampler: str, sampler_options: dict | None, epochs: int | None) 
     return options
 
 
+def _refuse_planner_args(kwargs: dict) -> None:
+    """DataLoader arguments the plan decides: refused, naming the first given."""
+    for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+        if k in kwargs:
+            raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
+
+
 def _check_dataloader(num_workers: int, kwargs: dict) -> None:
     """Refuse what ``DataLoader`` would refuse (an unknown argument, ``num_workers < 0``,
     a ``prefetch_factor`` without workers, ...) before a store or a lease is made: torch's
@@ -1069,9 +1074,7 @@ def _check_dataloader(num_workers: int, kwargs: dict) -> None:
         close = difflib.get_close_matches(unknown[0], [*known, *MAKE_LOADER_ARGS], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TypeError(f"make_loader() got an unexpected keyword argument {unknown[0]!r}{hint}")
-    for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
-        if k in kwargs:
-            raise ConfigError(f"{k} is set by hotset's planner; do not pass it to the loader")
+    _refuse_planner_args(kwargs)
     try:
         DataLoader([], batch_sampler=[], num_workers=num_workers, **kwargs)
     except (ValueError, TypeError) as exc:

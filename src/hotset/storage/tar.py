@@ -58,11 +58,11 @@ PROGRESS_SHARDS = 32
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
-def index_shard(fileobj) -> list[list]:
+def index_shard(fileobj, url: str) -> list[list]:
     """``[[key, header offset, [[field, data offset, size], ...]], ...]`` of a tar read
     from headers only (``tarfile`` seeks over payloads). A tar that does not end in
     tar's end-of-archive block (cut at a member boundary, or mid-header: ``tarfile``
-    stops there without a word) or whose last payload is cut raises ``TruncatedShard``."""
+    stops there without a word) or whose last payload is cut raises the shard's ``ShardError``."""
     samples: list[list] = []
     try:
         with tarfile.open(fileobj=fileobj, mode="r:") as tf:
@@ -80,26 +80,17 @@ def index_shard(fileobj) -> list[list]:
             end = fileobj.read(512)
     except tarfile.ReadError as exc:
         if "empty file" in str(exc):
-            raise TruncatedShard("empty", "0 bytes") from None
+            raise ShardError(url, "empty", "0 bytes") from None
         kind = "truncated" if samples or "unexpected end" in str(exc) else "not a tar"
-        raise TruncatedShard(kind, f"{exc}, after {len(samples)} samples") from None
+        raise ShardError(url, kind, f"{exc}, after {len(samples)} samples") from None
     if len(end) < 512:
-        raise TruncatedShard("truncated", (
+        raise ShardError(url, "truncated", (
             f"ends at byte {tf.offset + len(end)}, after {len(samples)} samples, "
             + ("mid-header" if end else "without tar's end-of-archive block")
             + ": was its upload cut short?"))  # fmt: skip
     if end.count(0) != 512:
-        raise TruncatedShard("not a tar", f"a corrupt header at byte {tf.offset}")
+        raise ShardError(url, "not a tar", f"a corrupt header at byte {tf.offset}")
     return samples
-
-
-class TruncatedShard(Exception):
-    """What ``index_shard`` found wrong with a tar (``kind``, ``detail``); the caller
-    names the shard (``ShardError``)."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(kind, detail)
-        self.kind, self.detail = kind, detail
 
 
 def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
@@ -259,18 +250,18 @@ class TarStorage(FsspecStorage):
         def build() -> bytes:
             if not remote:
                 with open(path, "rb") as f:
-                    samples = self._headers(url, f)
+                    samples = index_shard(f, url)
             elif (size or 0) <= WHOLE_SHARD_BYTES:  # one request, not one a header
                 data = self._call(url, lambda: self._fs.cat_file(path))
                 if size is not None and len(data) != size:
                     raise ShardError(url, "cut off", f"{len(data)} of {size} bytes came")
-                samples = self._headers(url, io.BytesIO(data))
+                samples = index_shard(io.BytesIO(data), url)
             else:  # large blocks, read ahead: a few requests a shard
 
                 def blocks() -> list[list]:
                     with self._fs.open(path, "rb", block_size=INDEX_BLOCK,
                                        cache_type="readahead") as f:  # fmt: skip
-                        return self._headers(url, f)
+                        return index_shard(f, url)
 
                 samples = self._call(url, blocks)
             buf = io.BytesIO()
@@ -285,13 +276,6 @@ class TarStorage(FsspecStorage):
 
     def _count_retry(self) -> None:
         self.index_retries += 1
-
-    @staticmethod
-    def _headers(url: str, fileobj) -> list[list]:
-        try:
-            return index_shard(fileobj)
-        except TruncatedShard as exc:
-            raise ShardError(url, exc.kind, exc.detail) from None
 
     @property
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -241,9 +241,9 @@ class Lease:
 
     @classmethod
     def open(cls, path: str) -> Lease:
-        """Use the store at ``path``, making the directory (mode 0700) if it is missing;
-        an existing one is checked. Retries if the last user out removes it meanwhile."""
-        check_ancestors(path)  # before anything is made
+        """Use the store at ``path`` (resolved, its ancestors checked: ``shared._resolve``),
+        making the directory (mode 0700) if it is missing; an existing one is checked.
+        Retries if the last user out removes it meanwhile."""
         for _ in range(10):
             try:
                 os.mkdir(path, 0o700)
