@@ -10,7 +10,7 @@ FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 # no wheel cache: a fresh machine installs once, and torch's CUDA wheels would keep GBs
 PIP := $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir $(FIND_LINKS)
 
-.PHONY: install system-deps s3rver data demo compare test docs bench chaos peers lint lock clean
+.PHONY: install system-deps s3rver data demo compare test docs bench chaos peers peers-venv lint lock clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	touch $@
 
 install: $(VENV)/.installed
+
+# what the demo runs, alone (hotset without extras: requirements-runtime.lock)
+$(VENV)/.runtime: pyproject.toml requirements-runtime.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -r requirements-runtime.lock
+	$(PIP) --no-deps -e .
+	touch $@
 
 system-deps:
 	bash scripts/system-deps.sh
@@ -39,7 +47,8 @@ data: $(DATA)/train/manifest.json
 
 # a few minutes on 2 cores: the first 12,000 training images (only those are prepared)
 DEMO_DATA ?= $(DATA)-12k
-demo: install system-deps
+demo: $(VENV)/.runtime
+	bash scripts/system-deps.sh demo
 	test -f $(DEMO_DATA)/train/manifest.json || \
 	  $(VENV)/bin/hotset prepare fashion-mnist $(DEMO_DATA) --limit 12000 >/dev/null
 	$(VENV)/bin/hotset compare --data $(DEMO_DATA) --systems lru,minio,shade \
@@ -50,7 +59,7 @@ compare: install system-deps data
 	$(VENV)/bin/hotset compare --data $(DATA) --systems inmemory,lru,minio,belady,shade,icache,spider \
 	  --cache-fractions 0.1,0.2 --epochs 5 --num-workers 8 --concurrency 8 --out $(OUT)
 
-test: install system-deps s3rver
+test: install system-deps s3rver peers-venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(PY) scripts/api_docs.py site
 	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
@@ -76,16 +85,19 @@ chaos: install system-deps
 # the peer hotset is measured against (MosaicML Streaming), in a venv of its own, and the
 # side-by-side run (benchmarks/peer_compare.py)
 PEERS ?= .venv-peers
+PEERS_PIP := $(PEERS)/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir $(FIND_LINKS)
 $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/constraints.txt
 	$(PYTHON) -m venv $(PEERS)
-	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check $(FIND_LINKS) torch==2.13.0
-	$(PEERS)/bin/python -m pip install -q --disable-pip-version-check $(FIND_LINKS) \
-	  -c benchmarks/peers/constraints.txt -r benchmarks/peers/requirements.txt
+	$(PEERS_PIP) torch==2.13.0
+	$(PEERS_PIP) -c benchmarks/peers/constraints.txt -r benchmarks/peers/requirements.txt
 	# no torchvision build matches the CPU torch; the runner never uses Streaming's vision sets
 	$(PEERS)/bin/python -m pip uninstall -q -y torchvision
 	touch $@
 
-peers: install system-deps $(PEERS)/.installed
+# the peer's venv alone (`hotset compare --peers streaming` and its test use it)
+peers-venv: $(PEERS)/.installed
+
+peers: install system-deps peers-venv
 	$(PY) benchmarks/peer_compare.py --peer-python $(PEERS)/bin/python
 	$(PY) benchmarks/first_batch.py --peer-python $(PEERS)/bin/python
 
@@ -94,6 +106,7 @@ lock: install
 	{ sed -n '1,3p' requirements.lock; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; } > requirements.lock.new
 	! grep -n ' @ file:' requirements.lock.new  # a local wheel would not install elsewhere
 	mv requirements.lock.new requirements.lock
+	$(PY) scripts/runtime_lock.py > requirements-runtime.lock
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

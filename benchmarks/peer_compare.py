@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
+from hotset.compare_peers import MAX_PEER_READS  # noqa: E402
+from hotset.compare_peers import RUNNER as PEER_RUN  # noqa: E402
 from hotset.io.requests import CostModel  # noqa: E402
 from hotset.loader import make_loader  # noqa: E402
 from hotset.storage.prepare import (  # noqa: E402
@@ -64,8 +66,6 @@ from hotset.storage.prepare import (  # noqa: E402
 )
 from hotset.storage.tar import TarStorage  # noqa: E402
 from hotset.testing import DelayProxy, S3Server  # noqa: E402
-
-PEER_RUN = Path(__file__).resolve().parent / "peers" / "streaming_run.py"
 
 
 def dump_samples(path: Path, n: int) -> tuple[int, float]:
@@ -93,8 +93,6 @@ SYSTEMS = {
 }  # fmt: skip
 
 
-#: a tuned Streaming reads each shard about once an epoch; more reads mean a thrashing cache
-MAX_PEER_READS = 2.0
 
 
 def run_hotset(

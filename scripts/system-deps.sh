@@ -4,13 +4,16 @@
 #   redis-server           (the Redis store's tests start a real server)
 #   redis-tools            (redis-cli: the tests create a real Redis Cluster)
 #   nginx-light            (the HTTP tests serve a dataset tree with nginx)
+# `system-deps.sh demo`: the dataset alone (what `make demo` needs).
 # Only as root on Debian/Ubuntu; elsewhere it says what to install and exits non-zero.
 set -euo pipefail
 missing=()
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing+=(dataset-fashion-mnist)
+[ "${1:-}" = demo ] || {
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+}
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "hotset: installing Debian packages: ${missing[*]}"

@@ -22,7 +22,7 @@ import hotset
 from hotset import ConfigError, ServiceError
 from hotset.compare_jobs import SCENARIOS, JobsConfig, compare_jobs, scenario_jobs
 from hotset.service.coordinator import JobCoordinator
-from hotset.service.modes import IdQueue
+from hotset.service.jobs import IdQueue
 from hotset.service.server import start_service
 from hotset.storage import FileStorage, SubsetStorage
 from hotset.storage.columns import DigestColumn

@@ -42,7 +42,20 @@ _EXPORTS = {
     "hotset.store": ["MemoryStore", "RedisStore", "SharedStore", "Store", "make_store"],
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
+# written out, for type checkers (mypy --strict, pyright): the names of _EXPORTS
+__all__ = [
+    "ArrowStorage", "Batch", "BatchPlan", "CachedDataset", "ConfigError",
+    "CorruptSampleError", "EpochStats", "FileStorage", "HotsetError", "HotsetLoader",
+    "LoaderClosed", "LoaderStats", "Manifest", "MemoryStore", "MissingSampleError",
+    "POLICIES", "ParquetStorage", "PlanSource", "Planner", "Policy", "RankError",
+    "RedisStore", "SAMPLERS", "SYSTEMS", "SampleError", "Sampler", "ScoreBoard",
+    "ServiceError", "ServiceUnavailable", "ShardError", "SharedStore", "Storage",
+    "StorageError", "Store", "TarStorage", "ThrottledStorage", "UniformSampler",
+    "coarse_importance", "connect", "decode_array", "decode_image", "decode_sample",
+    "from_dataset", "make_loader", "make_policy", "make_sampler", "make_store",
+    "open_storage", "per_sample_loss", "rank_importance", "register_policy",
+    "register_sampler", "resolve_system", "start_service", "to_tensor",
+]  # fmt: skip
 
 
 def __getattr__(name: str):

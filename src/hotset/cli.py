@@ -18,6 +18,7 @@ from hotset.service.modes import ALLOCATION, SAMPLING
 DEFAULT_DATA = os.environ.get("HOTSET_DATA", "data/fashion-mnist")
 #: an option left unset is not passed on: the function or constructor it feeds decides
 DEFAULT = "default: the library's"
+SHOWN = "(default: %(default)s)"  # argparse fills it in
 
 
 def _given(args: argparse.Namespace, *names: str, **renamed: str) -> dict:
@@ -129,6 +130,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         progress=not args.no_progress,
         sampler_options=parse_options(args.sampler_option, "--sampler-option"),
         policy_options=parse_options(args.policy_option, "--policy-option"),
+        peers=args.peers, peer_python=args.peer_python,
         **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
                  "concurrency", "store", "seed", "device", "model", "val_fraction", "seeds",
                  "target_accuracy"),
@@ -227,11 +229,11 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotset", description=__doc__)
     p.add_argument("--version", action="version", version=f"hotset {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="info logs")
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("prepare", help="write a dataset as one file per sample + manifest")
-    pr.add_argument("kind", choices=["fashion-mnist", "imagefolder"])
+    pr.add_argument("kind", choices=["fashion-mnist", "imagefolder"], help="what to prepare")
     pr.add_argument("dir", help="output DIR (fashion-mnist) or SRC tree (imagefolder)")
     pr.add_argument("dir2", nargs="?", help="output DIR (imagefolder)")
     pr.add_argument("--source", help=f"the Debian package's files ({DEFAULT})")
@@ -246,14 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_prepare)
 
     si = sub.add_parser("simulate", help="replay sampling and caching without bytes")
-    si.add_argument("--policy")
+    si.add_argument("--policy", help="an eviction policy (lru, minio, belady, ...)")
     si.add_argument("--system", help="a named system (shade, sh_app, ...) instead of --policy")
     si.add_argument("--oracle", help="loss oracle FILE.npz from `hotset record`")
     si.add_argument("--sampler", help="uniform (default), shade, iis, spider")
-    si.add_argument("--dataset-size", type=int)
-    si.add_argument("--epochs", type=int, default=3)
-    si.add_argument("--cache-fraction", type=float)
-    si.add_argument("--capacity-items", type=int)
+    si.add_argument("--dataset-size", type=int, help="ids to simulate (default: the oracle's)")
+    si.add_argument("--epochs", type=int, default=3, help=f"epochs to simulate {SHOWN}")
+    si.add_argument("--cache-fraction", type=float, help="the cache as a share of the ids")
+    si.add_argument("--capacity-items", type=int, help="the cache in items (equal sizes)")
     si.add_argument("--trace", help="FILE.npy of int ids (items of equal size)")
     si.add_argument("--batch-size", type=int, help=DEFAULT)
     si.add_argument("--seed", type=int, help=DEFAULT)
@@ -261,12 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     si.set_defaults(func=cmd_simulate)
 
     co = sub.add_parser("compare", help="train through hotset per system and cache size")
-    co.add_argument("--data", default=DEFAULT_DATA, help="a directory made by `hotset prepare`")
+    co.add_argument("--data", default=DEFAULT_DATA,
+                    help=f"a directory made by `hotset prepare` {SHOWN}")  # fmt: skip
     co.add_argument(
         "--systems", "--policies", dest="policies", type=_csv(str),
         default=["lru", "minio", "belady"],
         help="systems as make_loader(system=...) builds them: shade, icache, spider, or a "
-        "policy under uniform shuffling (lru, minio, belady, ...); --policies: the old name",
+        "policy under uniform shuffling (lru, minio, belady, ...); --policies: the old name "
+        "(default: lru,minio,belady)",
     )  # fmt: skip
     co.add_argument("--cache-fractions", type=_csv(float), help="default: 0.1,0.2 (--jobs: 0.2)")
     co.add_argument("--epochs", type=int, help=DEFAULT)
@@ -287,9 +291,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a sampler option (repeat), e.g. repetition=3")  # fmt: skip
     co.add_argument("--policy-option", action="append", metavar="KEY=VALUE",
                     help="a policy option (repeat), e.g. package_bytes=65536")  # fmt: skip
-    co.add_argument("--out", default="out", help="directory for compare.json and compare.png")
+    co.add_argument(
+        "--peers", type=_csv(str), default=[],
+        help="loaders trained beside hotset's rows on the same data, model and link: "
+        "streaming (MosaicML Streaming, tuned; needs --peer-python)",
+    )  # fmt: skip
+    co.add_argument(
+        "--peer-python",
+        help="a Python with mosaicml-streaming (default: $HOTSET_PEER_PYTHON, else "
+        ".venv-peers/bin/python, which `make peers` builds)",
+    )  # fmt: skip
+    co.add_argument("--out", default="out",
+                    help=f"directory for compare.json and compare.png {SHOWN}")  # fmt: skip
     co.add_argument("--json", help="also write the rows to this file")
-    co.add_argument("--no-progress", action="store_true")
+    co.add_argument("--no-progress", action="store_true", help="a log line per epoch, no bars")
     co.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
                     help="every counter in the table (and info logs)")  # fmt: skip
     co.add_argument(
@@ -317,9 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     co.set_defaults(func=cmd_compare)
 
     rc = sub.add_parser("record", help="train uniformly and save every sample's loss per epoch")
-    rc.add_argument("--data", default=DEFAULT_DATA)
-    rc.add_argument("--epochs", type=int, default=3)
-    rc.add_argument("--out", default="out/oracle.npz")
+    rc.add_argument("--data", default=DEFAULT_DATA, help=f"as `hotset compare`'s {SHOWN}")
+    rc.add_argument("--epochs", type=int, default=3, help=f"epochs to record {SHOWN}")
+    rc.add_argument("--out", default="out/oracle.npz", help=f"the oracle file {SHOWN}")
     rc.add_argument("--batch-size", type=int, help=DEFAULT)
     rc.add_argument("--num-workers", type=int, help=DEFAULT)
     rc.add_argument("--seed", type=int, help=DEFAULT)
@@ -329,13 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     rc.set_defaults(func=cmd_record)
 
     sw = sub.add_parser("sweep", help="simulate systems x cache sizes with a loss oracle")
-    sw.add_argument("--oracle", required=True)
+    sw.add_argument("--oracle", required=True, help="a loss oracle from `hotset record`")
     sw.add_argument("--systems", type=_csv(str), help="default: SHADE's Figure 7 and more")
     sw.add_argument("--cache-fractions", type=_csv(float), help=DEFAULT)
     sw.add_argument("--epochs", type=int, help="default: the oracle's")
     sw.add_argument("--batch-size", type=int, help=DEFAULT)
     sw.add_argument("--seed", type=int, help=DEFAULT)
-    sw.add_argument("--out", default="out")
+    sw.add_argument("--out", default="out", help=f"directory for the table and plot {SHOWN}")
     sw.set_defaults(func=cmd_sweep)
 
     sj = sub.add_parser(
@@ -350,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rounds per round of the fastest job, one per job (cases with that many jobs)",
     )  # fmt: skip
     sj.add_argument("--seed", type=int, help=DEFAULT)
-    sj.add_argument("--out", default="out/jobs")
+    sj.add_argument("--out", default="out/jobs", help=f"directory for the table and plot {SHOWN}")
     sj.set_defaults(func=cmd_simulate_jobs)
 
     sv = sub.add_parser("serve", help="the multi-job service: shared sampling and cache")

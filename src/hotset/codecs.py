@@ -10,12 +10,14 @@ import functools
 import io
 import json
 import math
+from typing import Any
 
+import msgspec
 import numpy as np
 import torch
 
 NPY_MAGIC = b"\x93NUMPY"
-RECORD_MAGIC = b"HSR\x01"  # storage/records.py
+RECORD_MAGIC = b"HSR\x01"  # a record (below)
 
 
 #: PIL modes an image keeps (one or more 8-bit channels); others are made RGB
@@ -101,14 +103,12 @@ def decode_field(name: str, value, size=None, mode=None):
 def decode_sample(
     data: bytes, size: tuple[int, int] | None = None, mode: str | None = None
 ):
-    """``.npy``, image or record bytes (``storage/records.py``), told apart by their magic
+    """``.npy``, image or record bytes (below), told apart by their magic
     bytes: an array, or for a record its value with each field decoded
     (:func:`decode_field`). ``size`` and ``mode`` apply to images (:func:`decode_image`)."""
     if data[:6] == NPY_MAGIC:
         return decode_array(data)
     if data[:4] == RECORD_MAGIC:
-        from hotset.storage.records import decode_record
-
         value = decode_record(data)
         if isinstance(value, dict):
             return {k: decode_field(k, v, size, mode) for k, v in value.items()}
@@ -126,3 +126,55 @@ def npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.asarray(array, order="C"), allow_pickle=False)  # keeps 0-d arrays 0-d
     return buf.getvalue()
+
+
+# Records: samples that are more than one blob (a WebDataset group, a table row, a torch
+# Dataset's item) as ``RECORD_MAGIC`` + one msgpack value (msgspec): maps, lists, numbers,
+# strings and bytes as msgpack has them, arrays and tensors as an extension holding
+# ``.npy`` bytes. Nothing is pickled, so a cache entry can never run code when read back.
+_ARRAY = 1
+
+
+def _plain(obj: Any) -> Any:
+    """What msgpack cannot hold as it is: arrays, tensors, PIL images, numpy scalars."""
+    if isinstance(obj, np.ndarray):
+        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(obj.detach().cpu().numpy()))
+    if module.startswith("PIL"):  # C x H x W, as decode_image gives it
+        arr = np.asarray(obj)
+        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(arr[None] if arr.ndim == 2 else
+                                                     arr.transpose(2, 0, 1)))  # fmt: skip
+    raise TypeError(
+        f"cannot serialise a {type(obj).__qualname__} in a sample (arrays, tensors, PIL "
+        "images, numbers, strings, bytes, lists, tuples and dicts can be)"
+    )
+
+
+def _ext(code: int, data: memoryview) -> Any:
+    if code != _ARRAY:
+        raise ValueError(f"unknown record extension {code}")
+    return decode_array(bytes(data))
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
+_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext)
+
+
+def is_record(data: bytes) -> bool:
+    return data[:4] == RECORD_MAGIC
+
+
+def encode_record(value: Any) -> bytes:
+    """A sample (a dict of fields, a tuple, an array, ...) as record bytes."""
+    return RECORD_MAGIC + _ENCODER.encode(value)
+
+
+def decode_record(data: bytes) -> Any:
+    """The value of record bytes (tuples come back as lists)."""
+    if not is_record(data):
+        raise ValueError("not a hotset record (bad magic)")
+    return _DECODER.decode(memoryview(data)[len(RECORD_MAGIC) :])

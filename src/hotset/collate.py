@@ -37,11 +37,10 @@ def split_sample(storage, i: int, sample: Any, label: int) -> tuple[Any, Any]:
 
 def _fields(sample: dict, field: str | tuple[str, ...]) -> Any:
     """``sample[field]``, or a dict of the fields named (a tuple of names)."""
-    names = (field,) if isinstance(field, str) else field
-    missing = next((f for f in names if f not in sample), None)
-    if missing is not None:
-        raise KeyError(f"no field {missing!r} (it has {sorted(sample)})")
-    return sample[field] if isinstance(field, str) else {f: sample[f] for f in names}
+    try:
+        return sample[field] if isinstance(field, str) else {f: sample[f] for f in field}
+    except KeyError as exc:
+        raise KeyError(f"no field {exc.args[0]!r} (it has {sorted(sample)})") from None
 
 
 def _label(label: int) -> int | None:

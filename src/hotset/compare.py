@@ -21,9 +21,10 @@ from torch import nn
 
 from hotset.codecs import decode_sample
 from hotset.collate import collate, split_sample
+from hotset.compare_peers import PEERS, check_peers, peer_note, peer_python, train_peer
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
-from hotset.loader import make_loader
+from hotset.loader import default_readahead_bytes, make_loader
 from hotset.models import MODELS, accuracy, make_model, resolve_device
 from hotset.policy import POLICIES
 from hotset.sampling import SAMPLERS
@@ -63,6 +64,8 @@ class CompareConfig:
     policy_options: dict = field(default_factory=dict)
     seeds: list[int] | None = None  # several runs per system (default: ``seed`` alone)
     target_accuracy: float | None = None  # default: in-memory's final accuracy - TARGET_GAP
+    peers: list[str] = field(default_factory=list)  # loaders beside hotset's rows (streaming)
+    peer_python: str | None = None  # the Python that runs them (compare_peers.peer_python)
 
     def validate(self) -> None:
         if not self.policies:
@@ -72,6 +75,7 @@ class CompareConfig:
         if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
             raise ConfigError(f"--target-accuracy: {self.target_accuracy} is not in (0, 1]")
         systems = [resolve_system(name) for name in self.policies if name != IN_MEMORY]
+        check_peers(self.peers)
         for f in self.cache_fractions:
             if not 0.0 <= f <= 1.0:
                 raise ConfigError(f"--cache-fractions: {f} is not in [0, 1]")
@@ -182,17 +186,20 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     train, val = _train_and_validation(cfg, decode)
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
-    store = make_store(cfg.store, capacity)
+    # the read-ahead a user's make_loader gets, beside the cache (its store holds both)
+    readahead = default_readahead_bytes(storage)
+    store = make_store(cfg.store, capacity + readahead)
     device = resolve_device(cfg.device)
     loader = None
     try:
         loader = make_loader(
             storage, **system_arguments(cfg, system.name), capacity_bytes=capacity,
-            store=store, num_workers=cfg.num_workers, decode=decode, progress=cfg.progress,
+            readahead_bytes=readahead, store=store, num_workers=cfg.num_workers, decode=decode,
+            progress=cfg.progress,
             persistent_workers=cfg.num_workers > 0, pin_memory=device.type == "cuda",
         )  # fmt: skip
         model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
-        epoch_times, hit_ratios, accs, train_losses, reads = [], [], [], [], []
+        epoch_times, hit_ratios, accs, train_losses, reads, requests = [], [], [], [], [], []
         test_accs, waits = [], []
         for epoch in range(cfg.epochs):
             loader.set_epoch(epoch)
@@ -205,6 +212,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             served = after["accesses"] - before["accesses"]
             hit_ratios.append((after["hits"] - before["hits"]) / served if served else 0.0)
             reads.append(after["storage_reads"] - before["storage_reads"])
+            requests.append(after["storage_requests"] - before["storage_requests"])
             waits.append(after["storage_wait_s"] - before["storage_wait_s"])
             if val is not None:
                 accs.append(accuracy(model, *val))
@@ -226,6 +234,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "eviction": system.policy,
         "cache_fraction": fraction,
         "capacity_bytes": capacity,
+        "readahead_bytes": readahead,
         "epochs": cfg.epochs,
         "hit_ratio": c["hit_ratio"],
         "steady_hit_ratio": float(np.mean(hit_ratios[1:])) if cfg.epochs > 1 else hit_ratios[0],
@@ -234,6 +243,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "steady_epoch_time_s": float(np.mean(epoch_times[min(2, cfg.epochs - 1) :])),
         "epoch_times_s": epoch_times,
         "storage_reads_per_epoch": reads,
+        "storage_requests_per_epoch": requests,
         "storage_wait_s_per_epoch": waits,
         "test_accuracy": test_acc,
         "test_accuracy_per_epoch": test_accs,
@@ -246,6 +256,23 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
         "counters": c,
     }
+
+
+def run_peer(cfg: CompareConfig, peer: str, fraction: float, test, python: str) -> dict:
+    """``peer`` (``compare_peers``) over the same training split, model and link."""
+    decode = partial(decode_sample, size=IMAGE_SIZE)
+    train, val = _train_and_validation(cfg, decode)
+    model, _ = _model_for(train, cfg.seed, cfg.model, "cpu", test)
+    # the same memory as hotset's row: its cache and its read-ahead
+    memory = fraction + default_readahead_bytes(train) / max(1, train.manifest.total_bytes)
+    row = train_peer(cfg, peer, memory, train, model, val, test, IMAGE_SIZE, python)
+    row["cache_fraction"] = fraction
+    for epoch, seconds in enumerate(row["epoch_times_s"]):
+        accs = row["test_accuracy_per_epoch"]
+        reads = row["storage_reads_per_epoch"][epoch]
+        epoch_line(cfg, f"{peer} {fraction:.0%}", epoch, seconds, None, reads,
+                   accs[epoch] if accs else None)  # fmt: skip
+    return row
 
 
 def train_in_memory(cfg: CompareConfig, test) -> dict:
@@ -293,7 +320,7 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
 
 
 def epoch_line(
-    cfg: CompareConfig, run: str, epoch: int, seconds: float, hit: float, reads: int,
+    cfg: CompareConfig, run: str, epoch: int, seconds: float, hit: float | None, reads: int,
     acc: float | None,
 ) -> None:  # fmt: skip
     """One line per epoch where no progress bar shows (outside a terminal, or
@@ -302,7 +329,8 @@ def epoch_line(
         return
     test = f", test acc {acc:.4f}" if acc is not None else ""
     print(f"{run} seed {cfg.seed} epoch {epoch + 1}/{cfg.epochs}: {seconds:.1f} s, "
-          f"hit ratio {hit:.3f}, {reads} storage reads{test}", flush=True)  # fmt: skip
+          f"hit ratio {'-' if hit is None else f'{hit:.3f}'}, {reads} storage reads{test}",
+          flush=True)  # fmt: skip
 
 
 def accuracy_target(rows: list[dict], given: float | None = None) -> tuple[float | None, str]:
@@ -312,8 +340,8 @@ def accuracy_target(rows: list[dict], given: float | None = None) -> tuple[float
     it came from."""
     if given is not None:
         return given, "given"
-    uniform = [r for r in rows if r["policy"] != IN_MEMORY
-               and resolve_system(r["policy"]).sampler == "uniform"]  # fmt: skip
+    uniform = [r for r in filter(_is_system, rows)
+               if resolve_system(r["policy"]).sampler == "uniform"]  # fmt: skip
     for source, pick in (("in-memory", [r for r in rows if r["policy"] == IN_MEMORY]),
                          ("uniform baseline", uniform), ("best run", rows)):  # fmt: skip
         finals = [r["test_accuracy"] for r in pick if r.get("test_accuracy") is not None]
@@ -321,6 +349,11 @@ def accuracy_target(rows: list[dict], given: float | None = None) -> tuple[float
             best = max(finals) if source == "best run" else float(np.mean(finals))
             return best - TARGET_GAP, f"{source} {best:.4f} - {TARGET_GAP * 100:.1f} pt"
     return None, "no test split"
+
+
+def _is_system(row: dict) -> bool:
+    """A row of a hotset system (not the in-memory floor nor a peer)."""
+    return row["policy"] != IN_MEMORY and row["policy"] not in PEERS
 
 
 #: a run is I/O-bound where its workers wait on storage at least this share of its epoch
@@ -336,9 +369,8 @@ def io_bound_note(rows: list[dict], num_workers: int) -> str | None:
         epoch = r["steady_epoch_time_s"]
         r["storage_wait_share"] = wait / epoch if epoch else 0.0
     base = [r for r in rows if r["policy"] == "lru"] or [
-        r for r in rows if r["policy"] != IN_MEMORY
-        and resolve_system(r["policy"]).sampler == "uniform"
-    ]  # fmt: skip
+        r for r in rows if _is_system(r) and resolve_system(r["policy"]).sampler == "uniform"
+    ]
     if not base or max(r["storage_wait_share"] for r in base) >= IO_BOUND_SHARE:
         return None
     r = max(base, key=lambda r: r["storage_wait_share"])
@@ -390,7 +422,7 @@ def format_summary(summary: list[dict], target: float | None, source: str) -> st
 
     def pm(r: dict, key: str, fmt: str) -> str:
         if r[key] is None:
-            return "never"
+            return "never" if key == "time_to_target_s" else "-"
         return f"{r[key]:{fmt}} +- {r[key + '_std']:{fmt}}" if r["seeds"] > 1 else f"{r[key]:{fmt}}"
 
     goal = f"{target:.4f} ({source})" if target is not None else source
@@ -480,9 +512,9 @@ def steady(r: dict, key: str) -> float:
 
 TABLE_LEGEND = (
     "vs LRU: uniform+LRU's steady epoch time over this one's (same cache and seed); hit "
-    "ratio from epoch 2, reads, wait and epoch\nper epoch from epoch 3; wait: worker-seconds "
-    "on storage reads; to target: training time to the target accuracy; --verbose: every "
-    "counter"
+    "ratio from epoch 2, requests, wait and epoch\nper epoch from epoch 3; requests: to "
+    "storage (a peer's: shard downloads); wait: worker-seconds on storage reads; to target: "
+    "training time to the target accuracy; --verbose: every counter"
 )
 
 
@@ -492,20 +524,25 @@ def format_table(rows: list[dict], verbose: bool = False) -> str:
         return format_counters(rows)
     head = (
         f"{'system':<10} {'cache':>6} {'seed':>4} {'vs LRU':>7} {'hit ratio':>9} "
-        f"{'reads':>8} {'wait s':>8} {'epoch s':>8} {'test acc':>8} {'to target s':>11}"
+        f"{'requests':>8} {'wait s':>8} {'epoch s':>8} {'test acc':>8} {'to target s':>11}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         base = next((b for b in rows if b["policy"] == "lru" and b.get("seed") == r.get("seed")
                      and b["cache_fraction"] == r["cache_fraction"]), None)  # fmt: skip
         vs = f"{base['steady_epoch_time_s'] / r['steady_epoch_time_s']:.2f}x" if base else "-"
+        if r.get("tuned") is False:
+            vs = "thrash"
+        hit = "-" if r["steady_hit_ratio"] is None else f"{r['steady_hit_ratio']:.3f}"
+        wait = (f"{steady(r, 'storage_wait_s_per_epoch'):.1f}"
+                if "storage_wait_s_per_epoch" in r else "-")  # fmt: skip
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
         ttt = r.get("time_to_target_s")
         cache = "-" if r["policy"] == IN_MEMORY else f"{r['cache_fraction']:.0%}"
         lines.append(
             f"{r['policy']:<10} {cache:>6} {r.get('seed', 0):>4} {vs:>7} "
-            f"{r['steady_hit_ratio']:>9.3f} {steady(r, 'storage_reads_per_epoch'):>8.0f} "
-            f"{steady(r, 'storage_wait_s_per_epoch'):>8.1f} {r['steady_epoch_time_s']:>8.2f} "
+            f"{hit:>9} {steady(r, 'storage_requests_per_epoch'):>8.0f} "
+            f"{wait:>8} {r['steady_epoch_time_s']:>8.2f} "
             f"{acc:>8} {'never' if ttt is None else f'{ttt:.1f}':>11}"
         )
     lines.append(TABLE_LEGEND)
@@ -522,7 +559,7 @@ def format_counters(rows: list[dict]) -> str:
         f"{'steady s':>8} {'test acc':>8} {'plan us':>8}"
     )
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for r in filter(_is_system, rows):
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
         c = {k: 0 for k in ("accesses", "exact_hits", "substitute_hits", "storage_reads",
                             "late_misses", "refused_puts", "phantoms")} | r["counters"]  # fmt: skip
@@ -603,6 +640,7 @@ def run_compare(
     cfg.validate()
     test = load_split(cfg.data, "test", partial(decode_sample, size=IMAGE_SIZE))
     open_split(cfg.data, "train")  # fail early on a wrong --data
+    python = peer_python(cfg.peer_python) if cfg.peers else None
     rows = []
     for seed in cfg.seeds or [cfg.seed]:
         run = replace(cfg, seed=seed)
@@ -613,12 +651,16 @@ def run_compare(
             for fraction in cfg.cache_fractions:
                 rows.append(train_one(run, policy, fraction, test))
                 log.info("%s at %.0f%%: %s", policy, 100 * fraction, rows[-1]["hit_ratio"])
+        for peer in cfg.peers:
+            for fraction in cfg.cache_fractions:
+                rows.append(run_peer(run, peer, fraction, test, python))
     target, source = accuracy_target(rows, cfg.target_accuracy)
     add_time_to_target(rows, target)
     note = io_bound_note(rows, cfg.num_workers)
     print(format_table(rows, verbose))
-    if note:
-        print(note)
+    for line in (note, peer_note(rows)):
+        if line:
+            print(line)
     print(format_summary(summarise(rows), target, source))
     if out_dir:
         out = Path(out_dir)

@@ -27,16 +27,11 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hotset.errors import ConfigError, RankError
-
-if TYPE_CHECKING:
-    from hotset.plan import BatchPlan
 
 
 def user_timeout(dist) -> timedelta | None:
@@ -196,29 +191,3 @@ def owners(ids: np.ndarray, served: np.ndarray, world: int) -> np.ndarray:
     uniq, first = np.unique(served, return_index=True)
     k = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
     return np.where(uniq[k] == ids, first[k] % world, ids % world)
-
-
-def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
-    """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (a
-    batch that does not divide evenly is padded by wrapping, as ``DistributedSampler``
-    pads an epoch). It writes the admissions and fetches it ``owners`` and applies the
-    deletions if ``plan.index % world`` is its rank. A hit on what another rank writes
-    in this very plan is read from storage instead (that write may not have landed)."""
-    n = plan.ids.size
-    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1)
-    ids = plan.ids[pos]
-    written = np.concatenate([plan.admitted, plan.fetch])
-    ours = owners(written, plan.ids, world) == rank
-    k = plan.admitted.size
-    deletes = plan.index % world == rank
-    return replace(
-        plan,
-        ids=ids,
-        hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
-        admitted=plan.admitted[ours[:k]],
-        fetch=plan.fetch[ours[k:]],
-        evicted=plan.evicted if deletes else plan.evicted[:0],
-        evict_keys=plan.evict_keys if deletes else (),
-        substituted=None if plan.substituted is None else plan.substituted[pos],
-        requested=None if plan.requested is None else plan.requested[pos],
-    )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from hotset.errors import ConfigError
+
+#: what ``feedback`` takes: ids served, and per-sample losses or embeddings
+IdsLike: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[int]"
+ArrayLike: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[float]"
 
 _HOW = (
     "give one loss per sample: the loss with reduction='none' "
@@ -22,7 +27,7 @@ def per_sample_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits, targets, reduction="none")
 
 
-def as_numpy(x: torch.Tensor | np.ndarray | list) -> np.ndarray:
+def as_numpy(x: IdsLike | ArrayLike) -> np.ndarray:
     """A detached CPU numpy view of ids or losses handed to ``feedback``."""
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()

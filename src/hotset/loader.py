@@ -40,7 +40,7 @@ from hotset.errors import (
     SampleError,
     SkipLimitError,
 )
-from hotset.feedback import DeferredFeedback, as_numpy
+from hotset.feedback import ArrayLike, DeferredFeedback, IdsLike, as_numpy
 from hotset.io.arrivals import Arrivals
 from hotset.io.readahead import STAGE
 from hotset.plan import BatchPlan, Planner, PlanReport, PlanSource
@@ -212,8 +212,9 @@ class CachedDataset(Dataset):
         Returns the ids whose entry was wrong."""
         t = time.perf_counter()
         deadline = t + wait_s
-        keys, wrong, unpack = self.keys, [], self.storage.from_entry
+        wrong, unpack = [], self.storage.from_entry
         pending = [i for i in ids if i not in got]
+        keys = dict(zip(pending, self.keys.take(pending), strict=True))  # one pass, not one a key
         while pending:
             seen = self.arrivals.seen()  # before the look: a write after it wakes the wait
             over = until is not None and until()
@@ -657,7 +658,10 @@ class HotsetLoader:
         """Whether ``feedback`` needs the batch's embeddings (graph importance)."""
         return self.planner.wants_embeddings
 
-    def feedback(self, ids=None, losses=None, embeddings=None) -> None:
+    def feedback(
+        self, ids: IdsLike | None = None, losses: ArrayLike | None = None,
+        embeddings: ArrayLike | None = None,
+    ) -> None:  # fmt: skip
         """Hand back the per-sample losses of a batch, against the ``ids`` it served
         (tensors or arrays; default: the batch yielded last): importance samplers and
         score-keyed policies use them. SpiderCache also needs ``embeddings`` (one row per
@@ -685,7 +689,7 @@ class HotsetLoader:
         self._feedback.flush()
         self.planner.report_accuracy(float(accuracy))
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, Any]:
         """The data plane's counters (``LoaderStats``) with the control plane's, summed over
         the run (each epoch's apart: ``epoch_stats``)."""
         out = self.stats.as_dict()
@@ -719,7 +723,7 @@ class HotsetLoader:
         self.planner.close()
         self._release()
 
-    def state_dict(self, trained: int | None = None) -> dict:
+    def state_dict(self, trained: int | None = None) -> dict[str, Any]:
         """Where training stands (as torch's stateful loaders): save it with the model's
         checkpoint; ``load_state_dict`` in a loader made with the same arguments serves
         exactly the rest of the epoch, then goes on as the saved run would have. Taken at
@@ -733,7 +737,7 @@ class HotsetLoader:
             "fits": self.fits,
         })  # fmt: skip
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; one saved by a loader of other arguments (dataset,
         batch size, system, options, world size, hotset version) is refused, naming them:
         it would skip or repeat samples."""
@@ -781,7 +785,7 @@ def cache_capacity(
 
 @checked
 def make_loader(
-    storage: SkipValidation[Storage | str | os.PathLike | Sequence[str] | Dataset],
+    storage: SkipValidation[Storage | str | os.PathLike[str] | Sequence[str] | Dataset[Any]],
     *,
     batch_size: Int,
     system: str | None = None,
@@ -798,18 +802,18 @@ def make_loader(
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
     size: IntPair | None = None,
     mode: str | None = None,
-    collate_fn: Callable | None = None,
+    collate_fn: Callable[..., Any] | None = None,
     format: str | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     input_field: str | list[str] | None = None,
     target_field: str | list[str] | None = None,
     on_error: str = "raise",
     max_skipped: Real = 0.5,
     drop_last: bool = False,
     progress: bool = False,
-    policy_options: dict | None = None,
-    sampler_options: dict | None = None,
-    package_dir: str | os.PathLike | None = None,
+    policy_options: dict[str, Any] | None = None,
+    sampler_options: dict[str, Any] | None = None,
+    package_dir: str | os.PathLike[str] | None = None,
     with_ids: bool = True,
     distributed: bool | None = None,
     sync_every: Int = 1,
@@ -820,7 +824,7 @@ def make_loader(
     order: str = "paper",
     block_size: Int = 2048,
     epochs: Int | None = None,
-    **dataloader_kwargs,
+    **dataloader_kwargs: Any,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
 
@@ -1106,6 +1110,15 @@ def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_
 DEFAULT_READAHEAD = 0.1
 
 
+def default_readahead_bytes(storage: Storage) -> int:
+    """The read-ahead a loader over ``storage`` gets by default (one rank, a store it
+    makes): ``DEFAULT_READAHEAD`` of the dataset's bytes, at most 64 MiB; 0 where its
+    samples are not ranges of larger objects."""
+    if storage.extents is None:
+        return 0
+    return min(64 << 20, int(DEFAULT_READAHEAD * storage.manifest.total_bytes))
+
+
 def _readahead_bytes(
     storage: Storage, given: int | None, ranks: RankGroup | None, store, capacity: int
 ) -> int:
@@ -1117,7 +1130,7 @@ def _readahead_bytes(
         return 0
     if given is not None:
         return int(given)
-    auto = min(64 << 20, int(DEFAULT_READAHEAD * storage.manifest.total_bytes))
+    auto = default_readahead_bytes(storage)
     if not isinstance(store, str):
         auto = min(auto, max(store.capacity_bytes - capacity, 0))
     return auto

@@ -13,12 +13,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from hotset.distributed import RankGroup, shard
+from hotset.distributed import RankGroup, owners
 from hotset.errors import ConfigError, HotsetError, RankError
 from hotset.io.readahead import ReadAhead
 from hotset.io.requests import LatencyFit
@@ -94,6 +94,32 @@ class BatchPlan:
         """A plan that reads ``ids`` from storage and leaves the store alone."""
         ids = np.asarray(ids, np.int64)
         return cls(epoch=epoch, index=index, ids=ids, hits=np.zeros(ids.size, bool))
+
+
+def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
+    """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (a
+    batch that does not divide evenly is padded by wrapping, as ``DistributedSampler``
+    pads an epoch). It writes the admissions and fetches it ``owners`` and applies the
+    deletions if ``plan.index % world`` is its rank. A hit on what another rank writes
+    in this very plan is read from storage instead (that write may not have landed)."""
+    n = plan.ids.size
+    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1)
+    ids = plan.ids[pos]
+    written = np.concatenate([plan.admitted, plan.fetch])
+    ours = owners(written, plan.ids, world) == rank
+    k = plan.admitted.size
+    deletes = plan.index % world == rank
+    return replace(
+        plan,
+        ids=ids,
+        hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
+        admitted=plan.admitted[ours[:k]],
+        fetch=plan.fetch[ours[k:]],
+        evicted=plan.evicted if deletes else plan.evicted[:0],
+        evict_keys=plan.evict_keys if deletes else (),
+        substituted=None if plan.substituted is None else plan.substituted[pos],
+        requested=None if plan.requested is None else plan.requested[pos],
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,10 +27,10 @@ import torch
 import zmq
 
 from hotset.codecs import decode_sample
-from hotset.distributed import RankGroup, detect_ranks, shard
+from hotset.distributed import RankGroup, detect_ranks
 from hotset.errors import ConfigError, ServiceError, ServiceUnavailable, UnknownJob
 from hotset.loader import CachedDataset, HotsetLoader
-from hotset.plan import BatchPlan
+from hotset.plan import BatchPlan, shard
 from hotset.service.address import check_ipc_owner, default_address
 from hotset.service.auth import client_keys, connect_curve
 from hotset.service.benefit import Benefit, BenefitProbe

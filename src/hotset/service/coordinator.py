@@ -26,68 +26,17 @@ import hashlib
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from hotset.errors import ConfigError, UnknownJob
 from hotset.ids import first_seen, index_dtype
 from hotset.service.benefit import Benefit
-from hotset.service.modes import ALLOCATION, SAMPLING, IdQueue
+from hotset.service.jobs import DatasetShare, IdQueue, Job
+from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
 from hotset.storage.columns import DigestColumn, concat, key_column
-
-
-@dataclass
-class DatasetShare:
-    """A registered dataset (a distinct set of samples) and its partition of the cache."""
-
-    nbytes: int
-    part: int
-    jobs: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Job:
-    """What the service keeps of a job whatever its sampling mode."""
-
-    name: str
-    batch_size: int
-    pid: int | None = None
-    host: str = ""
-    unique: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sorted gids
-    local_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    gids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per local id
-    dataset: str = ""
-    part: int = 0  # its dataset's partition of the cache
-    benefit: Benefit | None = None  # the latest measurement
-    saving: float | None = None  # the latest conclusive one's ``saving``
-    epoch: int = -1  # the epoch being planned
-    sampling_epoch: int = -1  # the epoch the sampler fills (it may run ahead)
-    queues: dict[int, IdQueue] = field(default_factory=dict)  # epoch -> sampled, not planned
-    inflight: deque = field(default_factory=deque)  # (seq, gids) planned, not yet consumed
-    seq: int = 0  # non-empty plans handed out so far
-    batches: int = 0
-    last_seen: float = 0.0
-    reads: int = 0
-    hits: int = 0
-    resumed_epoch: int = -1  # the epoch it re-registered in, having read ``served`` of it
-    served: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def keep(self, epoch: int, ids: np.ndarray) -> np.ndarray:
-        """``ids`` less those it read of ``epoch`` before it re-registered."""
-        if epoch != self.resumed_epoch or not self.served.size:
-            return ids
-        return ids[~np.isin(ids, self.served)]
-
-    def queued(self) -> int:
-        return sum(len(q) for q in self.queues.values())
-
-    def local(self, gids: np.ndarray) -> np.ndarray:
-        """Local indices of ``gids`` (a key listed twice in a manifest maps to its first)."""
-        return self.local_of[np.searchsorted(self.unique, gids)].astype(np.int64)
 
 
 class JobCoordinator:

@@ -11,8 +11,7 @@ split over the registered datasets.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -24,47 +23,29 @@ from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sampling.iis import IISSampler
 from hotset.service.allocation import split_budget
 from hotset.service.chunks import ChunkCache
-
-if TYPE_CHECKING:
-    from hotset.service.coordinator import DatasetShare, Job, JobCoordinator
+from hotset.service.jobs import DatasetShare, IdQueue, Job
 
 _NONE = np.zeros(0, np.int64)
 
 
-class IdQueue:
-    """Sampled ids of one epoch not yet planned, in order: the runs the sampler gave
-    (numpy arrays), a batch taken from the front at a time (no Python object per id)."""
+class Coordinator(Protocol):
+    """What a mode uses of the :class:`~hotset.service.coordinator.JobCoordinator` that
+    runs it."""
 
-    __slots__ = ("_runs", "_size")
+    capacity_bytes: int
+    datasets: dict[str, DatasetShare]
+    eligible_ratio: float
+    jobs: dict[int, Job]
+    lookahead: int
+    max_samples: int
+    mode: SamplingMode
+    policy: Any
+    seed: int
+    substitution: int
 
-    def __init__(self) -> None:
-        self._runs: deque[np.ndarray] = deque()
-        self._size = 0
+    def evict_later(self, ids: Any) -> None: ...
 
-    def __len__(self) -> int:
-        return self._size
-
-    def extend(self, ids: np.ndarray) -> None:
-        ids = np.asarray(ids, np.int64)
-        if ids.size:
-            self._runs.append(ids)
-            self._size += ids.size
-
-    def take(self, n: int | None) -> np.ndarray:
-        """The first ``n`` ids (all of them: ``None``; fewer where fewer are queued),
-        taken off the queue."""
-        n = self._size if n is None else max(0, min(n, self._size))
-        out, got = [], 0
-        while got < n:
-            run = self._runs[0]
-            if run.size <= n - got:
-                out.append(self._runs.popleft())
-            else:
-                out.append(run[: n - got])
-                self._runs[0] = run[n - got :]
-            got += out[-1].size
-        self._size -= n
-        return out[0] if len(out) == 1 else np.concatenate([_NONE, *out])
+    def start_sampling(self, job_id: int, job: Job, epoch: int) -> None: ...
 
 
 class SamplingMode(ABC):
@@ -85,7 +66,7 @@ class SamplingMode(ABC):
     #: how many jobs can sample together (None: no limit)
     max_jobs: ClassVar[int | None] = None
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         self.co = co
 
     def add_ids(self, sizes: np.ndarray) -> None:  # noqa: B027 - optional hook
@@ -138,7 +119,7 @@ class IndependentSampling(SamplingMode):
 
     name = "isa"
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         super().__init__(co)
         self.orders: dict[int, Unsampled] = {}  # job -> its epoch's ids not yet sampled
 
@@ -241,7 +222,7 @@ class ImportanceSampling(IndependentSampling):
     measures_benefit = True
     probe_every = 1  # as iCACHE: each epoch
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         super().__init__(co)
         self.samplers: dict[int, IISSampler] = {}
         self.importance: ScoreBoard | None = None  # AIV, for a policy keyed by it
@@ -303,7 +284,7 @@ class DependentSamplingMode(SamplingMode):
     name = "dsa"
     max_jobs = MAX_JOBS  # one bit per job in the need masks
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         super().__init__(co)
         self.dsa = DependentSampling(co.max_samples, seed=co.seed)
 
@@ -353,7 +334,7 @@ class CoordinatedChunks(SamplingMode):
     name = "chunks"
     uses_policy = False
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         super().__init__(co)
         self.chunks = ChunkCache(co.capacity_bytes, seed=co.seed)
 
@@ -395,7 +376,7 @@ class SharedAllocation:
     #: whether jobs measure their benefit by default (the split needs it)
     measures_benefit: ClassVar[bool] = False
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         self.co = co
         co.policy.add_partition(co.capacity_bytes)
 
@@ -415,7 +396,7 @@ class BenefitAllocation(SharedAllocation):
     name = "benefit"
     measures_benefit = True
 
-    def __init__(self, co: JobCoordinator) -> None:
+    def __init__(self, co: Coordinator) -> None:
         if not co.mode.uses_policy:
             raise ConfigError(
                 f"allocation='benefit' needs a policy cache, not sampling={co.mode.name!r}"

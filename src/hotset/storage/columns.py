@@ -234,9 +234,7 @@ class DigestColumn(_Column):
             ok, query = np.ones(len(strings), bool), strings._raw
         else:
             strings = list(strings)
-            ok = np.fromiter(map(_is_digest, strings), bool, len(strings))
-            hexes = "".join(s for s, y in zip(strings, ok, strict=True) if y)
-            query = np.frombuffer(bytes.fromhex(hexes), np.uint8).reshape(-1, 16)
+            ok, query = _digests(strings)
         out = np.full(ok.size, -1, np.int64)
         if not ok.any() or not len(self):
             return out
@@ -357,6 +355,22 @@ def _mix(words: np.ndarray) -> np.ndarray:
 
 def _is_digest(s: str) -> bool:
     return len(s) == 32 and s == s.lower() and all(c in "0123456789abcdef" for c in s)
+
+
+def _digests(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Which ``strings`` are hex digests, and those digests as ``(k, 16)`` uint8: all of
+    them in one ``fromhex`` where all are (a store's listing), else one by one."""
+    text = "".join(strings)
+    if len(text) == 32 * len(strings) and all(len(s) == 32 for s in strings):
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raw = b""
+        if raw.hex() == text:
+            return np.ones(len(strings), bool), np.frombuffer(raw, np.uint8).reshape(-1, 16)
+    ok = np.fromiter(map(_is_digest, strings), bool, len(strings))
+    hexes = "".join(s for s, y in zip(strings, ok, strict=True) if y)
+    return ok, np.frombuffer(bytes.fromhex(hexes), np.uint8).reshape(-1, 16)
 
 
 def key_column(keys: Iterable[str]) -> _Column:

@@ -63,7 +63,8 @@ def detect_format(url: str | Sequence[str], storage_options: dict | None = None)
 
 
 def open_storage(
-    source: Any, format: str | None = None, storage_options: dict | None = None, **options
+    source: Any, format: str | None = None, storage_options: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Storage:
     """The storage of ``source``: a ``Storage`` as it is, a map-style torch ``Dataset``
     (``from_dataset``), or a path / URL / list of shard URLs in ``format`` (detected when
@@ -88,7 +89,7 @@ def open_storage(
     )
 
 
-def from_dataset(dataset, *, name: str | None = None, probe: int = 8) -> Storage:
+def from_dataset(dataset: Any, *, name: str | None = None, probe: int = 8) -> Storage:
     """A map-style torch ``Dataset`` as a storage hotset caches (``torch_dataset.py``)."""
     from hotset.storage.torch_dataset import DatasetStorage
 

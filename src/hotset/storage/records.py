@@ -1,70 +1,17 @@
-"""Samples that are more than one blob, as bytes: a WebDataset group (``jpg`` + ``cls``),
-a table row, a torch Dataset's item.
-
-A record is ``MAGIC`` + one msgpack value (msgspec): maps, lists, numbers, strings and
-bytes as msgpack has them, arrays and tensors as an extension holding ``.npy`` bytes.
-Nothing is pickled, so a cache entry can never run code when it is read back.
+"""Samples that are more than one blob, as bytes (the record format itself, encoding and
+decoding, is in :mod:`hotset.codecs`): their exact size from an index, and the fields a
+loader is asked for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import msgspec
-import numpy as np
 
 from hotset.codecs import RECORD_MAGIC as MAGIC
-from hotset.codecs import decode_array, npy_bytes
+from hotset.codecs import decode_record, encode_record, is_record
 from hotset.errors import ConfigError
 
-_ARRAY = 1
-
-
-def _plain(obj: Any) -> Any:
-    """What msgpack cannot hold as it is: arrays, tensors, PIL images, numpy scalars."""
-    if isinstance(obj, np.ndarray):
-        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(obj))
-    if isinstance(obj, np.generic):
-        return obj.item()
-    module = type(obj).__module__
-    if module.startswith("torch"):
-        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(obj.detach().cpu().numpy()))
-    if module.startswith("PIL"):  # C x H x W, as decode_image gives it
-        arr = np.asarray(obj)
-        return msgspec.msgpack.Ext(_ARRAY, npy_bytes(arr[None] if arr.ndim == 2 else
-                                                     arr.transpose(2, 0, 1)))  # fmt: skip
-    raise TypeError(
-        f"cannot serialise a {type(obj).__qualname__} in a sample (arrays, tensors, PIL "
-        "images, numbers, strings, bytes, lists, tuples and dicts can be)"
-    )
-
-
-def _ext(code: int, data: memoryview) -> Any:
-    if code != _ARRAY:
-        raise ValueError(f"unknown record extension {code}")
-    return decode_array(bytes(data))
-
-
-_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
-_DECODER = msgspec.msgpack.Decoder(ext_hook=_ext)
-
-
-def is_record(data: bytes) -> bool:
-    return data[:4] == MAGIC
-
-
-def encode_record(value: Any) -> bytes:
-    """A sample (a dict of fields, a tuple, an array, ...) as record bytes."""
-    return MAGIC + _ENCODER.encode(value)
-
-
-def decode_record(data: bytes) -> Any:
-    """The value of record bytes (tuples come back as lists)."""
-    if not is_record(data):
-        raise ValueError("not a hotset record (bad magic)")
-    return _DECODER.decode(memoryview(data)[len(MAGIC) :])
-
+__all__ = ["check_fields", "decode_record", "encode_record", "is_record", "record_size"]
 
 def _length_head(n: int, fixed_below: int) -> int:
     """Bytes of a msgpack length header: 1 below ``fixed_below`` (fixmap, fixstr), then
