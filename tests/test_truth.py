@@ -449,12 +449,13 @@ def _loader(storage, name, num_workers, store="shared", seed=3):
     (SpiderCache scores inline, iCACHE packages in the planner's thread)."""
     system = resolve_system(name)
     options = dict(system.sampler_options)
-    if name == "spider":
+    if system.sampler == "spider":
         options.update(total_epochs=4, background=False)
     return make_loader(
         storage, batch_size=40, policy=system.policy, sampler=system.sampler,
         sampler_options=options, cache_fraction=0.2, num_workers=num_workers, seed=seed,
-        store=store, policy_options={"package_threads": False} if name == "icache" else None,
+        store=store,
+        policy_options={"package_threads": False} if system.policy == "icache" else None,
     )  # fmt: skip
 
 
