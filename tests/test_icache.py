@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from tests.test_shade import entries
 
 import hotset.policy.icache as icache_module
+import hotset.policy.icache_lists as lists_module
+import hotset.policy.icache_packages as packages_module
 from hotset import make_policy
 from hotset.checkpoint import from_safe, to_safe
 from hotset.errors import ConfigError, CorruptSampleError
@@ -118,7 +120,7 @@ def test_the_h_list_is_the_most_important_that_fit(levels, fraction, seed, float
     """``h_list_to_fit`` orders only the ids that can be in it, yet its H-list is a prefix
     of the full order by importance: what it holds fits, nothing left out is more
     important than what it holds, and the next most important would not fit."""
-    from hotset.policy.icache import h_list_to_fit
+    from hotset.policy.icache_lists import h_list_to_fit
 
     imp = (np.array(levels, float) / 4).astype(np.float64 if float64 else np.float32)
     sizes = (np.arange(imp.size) * 7919 % 50 + 1).astype(np.int64)
@@ -144,7 +146,7 @@ def test_the_h_list_of_ranked_ids_is_the_h_list_to_fit(levels, fraction, share):
     ``h_list_to_fit``'s H-list, whatever its seed, or ``None`` exactly where the first id
     left out ties with another (a smaller one of equal importance might fit) or is not
     known to be followed by a less important one (``ranked`` ends at it or before)."""
-    from hotset.policy.icache import h_list_of_ranked, h_list_to_fit
+    from hotset.policy.icache_lists import h_list_of_ranked, h_list_to_fit
 
     imp = np.asarray(levels, np.float32) / 6
     n = imp.size
@@ -189,8 +191,8 @@ def test_plans_are_the_same_with_iis_s_ranked_ids_or_without(monkeypatch):
         return out
 
     taken = []
-    ranked = icache_module.h_list_of_ranked
-    monkeypatch.setattr(icache_module, "h_list_of_ranked",
+    ranked = lists_module.h_list_of_ranked
+    monkeypatch.setattr(lists_module, "h_list_of_ranked",
                         lambda *a: taken.append(r := ranked(*a)) or r)  # fmt: skip
     with_ranked = plans()
     assert len(taken) == 3 and all(t is not None for t in taken)
@@ -208,7 +210,7 @@ def test_the_h_list_takes_equally_important_samples_at_random(fraction):
     """Ties at the cut are broken at random: of 8 equally important samples of one size
     and a cache for 4, each is in the H-list in about half of 4,000 draws (a chi-square
     test); with a cache for 7 of 8 (every id ordered, no partition), in 7/8 of them."""
-    from hotset.policy.icache import h_list_to_fit
+    from hotset.policy.icache_lists import h_list_to_fit
 
     n, draws = 8, 4000
     fits = int(fraction * n)
@@ -876,7 +878,7 @@ def test_the_l_samples_pool_is_each_once_in_a_uniform_order_then_walked_again(
     """The pool drawn block by block as packages take it: each L-sample once in the
     first walk, the same order in the second, and all 24 orders of 4 equally often,
     blocks of 1 and 2 (across block ends) as of 4096."""
-    monkeypatch.setattr(icache_module, "POOL_BLOCK", block)
+    monkeypatch.setattr(packages_module, "POOL_BLOCK", block)
     hot = np.array([True, False, True, False, False, False])
     counts: dict[tuple, int] = {}
     trials = 4800

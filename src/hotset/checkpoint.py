@@ -40,7 +40,7 @@ def _classes() -> dict[str, type]:
     from hotset.importance.graph import GraphImportance
     from hotset.importance.scoreboard import ScoreBoard
     from hotset.policy.compiled_heap import CompiledHeap
-    from hotset.policy.icache import LoadOrder, RandomPool, UseOrder
+    from hotset.policy.icache_lists import LoadOrder, RandomPool, UseOrder
     from hotset.policy.keyed_heap import KeyedHeap
     from hotset.sampling.coverage import Coverage
     from hotset.sampling.draw import ShuffledAsRead

@@ -938,29 +938,15 @@ def make_loader(
     sampler_options = _run_length(sampler, sampler_options, epochs)
     check_order(order, block_size)
     _check_dataloader(num_workers, dataloader_kwargs)  # before anything is opened
-    package_dir = os.fspath(package_dir) if package_dir is not None else None
-    fields = {
-        k: v for k, v in (("input_field", input_field), ("target_field", target_field))
-        if v is not None
-    }  # fmt: skip
-    storage = open_storage(storage, format, storage_options, **fields)
-    identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
-    if decode is None:
-        decode = functools.partial(decode_sample, size=size, mode=mode)
+    fields = {"input_field": input_field, "target_field": target_field}
+    storage = open_storage(storage, format, storage_options,
+                           **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
     readahead = _readahead_bytes(storage, readahead_bytes, ranks, store, capacity)
-    encoded = float(storage.sizes.mean()) if len(storage) else 0.0
-    if cache_decoded:
-        storage, decode = DecodedStorage(storage, decode, identity), decode_sample
-    cached = float(storage.sizes.mean()) if len(storage) else 0.0
-    budget = {
-        "capacity_bytes": capacity, "readahead_bytes": readahead,
-        "cache_decoded": bool(cache_decoded), "encoded_bytes_per_sample": encoded,
-        "cached_bytes_per_sample": cached,
-        "samples_in_cache": int(capacity // cached) if cached else 0,
-        "samples_in_cache_encoded": int(capacity // encoded) if encoded else 0,
-    }  # fmt: skip
+    storage, decode, budget = _what_is_cached(
+        storage, decode, size, mode, cache_decoded, capacity, readahead
+    )
     if ranks is not None:
         num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
         sampler_options, policy_options = _deterministic(
@@ -972,13 +958,7 @@ def make_loader(
             "initialise torch.distributed so that the ranks plan together"
         )
     owns_store = isinstance(store, str)
-    if owns_store:
-        store = _open_store(store, capacity + readahead, ranks)
-    elif store.capacity_bytes < capacity + readahead:
-        raise ConfigError(
-            f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
-            + (f" and read-ahead for {readahead}" if readahead else "")
-        )
+    store = _sized_store(store, capacity, readahead, ranks)
     # one dataset's entries: another job's planner on the same store never touches them
     namespace = dataset_namespace(storage.keys)
     store = NamespacedStore(store, namespace)
@@ -986,26 +966,18 @@ def make_loader(
     try:
         if ranks is None or ranks.rank == 0:  # one job: its ranks plan together
             release = store.claim()
-        sampler_options = dict(sampler_options or {})
-        if sampler_class(sampler).needs_labels:
-            sampler_options.setdefault("labels", storage.labels)
-        if sampler_options.get("shuffle") == "shards" and storage.extents is not None:
-            sampler_options.setdefault("objects", storage.extents[0])  # the shard of each
-
-        def plan_with(group: RankGroup | None) -> Planner:
-            pol = make_policy(
-                policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {})
-            )
-            smp = make_sampler(
-                sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
-                **sampler_options,
-            )  # fmt: skip
-            return Planner(
-                smp, pol, batch_size, drop_last=drop_last, storage=storage, store=store,
-                package_dir=package_dir, ranks=group, sync_every=sync_every,
-                readahead_bytes=readahead, order=order, block_size=block_size,
-            )  # fmt: skip
-
+        sampler_options = _data_options(sampler, sampler_options, storage)
+        plan_with = functools.partial(
+            _planner, policy=policy, policy_options=policy_options, sampler=sampler,
+            sampler_options=sampler_options, capacity=capacity, seed=seed,
+            num_replicas=num_replicas, rank=rank, storage=storage, store=store,
+            planner_options={
+                "batch_size": batch_size, "drop_last": drop_last,
+                "package_dir": None if package_dir is None else os.fspath(package_dir),
+                "sync_every": sync_every, "readahead_bytes": readahead, "order": order,
+                "block_size": block_size,
+            },
+        )  # fmt: skip
         dataset = CachedDataset(
             storage, store, decode=decode, transform=transform, on_error=on_error,
             max_skipped=max_skipped, collate_fn=collate_fn,
@@ -1037,6 +1009,65 @@ def make_loader(
             planner.close()
         _release(store, owns_store, release)  # nothing else ever will
         raise
+
+
+def _what_is_cached(
+    storage: Storage, decode: Callable | None, size, mode, cache_decoded: bool, capacity: int,
+    readahead: int,
+) -> tuple[Storage, Callable, dict]:  # fmt: skip
+    """The storage the cache holds (its samples decoded where ``cache_decoded``), the
+    decoder of what it serves, and the budget, in samples both ways (``loader.budget``)."""
+    identity = f"{_name(decode)}|{size}|{mode}"  # what makes the decoded form
+    if decode is None:
+        decode = functools.partial(decode_sample, size=size, mode=mode)
+    encoded = float(storage.sizes.mean()) if len(storage) else 0.0
+    if cache_decoded:
+        storage, decode = DecodedStorage(storage, decode, identity), decode_sample
+    cached = float(storage.sizes.mean()) if len(storage) else 0.0
+    budget = {
+        "capacity_bytes": capacity, "readahead_bytes": readahead,
+        "cache_decoded": bool(cache_decoded),
+        "encoded_bytes_per_sample": encoded, "cached_bytes_per_sample": cached,
+        "samples_in_cache": int(capacity // cached) if cached else 0,
+        "samples_in_cache_encoded": int(capacity // encoded) if encoded else 0,
+    }  # fmt: skip
+    return storage, decode, budget
+
+
+def _sized_store(store: str | Store, capacity: int, readahead: int, ranks) -> Store:
+    """The store a URL names, opened to hold the cache and the read-ahead; a store given
+    is checked to hold them."""
+    if isinstance(store, str):
+        return _open_store(store, capacity + readahead, ranks)
+    if store.capacity_bytes < capacity + readahead:
+        raise ConfigError(
+            f"store holds {store.capacity_bytes} bytes, the policy plans for {capacity}"
+            + (f" and read-ahead for {readahead}" if readahead else "")
+        )
+    return store
+
+
+def _data_options(sampler: str, options: dict | None, storage: Storage) -> dict:
+    """The sampler's options with what it takes from the data: the labels (a sampler
+    that ``needs_labels``), each sample's shard (a shard-local shuffle)."""
+    options = dict(options or {})
+    if sampler_class(sampler).needs_labels:
+        options.setdefault("labels", storage.labels)
+    if options.get("shuffle") == "shards" and storage.extents is not None:
+        options.setdefault("objects", storage.extents[0])  # the shard of each
+    return options
+
+
+def _planner(
+    group: RankGroup | None, *, policy: str, policy_options: dict | None, sampler: str,
+    sampler_options: dict, capacity: int, seed: int, num_replicas: int, rank: int,
+    storage: Storage, store: Store, planner_options: dict,
+) -> Planner:  # fmt: skip
+    """A planner over a new policy and sampler (in this process, or in the planner's)."""
+    pol = make_policy(policy, capacity, sizes=storage.sizes, seed=seed, **(policy_options or {}))
+    smp = make_sampler(sampler, len(storage), num_replicas=num_replicas, rank=rank, seed=seed,
+                       **sampler_options)  # fmt: skip
+    return Planner(smp, pol, storage=storage, store=store, ranks=group, **planner_options)
 
 
 #: make_loader's own arguments (a typo of one is told apart from a DataLoader's)

@@ -15,9 +15,9 @@ The H-list is sized to the cache by default (``h_fraction=None``): the most impo
 samples whose bytes together fit the cache, as the paper's overhead example reads it (a
 cache of 20% of the samples, an H-list of 20%). The cache, which knows its size, draws it
 from the percentiles the sampler hands it at each epoch start
-(:func:`hotset.policy.icache.h_list_to_fit`; once every sample is scored, with the most
+(:func:`hotset.policy.icache_lists.h_list_to_fit`; once every sample is scored, with the most
 important half in order, whose run that fits is the same H-list without a second sort:
-:func:`hotset.policy.icache.h_list_of_ranked`). ``h_fraction=0.7`` is the prototype's
+:func:`hotset.policy.icache_lists.h_list_of_ranked`). ``h_fraction=0.7`` is the prototype's
 fixed share instead: every sample whose percentile is in the top 70%.
 
 Coverage floor (ours): ``coverage_epochs`` as for every importance sampler

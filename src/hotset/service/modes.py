@@ -17,7 +17,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.importance import ScoreBoard
-from hotset.policy.icache import h_list_to_fit
+from hotset.policy.icache_lists import h_list_to_fit
 from hotset.sampling.draw import shuffle_next
 from hotset.sampling.dsa import MAX_JOBS, DependentSampling
 from hotset.sampling.iis import IISSampler
