@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from hotset.errors import ConfigError
 
 #: what ``feedback`` takes: ids served, and per-sample losses or embeddings
-IdsLike: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[int]"
-ArrayLike: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[float]"
+IdsLike: TypeAlias = torch.Tensor | np.ndarray[Any, Any] | Sequence[int]
+ArrayLike: TypeAlias = torch.Tensor | np.ndarray[Any, Any] | Sequence[float]
 
 _HOW = (
     "give one loss per sample: the loss with reduction='none' "
