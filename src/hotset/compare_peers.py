@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from hotset.codecs import RECORD_MAGIC, decode_field, decode_record
-from hotset.errors import ConfigError
+from hotset.errors import ConfigError, HotsetError
 from hotset.models import resolve_device
 from hotset.storage import Storage
 
@@ -121,7 +121,7 @@ def _shard_bytes(train: Storage, cache_limit: int) -> int:
 def _run(python: str, *args: str) -> list[dict]:
     out = subprocess.run([python, str(RUNNER), *args], capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"the peer failed ({' '.join(args[:1])}): {out.stderr[-2000:]}")
+        raise HotsetError(f"the peer failed ({args[0]}): {out.stderr[-2000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
