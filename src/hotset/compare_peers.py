@@ -60,7 +60,7 @@ def peer_python(given: str | None = None) -> str:
     """The Python that runs the peer: ``given``, else ``$HOTSET_PEER_PYTHON``, else
     ``.venv-peers/bin/python``; refused where it cannot import ``streaming``."""
     python = given or os.environ.get("HOTSET_PEER_PYTHON") or DEFAULT_PEER_PYTHON
-    found = shutil.which(python) or (python if os.access(python, os.X_OK) else None)
+    found = shutil.which(python)  # a name on PATH, or a path to an executable
     hint = ("`make peers` builds .venv-peers with mosaicml-streaming and the locked CPU "
             "torch; or give --peer-python")  # fmt: skip
     if found is None:
@@ -134,7 +134,6 @@ def train_peer(
     """Train ``model`` (fresh, as hotset's rows start) through ``peer`` over ``train``
     with ``memory`` (a share) of its shards' bytes as cache; returns the row of compare's
     table."""
-    check_peers([peer])
     device = resolve_device(cfg.device)
     with tempfile.TemporaryDirectory(prefix="hotset-peer-") as tmp:
         root = Path(tmp)
