@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import hotset
 from hotset.io.readahead import STAGE, ReadAhead
 from hotset.io.requests import coalesce_ranges
+from hotset.sampling.blocks import block_order
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sources import _chw, _images, _write_tar  # noqa: E402
@@ -118,6 +119,50 @@ def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
     # to delete them: the loader deletes what is staged at the epoch's end)
     assert ra.outstanding == int(sizes[list(in_store)].sum())
     assert all(np.count_nonzero(order == i) > 1 for i in in_store)
+
+
+def _reads_per_object(order_of, budget_share: float, seed: int = 0) -> float:
+    """An epoch planned as the loader plans it (8 workers x 2 batches in flight: a batch
+    is consumed 16 plans after its own), 10% of the ids cached: the range requests per
+    object, the misses' and the staged samples' together."""
+    n, per, step, lag = 51_200, 128, 128, 16
+    rng = np.random.default_rng(seed)
+    objects = np.arange(n) // per
+    sizes = rng.integers(300, 800, n)
+    member = 512 + (sizes + 511) // 512 * 512  # a tar member: header and padded data
+    starts = np.cumsum(member) - member + 512 - objects * 0
+    starts -= np.repeat(starts[::per] - 512, per)  # each object from its own offset 0
+    extents = (objects, starts, starts + sizes)
+    ra = ReadAhead(extents, sizes, 1 << 30, int(budget_share * sizes.sum()), prefetch=8)
+    order = order_of(rng.permutation(n), objects)
+    cached = rng.random(n) < 0.1
+    ra.start_epoch(order, step)
+    requests = 0
+    for b in range(n // step):
+        ids = order[b * step : (b + 1) * step]
+        staged, _, _ = ra.take(b)
+        reads = np.setdiff1d(ids[~cached[ids]], staged)
+        stage, _ = ra.plan(b, reads, lambda a: cached[a], seq=b)
+        requests += _requests(extents, np.concatenate([reads, stage]), 1 << 30)
+        assert ra.outstanding <= ra.budget
+        if b >= lag:
+            ra.consumed(b - lag)
+    return requests / (n // per)
+
+
+def test_a_read_stages_a_window_so_each_object_is_read_a_few_times_an_epoch():
+    """In a random order with a read-ahead of 10% of the bytes, each object is read
+    about ``epoch / window`` times an epoch (one read per window), not once for each
+    batch that finds room in the budget (~15 times); read by blocks,
+    once."""
+    paper = _reads_per_object(lambda order, objects: order, 0.1)
+    assert paper <= 9.0, paper
+    assert _reads_per_object(lambda order, objects: order, 0.2) <= 5.0
+    by_blocks = _reads_per_object(
+        lambda order, objects: block_order(order, objects, 2048, np.random.default_rng(1)),
+        0.1,
+    )
+    assert by_blocks <= 1.05, by_blocks
 
 
 @pytest.fixture

@@ -9,16 +9,27 @@ objects later batches will ask for: reading them in the same requests costs no r
 the store, under keys of their own (``STAGE``), outside the cache's budget and policy,
 until the batch that needs them takes them (and deletes them). The bytes staged and not
 yet consumed never exceed ``budget_bytes``; the nearest batches' samples are staged first,
-from ``lead`` batches on (default: the next). DataLoader workers run neighbouring batches
-at the same time, so a worker whose batch an earlier plan stages for reads its own misses
-first and then waits for the staged ones, woken as they land (``io/arrivals.py``): a
-shard is read once for every batch of the window, not once by each worker running one.
+from ``lead`` batches on (default: the next).
+
+A read of an object stages its samples for the next *window* of the order only, twice
+the positions the budget holds: with one read of each object per window, and the
+objects' reads spread evenly over the epoch, the staged samples fill the budget on
+average. An object's first read of an epoch stages a share of a window (between
+``FIRST_SHARE`` and 1, by the golden ratio), so that the objects' later reads do not all
+fall on the same batches. In a paper's random order each object is then read about
+``epoch / window`` times an epoch (not once for each batch that finds room in the
+budget); in ``order="blocks"`` a block is one read.
+
+DataLoader workers run neighbouring batches at the same time, so a worker whose batch an
+earlier plan stages for reads its own misses first and then waits for the staged ones,
+woken as they land (``io/arrivals.py``): a shard is read once for the batches in flight,
+not once by each worker running one.
 
 A plan may also read ahead a few objects (``prefetch``, the reader's requests in flight)
 that none of its own misses touches: those the nearest later batches need first, whose
-samples no plan stages yet. Reads of a window are then spread over the plans before it,
-each a request per object for every batch of the window that needs it, instead of all
-falling on the window's first batch while the workers running the next ones wait.
+samples no plan stages yet. Reads are then spread over the plans before the batches that
+need them, instead of all falling on one batch while the workers running the next ones
+wait.
 
 A merged request also reads samples nobody asked for, between the wanted ones: those are
 offered to the cache policy (``Policy.offer``), admitted only if it wants them, never
@@ -38,6 +49,11 @@ from hotset.io.requests import coalesce_ranges
 STAGE = "stage:"
 
 _NONE = np.empty(0, np.int64)
+#: the golden ratio's fraction: spreads the objects' first windows evenly
+_PHASE = 0.6180339887498949
+#: the least share of a window an object's first read of the epoch stages (a block of
+#: ``order="blocks"`` is then staged whole by one read)
+FIRST_SHARE = 0.3
 #: ``_last_for`` of an entry whose deletion no plan carries yet
 _HELD = np.iinfo(np.int64).max
 
@@ -87,6 +103,13 @@ class ReadAhead:
         # made after it is consumed (an earlier one of them may run after it)
         self._deferred: dict[int, list[np.ndarray]] = {}
         self._drops: list[np.ndarray] = []  # those whose last batch is consumed
+        # per object, the window its first read of the epoch stages (a share of a whole
+        # one): the objects' reads then fall evenly over the epoch, not all at once
+        golden = np.modf((np.arange(n_obj) + 1) * _PHASE)[0]
+        self._phase = FIRST_SHARE + (1 - FIRST_SHARE) * golden
+        self._opened = np.zeros(n_obj, bool)  # objects read this epoch
+        self._miss = 1.0  # the share of a batch read from storage (a running mean)
+        self._taken = 0  # samples the last batch took from the staged ones
 
     def start_epoch(self, order: np.ndarray, step: int) -> None:
         """A new epoch's order (``step`` ids per global batch); nothing is staged."""
@@ -110,6 +133,15 @@ class ReadAhead:
         for state in (self._for, self._producer, self._held, self._last_use, self._deferred):
             state.clear()
         self._drops.clear()
+        self._opened[:] = False
+
+    def window(self) -> int:
+        """The positions of the order that a read of an object stages for: twice what
+        the budget holds, as the objects' reads are spread evenly over the epoch and each
+        holds, at any time, half a window of its samples on average. Where that overflows
+        (batches planned and not yet consumed hold theirs too) the nearest come first."""
+        held = self.budget / self._mean_size / max(self._miss, 0.05)
+        return int(min(max(2 * held, self._step), max(self._order.size, 1)))
 
     def take(self, index: int) -> tuple[np.ndarray, list[int], np.ndarray]:
         """For batch ``index``: the ids staged for it and the plans (seq) that staged
@@ -125,6 +157,7 @@ class ReadAhead:
         parts = self._for.pop(index, None)
         ids = np.unique(np.concatenate(parts)) if parts else _NONE
         self._uses[ids] -= 1
+        self._taken = ids.size
         last = self._last_use.pop(index, None)
         return ids, self._producer.pop(index, []), np.concatenate(last) if last else _NONE
 
@@ -154,6 +187,8 @@ class ReadAhead:
         ``prefetch``, the plan also reads up to that many objects that no miss of its own
         touches, those the nearest later batches need first (``_upcoming``)."""
         misses = np.unique(np.asarray(misses, np.int64))
+        self._miss += 0.1 * ((misses.size + self._taken) / self._step - self._miss)
+        self._taken = 0
         room = self.budget - self.outstanding
         if not self._order.size or not (misses.size or self.prefetch):
             return _NONE, _NONE
@@ -164,12 +199,9 @@ class ReadAhead:
         objs = np.union1d(np.unique(self.objects[misses]), extra)
         if not objs.size:
             return _NONE, _NONE
-        pos = []  # each object's later positions in the order (ascending)
-        for a, b in zip(self._pos_ptr[objs].tolist(), self._pos_ptr[objs + 1].tolist(),
-                        strict=True):  # fmt: skip
-            mine = self._pos[a:b]
-            pos.append(mine[np.searchsorted(mine, after) :])
-        pos = np.sort(np.concatenate(pos))
+        width = self.window()
+        pos = np.sort(np.concatenate([self._later(o, after, width) for o in objs.tolist()]))
+        self._opened[objs] = True
         cand, first = np.unique(self._order[pos], return_index=True)
         # a miss drawn again later is staged for those batches too: its bytes are read now
         keep = self._free(cand)
@@ -182,13 +214,24 @@ class ReadAhead:
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room
             nearest = nearest[fits]
             cand, cand_pos = self._anchored(misses, extra, cand[nearest], cand_pos[nearest])
-        self._stage(cand, cand_pos, pos, seq)
+        self._stage(cand, pos, seq)
         return cand, self._read_through(np.concatenate([misses, cand]))
 
     def _free(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` may be staged: staged for no batch, and no entry of theirs
         left for a batch not yet consumed to delete."""
         return (self._uses[ids] == 0) & (self._last_for[ids] < self._done)
+
+    def _later(self, obj: int, after: int, width: int) -> np.ndarray:
+        """``obj``'s positions in the order from ``after`` on (ascending) within ``width``
+        of the first of them: a window, a share of one at the object's first read of the
+        epoch."""
+        mine = self._pos[self._pos_ptr[obj] : self._pos_ptr[obj + 1]]
+        mine = mine[np.searchsorted(mine, after) :]
+        if not mine.size:
+            return mine
+        share = 1.0 if self._opened[obj] else self._phase[obj]
+        return mine[: np.searchsorted(mine, mine[0] + share * width)]
 
     def _upcoming(
         self,
@@ -211,17 +254,18 @@ class ReadAhead:
         objs = objs[~np.isin(objs, self.objects[misses])]
         found, first = np.unique(objs, return_index=True)
         found = found[np.argsort(first, kind="stable")][: 4 * self.prefetch]
-        # an object read ahead is read for all of its later samples at once: only those
-        # whose later samples fit half the room (the misses' own staging comes first)
-        pending = np.array([self._pending_bytes(o, after) for o in found.tolist()], np.int64)
+        # an object read ahead is read for its whole window at once: only those whose
+        # windows fit half the room (the misses' own staging comes first)
+        width = self.window()
+        pending = np.array([self._pending_bytes(o, after, width) for o in found.tolist()],
+                           np.int64)  # fmt: skip
         fits = np.cumsum(pending) <= room // 2
         return np.sort(found[fits][: self.prefetch])
 
-    def _pending_bytes(self, obj: int, after: int) -> int:
-        """The bytes of ``obj``'s samples at positions from ``after`` on that nobody
+    def _pending_bytes(self, obj: int, after: int, width: int) -> int:
+        """The bytes of ``obj``'s samples in its window from ``after`` on that nobody
         stages."""
-        mine = self._pos[self._pos_ptr[obj] : self._pos_ptr[obj + 1]]
-        ids = np.unique(self._order[mine[np.searchsorted(mine, after) :]])
+        ids = np.unique(self._order[self._later(obj, after, width)])
         return int(self.sizes[ids[self._uses[ids] == 0]].sum())
 
     def _anchored(
@@ -238,10 +282,10 @@ class ReadAhead:
         keep = anchored[group[misses.size :]] | np.isin(self.objects[cand], extra)
         return cand[keep], cand_pos[keep]
 
-    def _stage(self, ids: np.ndarray, first: np.ndarray, pos: np.ndarray, seq: int) -> None:
-        """Stage ``ids`` (first needed at positions ``first``) for every batch that needs
-        them among the positions ``pos`` (ascending) within the budget's horizon of their
-        first: an id drawn again (importance sampling) is read once for them all."""
+    def _stage(self, ids: np.ndarray, pos: np.ndarray, seq: int) -> None:
+        """Stage ``ids`` for every batch that needs them among the positions ``pos``
+        (ascending, within the window of their objects' reads): an id drawn again
+        (importance sampling) is read once for them all."""
         if not ids.size:
             return
         by_id = np.argsort(ids)
@@ -249,8 +293,6 @@ class ReadAhead:
         at = np.searchsorted(sorted_ids, self._order[pos])
         at = np.minimum(at, sorted_ids.size - 1)
         mine = sorted_ids[at] == self._order[pos]
-        horizon = int(self.budget / self._mean_size) + self._step
-        mine &= pos < first[by_id][at] + horizon
         batches = -(-self._order.size // self._step)
         pairs = np.unique(self._order[pos[mine]] * batches + pos[mine] // self._step)
         use_ids, use_batch = pairs // batches, pairs % batches  # by id, then batch
