@@ -256,6 +256,7 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         c = loader.counters()
     finally:
         loader.close()
+    inner = c["internal"]
     steady = slice(min(2, args.epochs - 1), None)  # epochs 3-5, as the GPU table
     return {
         "system": name, "cache": fraction, "epoch_s": float(np.mean(times[steady])),
@@ -264,9 +265,8 @@ def run_system(args, name: str, fraction: float, oracle: LossOracle) -> dict:
         "served": float(np.mean(served[steady])), "epoch_times_s": times,
         "cpu_s": float(np.mean(cpu[steady])), "server_cpu_s": float(np.mean(server_cpu[steady])),
         "cpu_ms_per_read": 1e3 * float(np.sum(cpu[steady]) / max(1, np.sum(reads[steady]))),
-        "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
-        "graph_failed": c.get("graph_failed", 0), "graph_dropped": c.get("graph_dropped", 0),
-        "graph_mean_degree": c.get("graph_mean_degree", 0.0),
+        "late_misses": c["late_misses"], "refused_puts": inner["refused_puts"],
+        **{k: inner.get(k, 0) for k in ("graph_failed", "graph_dropped", "graph_mean_degree")},
         "oracle": oracle.meta.get("model", "?"),
     }  # fmt: skip
 

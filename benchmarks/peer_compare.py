@@ -139,7 +139,7 @@ def run_hotset(
     shards = int(storage.extents[0].max()) + 1
     return {**row, "readahead_mb": readahead / 1e6, "shards": shards,
             "shard_mb": args.tar_bytes / 1e6,
-            **{k: c[k] for k in ("readahead_served", "readahead_lost", "offered",
+            **{k: c["internal"][k] for k in ("readahead_served", "readahead_lost", "offered",
                                  "request_latency_ms", "merge_gap")}}  # fmt: skip
 
 

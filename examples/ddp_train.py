@@ -50,8 +50,8 @@ def main() -> None:
         c = loader.counters()
         if dist.get_rank() == 0:
             print(f"epoch {epoch}: {len(loader)} batches per rank, hits {c['hits']}, "
-                  f"misses {c['misses']}, sync {c['sync_s']:.2f} s, "
-                  f"waited for plans {c.get('planner_wait_s', 0.0):.2f} s")  # fmt: skip
+                  f"misses {c['misses']}, sync {c['internal']['sync_s']:.2f} s, "
+                  f"waited for plans {c['internal'].get('planner_wait_s', 0.0):.2f} s")  # fmt: skip
     dist.barrier()  # every rank done before any tears its process group down
     loader.close()
     dist.destroy_process_group()

@@ -110,14 +110,14 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "order_is_drawn": bool(np.array_equal(order, drawn)),
             "plans": plans.hexdigest(),
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
-            "corrupt": c["corrupt_hits"], "sync_s": c["sync_s"],
-            "sync_calls": c["sync_calls"] - before["sync_calls"],
+            "corrupt": c["corrupt_hits"], "sync_s": c["internal"]["sync_s"],
+            "sync_calls": c["internal"]["sync_calls"] - before["internal"]["sync_calls"],
             "failures": c["store_failures"] - before["store_failures"],
             "cached": plans.hexdigest() if process else hashlib.blake2b(
                 loader.planner.policy.cached_ids().tobytes(), digest_size=8
             ).hexdigest(),
-            "fixes": c["sync_fixes"] - before["sync_fixes"],
-            "package_reads": c.get("package_storage_reads", 0),
+            "fixes": c["internal"]["sync_fixes"] - before["internal"]["sync_fixes"],
+            "package_reads": c["internal"].get("package_storage_reads", 0),
             "graph": _graph_of(state["sampler"] if process else vars(loader.planner.sampler)),
             # the ids in flight the planner counted, and iCACHE's L bytes beside them
             "in_flight": None if process else [

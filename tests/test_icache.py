@@ -823,7 +823,7 @@ def test_icache_trains_with_two_workers_and_serves_substitutes(fmnist_dir, tmp_p
     finally:
         loader.close()
         loader.dataset.store.close(destroy=True)
-    assert c["packages_loaded"] >= 1 and c["packages_written"] >= 1
+    assert c["internal"]["packages_loaded"] >= 1 and c["internal"]["packages_written"] >= 1
     assert seen_subs > 0 and c["exact_hits"] > 0
     assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
 

@@ -27,6 +27,7 @@ from hotset import (
     make_sampler,
     to_tensor,
 )
+from hotset.loader import USER_COUNTERS
 
 
 def expected_inputs(storage, ids):
@@ -58,7 +59,12 @@ def test_planner_and_store_agree_single_process(fmnist_dir):
     assert store.used_bytes == policy.used <= store.capacity_bytes
     c = loader.counters()
     assert c["late_misses"] == 0 and c["hits"] + c["misses"] == 2 * len(storage)
-    assert c["bytes_from_storage"] == int(storage.sizes.sum()) * 2 - c["bytes_from_store"]
+    i = c["internal"]
+    assert i["bytes_from_storage"] == int(storage.sizes.sum()) * 2 - i["bytes_from_store"]
+    # a user's counters at the top, hotset's bookkeeping under one key
+    assert set(c) - {"internal"} <= set(USER_COUNTERS)
+    assert {"phantoms", "sync_fixes", "wire_bytes", "readahead_staged"} <= set(i)
+    assert not set(i) & set(USER_COUNTERS)
     assert c["planning_s"] > 0
 
 

@@ -49,8 +49,8 @@ def test_a_planner_process_serves_each_sample_once_with_the_right_bytes(fmnist_d
         hits.append(loader.counters()["hits"] - before)
     c = loader.counters()
     assert hits[0] == 0 and min(hits[1:]) > 150  # a 20% cache, planned and really hit
-    assert c["planning_s"] > 0 and "planner_wait_s" in c  # the child's, and the wait
-    assert c["sync_fixes"] == 0 and c["corrupt_hits"] == 0  # the plan is what the store holds
+    assert c["planning_s"] > 0 and "planner_wait_s" in c["internal"]  # the child's, and the wait
+    assert c["internal"]["sync_fixes"] == 0 and c["corrupt_hits"] == 0  # the plan is the store's
     loader.close()
     assert not child.is_alive() and child.exitcode == 0
 
@@ -93,7 +93,7 @@ def test_the_planner_process_learns_feedback_and_resumes_where_it_stopped(fmnist
             for _, y, ids in resumed:
                 synthetic_feedback(resumed, ids, y, epoch)
                 rest[epoch] += ids.tolist()
-        assert resumed.counters()["sync_fixes"] == 0
+        assert resumed.counters()["internal"]["sync_fixes"] == 0
         resumed.close()
         assert rest[1] == ref[1][7 * 40 :] and rest[2] == ref[2]
     finally:

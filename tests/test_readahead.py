@@ -204,14 +204,15 @@ def test_readahead_serves_the_right_bytes_in_fewer_requests(shards, policy):
     plain, _, _ = _epochs(url, images, policy, 0)
     budget = 40_000
     ahead, peak, capacity = _epochs(url, images, policy, budget)
-    assert plain["readahead_staged"] == 0
-    assert ahead["readahead_served"] > 0 and ahead["corrupt_hits"] == 0
+    assert plain["internal"]["readahead_staged"] == 0
+    assert ahead["internal"]["readahead_served"] > 0 and ahead["corrupt_hits"] == 0
     assert ahead["storage_requests"] < 0.6 * plain["storage_requests"]
     assert peak <= capacity + budget
     if policy == "lru":  # LRU evicts to admit: it takes nothing it was not asked for
-        assert ahead["offered"] == 0 and ahead["prefetched"] == 0
+        assert ahead["internal"]["offered"] == 0 and ahead["internal"]["prefetched"] == 0
     else:  # MinIO takes what fits its free room, as it takes a miss
-        assert ahead["offered"] > 0 and ahead["prefetched"] == ahead["offered"]
+        i = ahead["internal"]
+        assert i["offered"] > 0 and i["prefetched"] == i["offered"]
 
 
 def test_readahead_is_off_where_samples_are_files(fmnist_dir):

@@ -143,7 +143,7 @@ def test_the_latency_is_measured_and_the_gap_follows_it(tmp_path, monkeypatch):
         for inputs, _, ids in loader:  # served right, whatever gap the workers were given
             for k, i in enumerate(ids.tolist()):
                 assert torch.equal(inputs[k], _chw(images[i]))
-        c = loader.counters()
+        c = loader.counters()["internal"]
     # at least the wire's 20 ms (a busy machine only adds): no upper bound, not a speed
     assert c["request_latency_ms"] > 17.0, c["request_latency_ms"]
     assert c["merge_gap"] > 3 * prior.merge_gap

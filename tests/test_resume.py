@@ -88,7 +88,7 @@ def test_a_state_taken_anywhere_resumes_to_what_is_left(fmnist_dir, name, where,
     rest, _ = run(resumed, range(epoch, EPOCHS))
     assert announced == -(-len(rest[epoch]) // 40)
     if not workers:  # (with workers, plans made ahead may have written or not: reconciled)
-        assert resumed.counters()["sync_fixes"] == 0  # it adopted the store as it was
+        assert resumed.counters()["internal"]["sync_fixes"] == 0  # it adopted the store as it was
     resumed.close()
     for store in (first, kept):
         store.close(destroy=True)

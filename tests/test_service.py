@@ -334,7 +334,7 @@ def test_two_jobs_share_reads_through_the_service(fmnist_dir, service):
             for s in served:
                 assert len(s) == len(set(s)) == distinct  # each once per epoch
         c0, c1 = (ld.counters() for ld in loaders)
-        total = c0["bytes_from_storage"] + c1["bytes_from_storage"]
+        total = c0["internal"]["bytes_from_storage"] + c1["internal"]["bytes_from_storage"]
         alone = 2 * sum(storage.sizes)  # two epochs of one job
         assert total < 0.75 * alone  # the second job's reads are mostly the first's
         assert c1["hits"] + c0["hits"] > 0.5 * 2 * len(storage)

@@ -108,8 +108,8 @@ def _job(address: str, data: str, name: str, paused, resume, out) -> None:
                 paused.set()
                 assert resume.wait(60), "never resumed"
         now = loader.counters()
-        epochs.append((ids_read, now["bytes_from_storage"] - before["bytes_from_storage"],
-                       now["hits"] - before["hits"]))  # fmt: skip
+        moved = now["internal"]["bytes_from_storage"] - before["internal"]["bytes_from_storage"]
+        epochs.append((ids_read, moved, now["hits"] - before["hits"]))
     c = loader.counters()
     out.put((name, epochs, c["service_rejoins"], c["service_failures"]))
     loader.close()

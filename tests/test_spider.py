@@ -258,7 +258,7 @@ def test_spider_trains_with_two_workers_and_serves_neighbours(fmnist_dir):
         loader.close()
         loader.dataset.store.close(destroy=True)
     assert loader.planner.sampler.scored > 0 and policy.homophily
-    assert c["substitute_hits"] > 0 and c["exact_hits"] > 0 and c["prefetched"] > 0
+    assert c["substitute_hits"] > 0 and c["exact_hits"] > 0 and c["internal"]["prefetched"] > 0
     assert c["hits"] == c["exact_hits"] + c["substitute_hits"]
 
 

@@ -252,7 +252,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
         "model": cfg.model,
         "device": str(device),
         "train_loss_per_epoch": train_losses,
-        "bias_guard_epochs": c.get("bias_guard_epochs", []),
+        "bias_guard_epochs": c["internal"].get("bias_guard_epochs", []),
         "planning_us_per_sample": 1e6 * c["planning_s"] / max(1, c["accesses"]),
         "counters": c,
     }
@@ -562,7 +562,8 @@ def format_counters(rows: list[dict]) -> str:
     for r in filter(_is_system, rows):
         acc = f"{r['test_accuracy']:.4f}" if r["test_accuracy"] is not None else "n/a"
         c = {k: 0 for k in ("accesses", "exact_hits", "substitute_hits", "storage_reads",
-                            "late_misses", "refused_puts", "phantoms")} | r["counters"]  # fmt: skip
+                            "late_misses", "refused_puts", "phantoms")}  # fmt: skip
+        c |= r["counters"] | r["counters"].get("internal", {})
         n = max(1, c["accesses"])
         lines.append(
             f"{r['policy']:<10} {r['cache_fraction']:>6.0%} {r['hit_ratio']:>9.4f} "

@@ -203,9 +203,9 @@ def _run_job(
             "epoch_time_s": float(np.mean(times)),
             "hits_by_epoch": np.diff(hits, prepend=0).tolist(),
             "samples_read": c["storage_reads"],
-            "bytes_from_storage": c["bytes_from_storage"], "accesses": c["accesses"],
-            "hit_ratio": c["hit_ratio"], "waited_hits": c["waited_hits"],
-            "late_misses": c["late_misses"], "refused_puts": c["refused_puts"],
+            "bytes_from_storage": c["internal"]["bytes_from_storage"], "accesses": c["accesses"],
+            "hit_ratio": c["hit_ratio"], "waited_hits": c["internal"]["waited_hits"],
+            "late_misses": c["late_misses"], "refused_puts": c["internal"]["refused_puts"],
             "test_accuracy": accuracy(model, *test) if test is not None else None,
             "service": service,
         }

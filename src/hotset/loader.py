@@ -77,6 +77,13 @@ class Batch(NamedTuple):
     ids: torch.Tensor
 
 
+#: ``counters()``'s keys at the top (the rest are under ``"internal"``)
+USER_COUNTERS = (
+    "batches", "samples", "accesses", "hits", "exact_hits", "substitute_hits", "misses",
+    "late_misses", "hit_ratio", "storage_reads", "storage_bytes", "storage_requests",
+    "storage_retries", "storage_wait_s", "store_failures", "corrupt_hits", "skipped",
+    "planning_s", "feedback_s", "service_failures", "service_rejoins",
+)  # fmt: skip
 #: the longest a batch waits for samples an earlier plan stages for it: a bound for a
 #: worker that died (a plan that staged, or failed to, says so at once: ``Arrivals``)
 STAGED_WAIT_S = 30.0
@@ -690,8 +697,17 @@ class HotsetLoader:
         self.planner.report_accuracy(float(accuracy))
 
     def counters(self) -> dict[str, Any]:
-        """The data plane's counters (``LoaderStats``) with the control plane's, summed over
-        the run (each epoch's apart: ``epoch_stats``)."""
+        """What the loader did, summed over the run (each epoch's apart: ``epoch_stats``):
+        the counters a user watches (``USER_COUNTERS``, described in ``LoaderStats``) and,
+        under ``"internal"``, hotset's own (read-ahead, the bytes range requests moved,
+        the planner's bookkeeping, a system's own figures)."""
+        out = self._all_counters()
+        user: dict[str, Any] = {k: out.pop(k) for k in USER_COUNTERS if k in out}
+        user["internal"] = out
+        return user
+
+    def _all_counters(self) -> dict[str, Any]:
+        """The data plane's counters (``LoaderStats``) with the control plane's, flat."""
         out = self.stats.as_dict()
         out.update(self.planner.counters())
         out["storage_retries"] += self.dataset.storage.index_retries

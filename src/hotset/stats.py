@@ -37,7 +37,9 @@ class LoaderStats:
     The control plane adds its own in ``HotsetLoader.counters()``: ``planning_s`` and
     ``feedback_s`` (its seconds), ``service_failures`` (plans the multi-job service did
     not answer; the rest of that epoch was read from storage), iCACHE's ``package_*``
-    (packages written and loaded, and their bytes), SpiderCache's ``graph_*``.
+    (packages written and loaded, and their bytes), SpiderCache's ``graph_*``. There, the
+    counters a user watches (``hotset.loader.USER_COUNTERS``) are at the top, the others
+    under ``"internal"``.
     """
 
     batches: int = 0

@@ -200,7 +200,8 @@ class ReadAhead:
         if not objs.size:
             return _NONE, _NONE
         width = self.window()
-        pos = np.sort(np.concatenate([self._later(o, after, width) for o in objs.tolist()]))
+        now = index * self._step
+        pos = np.sort(np.concatenate([self._later(o, after, now, width) for o in objs.tolist()]))
         self._opened[objs] = True
         cand, first = np.unique(self._order[pos], return_index=True)
         # a miss drawn again later is staged for those batches too: its bytes are read now
@@ -214,7 +215,7 @@ class ReadAhead:
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room
             nearest = nearest[fits]
             cand, cand_pos = self._anchored(misses, extra, cand[nearest], cand_pos[nearest])
-        self._stage(cand, pos, seq)
+        self._stage(cand, cand_pos, pos, seq)
         return cand, self._read_through(np.concatenate([misses, cand]))
 
     def _free(self, ids: np.ndarray) -> np.ndarray:
@@ -222,16 +223,18 @@ class ReadAhead:
         left for a batch not yet consumed to delete."""
         return (self._uses[ids] == 0) & (self._last_for[ids] < self._done)
 
-    def _later(self, obj: int, after: int, width: int) -> np.ndarray:
-        """``obj``'s positions in the order from ``after`` on (ascending) within ``width``
-        of the first of them: a window, a share of one at the object's first read of the
-        epoch."""
+    def _later(self, obj: int, after: int, now: int, width: int) -> np.ndarray:
+        """``obj``'s positions in the order from ``after`` on (ascending) that a read of
+        it at position ``now`` stages: a window from ``now``; at its first read of the
+        epoch, a share of one from its first use (an object read ahead of a block is
+        staged for the whole block)."""
         mine = self._pos[self._pos_ptr[obj] : self._pos_ptr[obj + 1]]
         mine = mine[np.searchsorted(mine, after) :]
         if not mine.size:
             return mine
-        share = 1.0 if self._opened[obj] else self._phase[obj]
-        return mine[: np.searchsorted(mine, mine[0] + share * width)]
+        if self._opened[obj]:
+            return mine[: np.searchsorted(mine, now + width)]
+        return mine[: np.searchsorted(mine, mine[0] + self._phase[obj] * width)]
 
     def _upcoming(
         self,
@@ -265,7 +268,7 @@ class ReadAhead:
     def _pending_bytes(self, obj: int, after: int, width: int) -> int:
         """The bytes of ``obj``'s samples in its window from ``after`` on that nobody
         stages."""
-        ids = np.unique(self._order[self._later(obj, after, width)])
+        ids = np.unique(self._order[self._later(obj, after, after, width)])
         return int(self.sizes[ids[self._uses[ids] == 0]].sum())
 
     def _anchored(
@@ -282,10 +285,10 @@ class ReadAhead:
         keep = anchored[group[misses.size :]] | np.isin(self.objects[cand], extra)
         return cand[keep], cand_pos[keep]
 
-    def _stage(self, ids: np.ndarray, pos: np.ndarray, seq: int) -> None:
-        """Stage ``ids`` for every batch that needs them among the positions ``pos``
-        (ascending, within the window of their objects' reads): an id drawn again
-        (importance sampling) is read once for them all."""
+    def _stage(self, ids: np.ndarray, first: np.ndarray, pos: np.ndarray, seq: int) -> None:
+        """Stage ``ids`` (first needed at positions ``first``) for every batch that needs
+        them among the positions ``pos`` (ascending) within the budget's horizon of their
+        first: an id drawn again (importance sampling) is read once for them all."""
         if not ids.size:
             return
         by_id = np.argsort(ids)
@@ -293,6 +296,8 @@ class ReadAhead:
         at = np.searchsorted(sorted_ids, self._order[pos])
         at = np.minimum(at, sorted_ids.size - 1)
         mine = sorted_ids[at] == self._order[pos]
+        horizon = int(self.budget / self._mean_size) + self._step
+        mine &= pos < first[by_id][at] + horizon
         batches = -(-self._order.size // self._step)
         pairs = np.unique(self._order[pos[mine]] * batches + pos[mine] // self._step)
         use_ids, use_batch = pairs // batches, pairs % batches  # by id, then batch
