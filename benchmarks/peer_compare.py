@@ -7,16 +7,19 @@ uploaded to one S3-compatible server (moto's, on 127.0.0.1) that sits behind
 ``hotset.testing.DelayProxy``: ``--latency-ms`` of round trip and ``--bandwidth-mb-s``
 shared by every connection (one link), for hotset's s3fs reads and Streaming's boto3
 downloads alike. Each hotset system reads its tar shards by range with ``--concurrency``
-requests in flight on the node (``concurrency / workers`` per worker; the gap a range
+requests in flight on the node (``--slots node``: the workers share them,
+``TarStorage(node_concurrency=)``; ``worker``: ``concurrency / workers`` each; the gap a range
 request reads through follows the latency hotset measures, the wire's as its prior), in
 each ``--orders`` (``paper``: the system's own order; ``blocks``: the same draw read by
 blocks of ``--shuffle-block`` ids, ``make_loader(order="blocks")``).
 
 Memory is equal: hotset's cache plus its read-ahead (``--readahead`` of the dataset's
-bytes) hold ``--memory`` of the dataset's bytes, Streaming's ``cache_limit`` holds that
-share of its shards' bytes. Streaming is tuned as its docs and users tune it: shards of
-about hotset's size, ``predownload`` and ``shuffle_block_size`` as given (2048 ids, 128
-predownloaded a worker), the cache as large as hotset's memory. A tuned Streaming reads
+bytes; a row for each share listed) hold ``--memory`` of the dataset's bytes, Streaming's
+``cache_limit`` holds that share of its shards' bytes. The split matters: a uniform
+sampler's cache hits about its share of the data, where read-ahead saves requests.
+Streaming is tuned as its docs and users tune it: shards of about hotset's size,
+``predownload`` and ``shuffle_block_size`` as given (2048 ids, 128 predownloaded a
+worker), the cache as large as hotset's memory. A tuned Streaming reads
 each shard about once an epoch: its requests per shard per epoch are printed beside its
 time (``req_per_shard``: GETs, as each download is a HEAD and a GET), and where they
 exceed ``MAX_PEER_READS`` the run says the peer thrashed and reports no ratio against it
@@ -26,8 +29,9 @@ The loaders run interleaved (every hotset row, then Streaming) ``--repeats`` tim
 latency; ``epoch_s`` is the mean of the steady epochs (all but the first), ``ratio`` a
 row's over Streaming's of the same repetition. The wire counts the HTTP requests and
 bytes of every epoch; ``cpu_s`` is the CPU seconds per epoch of the loader's process tree
-(its workers included, the servers not). ``mb`` beside ``shard_mb`` (the shards' bytes,
-what one read of each costs): bytes on the wire per epoch.
+(its workers included, the servers not), ``server_cpu_s`` the servers' (the wire's and
+the object store's, on the same cores: each request costs them CPU). ``mb`` beside
+``shard_mb`` (the shards' bytes, what one read of each costs): bytes on the wire per epoch.
 
 No model trains: SHADE (``--systems shade``) learns from a fixed log-normal loss per
 sample, so its rows show the I/O of its importance sampling, not its accuracy.
@@ -96,19 +100,23 @@ SYSTEMS = {
 
 
 def run_hotset(
-    args, system: str, order: str, wire: DelayProxy, s3: S3Server, latency: float
-) -> dict:
+    args, system: str, order: str, slots: str, share: float, wire: DelayProxy, s3: S3Server,
+    latency: float,
+) -> dict:  # fmt: skip
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
+    node = slots == "node"  # the node's slots shared by the workers, or a share each
+    each = max(1, math.ceil(args.concurrency / args.workers))
     storage = TarStorage(
         "s3://bench/tar", storage_options=options,
-        concurrency=max(1, math.ceil(args.concurrency / args.workers)),
+        concurrency=args.concurrency if node else each,
+        node_concurrency=args.concurrency if node else None,
         cost=CostModel(latency, args.bandwidth_mb_s, args.concurrency),  # measured online
     )  # fmt: skip
-    times, requests, gets, nbytes, distinct, cpu = [], [], [], [], [], []
+    times, requests, gets, nbytes, distinct, cpu, served = [], [], [], [], [], [], []
     servers = (wire.proc.pid, s3.proc.pid)  # not the loader's CPU
     memory = int(args.memory * storage.manifest.total_bytes)
-    readahead = min(int(args.readahead * storage.manifest.total_bytes), memory)
+    readahead = min(int(share * storage.manifest.total_bytes), memory)
     # no model trains here: SHADE learns from a fixed loss per sample (log-normal, so a
     # few samples matter most, as a trained model's losses spread)
     losses = np.random.default_rng(0).lognormal(0.0, 1.0, len(storage))
@@ -122,20 +130,23 @@ def run_hotset(
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             before, start, seen = wire.stats(), time.perf_counter(), set()
-            cpu0 = cpu_seconds(os.getpid(), servers)
+            cpu0, srv0 = cpu_seconds(os.getpid(), servers), server_cpu(servers)
             for _, _, ids in loader:
                 seen.update(ids.tolist())
                 loader.feedback(ids, losses[ids.numpy()])
             times.append(time.perf_counter() - start)
             cpu.append(cpu_seconds(os.getpid(), servers) - cpu0)
+            served.append(server_cpu(servers) - srv0)
             d = _delta(wire.stats(), before)
             requests.append(d["requests"])
             gets.append(d["gets"])
             nbytes.append(d["bytes_down"])
             distinct.append(len(seen))
         c = loader.counters()
-    row = _row(f"hotset {system} {order}", latency, times, requests, gets, nbytes, distinct,
-               capacity, c["hit_ratio"], cpu)  # fmt: skip
+    name = (f"hotset {system} {order}, read-ahead {share:.0%}"
+            + ("" if node else ", a slot per worker"))  # fmt: skip
+    row = _row(name, latency, times, requests, gets, nbytes, distinct,
+               capacity, c["hit_ratio"], cpu, served)  # fmt: skip
     shards = int(storage.extents[0].max()) + 1
     return {**row, "readahead_mb": readahead / 1e6, "shards": shards,
             "shard_mb": args.tar_bytes / 1e6,
@@ -143,12 +154,22 @@ def run_hotset(
                                  "request_latency_ms", "merge_gap")}}  # fmt: skip
 
 
-def run_streaming(args, wire: DelayProxy, latency: float, mds: tuple[int, int]) -> dict:
+def server_cpu(servers: tuple[int, ...]) -> float:
+    """CPU seconds of the benchmark's servers (the wire and the object store): on a small
+    machine they share its cores with the loader, and each request costs them CPU."""
+    return sum(cpu_seconds(pid) for pid in servers)
+
+
+def run_streaming(
+    args, wire: DelayProxy, s3: S3Server, latency: float, mds: tuple[int, int]
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="streaming-local-") as local:  # its shard cache
-        return _run_streaming(args, wire, latency, mds, local)
+        return _run_streaming(args, wire, s3, latency, mds, local)
 
 
-def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: str) -> dict:
+def _run_streaming(
+    args, wire: DelayProxy, s3: S3Server, latency: float, mds: tuple, local: str
+) -> dict:
     mds_bytes, shards = mds
     capacity = int(args.memory * mds_bytes)
     env = {
@@ -161,8 +182,9 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: st
         "--workers", str(args.workers), "--batch-size", str(args.batch_size),
         "--shuffle-block", str(args.shuffle_block), "--predownload", str(args.predownload),
     ]  # fmt: skip
-    times, requests, gets, nbytes, distinct, cpu = [], [], [], [], [], []
-    before = wire.stats()
+    times, requests, gets, nbytes, distinct, cpu, served = [], [], [], [], [], [], []
+    servers = (wire.proc.pid, s3.proc.pid)
+    before, srv0 = wire.stats(), server_cpu(servers)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         cpu0 = cpu_seconds(proc.pid)
         for line in proc.stdout:
@@ -172,6 +194,9 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: st
             cpu1 = cpu_seconds(proc.pid)
             cpu.append(cpu1 - cpu0)
             cpu0 = cpu1
+            srv1 = server_cpu(servers)
+            served.append(srv1 - srv0)
+            srv0 = srv1
             after = wire.stats()
             d = _delta(after, before)
             before = after
@@ -183,7 +208,7 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: st
     if proc.returncode:
         raise SystemExit(f"streaming run failed ({proc.returncode}): {' '.join(cmd)}")
     row = _row("streaming", latency, times, requests, gets, nbytes, distinct, capacity,
-               float("nan"), cpu)  # fmt: skip
+               float("nan"), cpu, served)  # fmt: skip
     per_shard = row["gets"] / shards  # a download is a HEAD and a GET
     if per_shard > MAX_PEER_READS:
         print(f"streaming read each shard {per_shard:.1f} times an epoch (a tuned one reads it "
@@ -193,7 +218,8 @@ def _run_streaming(args, wire: DelayProxy, latency: float, mds: tuple, local: st
             "tuned": per_shard <= MAX_PEER_READS}
 
 
-def _row(name, latency, times, requests, gets, nbytes, distinct, capacity, hit, cpu) -> dict:
+def _row(name, latency, times, requests, gets, nbytes, distinct, capacity, hit, cpu,
+         served) -> dict:  # fmt: skip
     steady = slice(1, None) if len(times) > 1 else slice(None)
     return {
         "loader": name, "latency_ms": latency,
@@ -203,6 +229,7 @@ def _row(name, latency, times, requests, gets, nbytes, distinct, capacity, hit, 
         "distinct": float(np.mean(distinct[steady])), "cache_mb": capacity / 1e6,
         "hit_ratio": hit, "readahead_mb": 0.0, "epoch_times_s": times, "ratio": float("nan"),
         "cpu_s": float(np.mean(cpu[steady])), "epoch_cpu_s": cpu,
+        "server_cpu_s": float(np.mean(served[steady])),
     }  # fmt: skip
 
 
@@ -219,9 +246,13 @@ def main() -> None:
     ap.add_argument("--memory", type=float, default=0.2,
                     help="hotset's cache + read-ahead = Streaming's cache_limit, a share of "
                     "the dataset's bytes")
-    ap.add_argument("--readahead", type=float, default=0.1,
-                    help="hotset's read-ahead, a share of the dataset's bytes (of --memory)")
+    ap.add_argument("--readahead", default="0.1,0.18",
+                    help="hotset's read-ahead, a share of the dataset's bytes (of --memory, "
+                    "the rest its cache); a list: a row for each")
     ap.add_argument("--orders", default="paper,blocks")
+    ap.add_argument("--slots", default="node",
+                    help="node: the --concurrency slots shared by hotset's workers "
+                    "(node_concurrency); worker: concurrency / workers each; or both")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--shard-bytes", type=int, default=256 << 10)
     ap.add_argument("--shuffle-block", type=int, default=2048)
@@ -255,10 +286,13 @@ def main() -> None:
                                   args.bandwidth_mb_s)  # fmt: skip
                 try:
                     for repeat in range(args.repeats):  # interleaved: hotset's rows, the peer
-                        mine = [run_hotset(args, system, order, wire, s3, latency)
+                        mine = [run_hotset(args, system, order, slots, float(share), wire, s3,
+                                           latency)
                                 for system in args.systems.split(",")
-                                for order in args.orders.split(",")]  # fmt: skip
-                        peer = run_streaming(args, wire, latency, mds)
+                                for order in args.orders.split(",")
+                                for share in args.readahead.split(",")
+                                for slots in args.slots.split(",")]  # fmt: skip
+                        peer = run_streaming(args, wire, s3, latency, mds)
                         for row in [*mine, peer]:
                             if peer["tuned"]:
                                 row["ratio"] = row["epoch_s"] / peer["epoch_s"]
@@ -273,7 +307,8 @@ def main() -> None:
         row.setdefault("req_per_shard", row["gets"] / row["shards"])
     cols = [
         ("loader", "s"), ("latency_ms", ".0f"), ("repeat", "d"), ("epoch_s", ".2f"),
-        ("ratio", ".2f"), ("first_epoch_s", ".2f"), ("cpu_s", ".1f"), ("requests", ".0f"),
+        ("ratio", ".2f"), ("first_epoch_s", ".2f"), ("cpu_s", ".1f"), ("server_cpu_s", ".1f"),
+        ("requests", ".0f"),
         ("gets", ".0f"), ("shards", "d"), ("req_per_shard", ".1f"), ("mb", ".1f"),
         ("shard_mb", ".1f"), ("distinct", ".0f"), ("cache_mb", ".2f"), ("readahead_mb", ".2f"),
         ("hit_ratio", ".3f"),

@@ -153,11 +153,12 @@ def _reads_per_object(order_of, budget_share: float, seed: int = 0) -> float:
 def test_a_read_stages_a_window_so_each_object_is_read_a_few_times_an_epoch():
     """In a random order with a read-ahead of 10% of the bytes, each object is read
     about ``epoch / window`` times an epoch (one read per window), not once for each
-    batch that finds room in the budget (~15 times); read by blocks,
-    once."""
+    batch that finds room in the budget (~15 times); a window of 1.6 times the budget's
+    positions, not 2, reads each 6-9% less often (8.3 and 4.1 times at 2); read by
+    blocks, once."""
     paper = _reads_per_object(lambda order, objects: order, 0.1)
-    assert paper <= 9.0, paper
-    assert _reads_per_object(lambda order, objects: order, 0.2) <= 5.0
+    assert paper <= 7.9, paper
+    assert _reads_per_object(lambda order, objects: order, 0.2) <= 4.0
     by_blocks = _reads_per_object(
         lambda order, objects: block_order(order, objects, 2048, np.random.default_rng(1)),
         0.1,

@@ -5,7 +5,10 @@ is the sample's error after a bounded number of attempts."""
 
 from __future__ import annotations
 
+import multiprocessing
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import fsspec
@@ -15,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hotset import FileStorage, decode_image, make_loader, to_tensor
-from hotset.errors import StorageError
-from hotset.io.reader import BatchReader, Retry, transient
+from hotset.errors import ConfigError, StorageError
+from hotset.io.reader import BatchReader, NodeSlots, Retry, transient
 from hotset.testing import FaultyHTTPServer
 
 OPTIONS = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=1.0)}}
@@ -29,13 +32,17 @@ def faulty(fmnist_dir):
     server.stop()
 
 
-@pytest.mark.parametrize("system", [("uniform", "minio"), ("shade", "app")])
+@pytest.mark.parametrize(
+    ("system", "node"), [(("uniform", "minio"), None), (("shade", "app"), 4)]
+)
 def test_an_epoch_over_a_faulty_http_server_serves_every_sample_right(
-    fmnist_dir, faulty, system
+    fmnist_dir, faulty, system, node
 ):
+    """``node``: the workers share that many requests in flight (``node_concurrency``),
+    each read on a thread of its own (not one ``cat_ranges``)."""
     local = FileStorage(str(fmnist_dir / "train"))
     remote = FileStorage(faulty.url, storage_options=OPTIONS, retry=Retry(attempts=4),
-                         concurrency=16)  # fmt: skip
+                         concurrency=16, node_concurrency=node)  # fmt: skip
     assert len(remote) == len(local)
     sampler, policy = system
     loader = make_loader(remote, batch_size=50, sampler=sampler, policy=policy,
@@ -60,6 +67,42 @@ def test_a_sample_that_never_comes_is_its_error_after_bounded_attempts(fmnist_di
     with pytest.raises(StorageError, match=r"sample \d+ .*0/00001.png.*after 3 attempts"):
         remote.read(bad)
     assert remote.retries == 2
+
+
+def _in_flight(slots: NodeSlots, now, most, threads: int) -> None:
+    """``threads`` requests at once through ``slots``, each counting itself in flight."""
+
+    def request() -> bytes:
+        with now.get_lock():
+            now.value += 1
+            most.value = max(most.value, now.value)
+        time.sleep(0.05)
+        with now.get_lock():
+            now.value -= 1
+        return b""
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda _: slots(request), range(3 * threads)))
+
+
+def test_node_slots_bound_the_requests_in_flight_across_processes():
+    """Four processes of three threads each (a DataLoader's workers, each with its
+    reader's threads) never have more than the node's 2 requests in flight, and one
+    process alone uses both slots when the others are idle."""
+    ctx = multiprocessing.get_context("fork")
+    slots, now, most = NodeSlots(2), ctx.Value("i", 0), ctx.Value("i", 0)
+    _in_flight(slots, now, most, 2)
+    assert most.value == 2  # one process, both slots
+    most.value = 0
+    procs = [ctx.Process(target=_in_flight, args=(slots, now, most, 3)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert most.value == 2
+    with pytest.raises(ConfigError, match="node_concurrency"):
+        FileStorage(".", node_concurrency=0)
 
 
 def test_what_is_tried_again():

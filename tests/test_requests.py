@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,6 +166,29 @@ def test_the_latency_fit_sees_through_queueing():
         fit.observe(requests=4, nbytes=0, seconds=4 * (0.020 + queued))
     assert 19.0 <= fit.model.latency_ms <= 25.0, fit.model.latency_ms
     assert fit.model.merge_gap < 2 * CostModel(20.0, 100.0, 8).merge_gap
+
+
+def test_the_latency_fit_takes_each_requests_own_time_where_the_slots_measure_it():
+    """With the node's slots shared (``node_concurrency``), a worker's 8 requests may
+    each wait for a slot in every batch: no batch's wall time tells the latency, and the
+    fit from it sits at its bound (8x the prior); the time each request held its slot
+    (``NodeSlots.in_flight_s``) does tell it."""
+    from hotset.io.reader import NodeSlots
+    from hotset.io.requests import LatencyFit
+
+    prior = CostModel(latency_ms=10.0, bandwidth_mb_s=100.0, in_flight=8)
+    told, blind = LatencyFit(prior, concurrency=8), LatencyFit(prior, concurrency=8)
+    rng = np.random.default_rng(0)
+    for _ in range(100):  # 20 ms each, after 0.1-0.3 s in a queue
+        seconds = float(rng.uniform(0.1, 0.3)) + 0.020
+        told.observe(requests=8, nbytes=0, seconds=seconds, in_flight_s=8 * 0.020)
+        blind.observe(requests=8, nbytes=0, seconds=seconds)
+    assert told.model.latency_ms == pytest.approx(20.0)
+    assert blind.model.latency_ms == 8 * prior.latency_ms
+    slots = NodeSlots(1)
+    for _ in range(3):
+        slots(lambda: time.sleep(0.02))
+    assert 0.06 <= slots.in_flight_s < 0.2
 
 
 def test_the_emulated_link_shares_its_bandwidth_between_processes(fmnist_dir):

@@ -165,7 +165,7 @@ class CachedDataset(Dataset):
         """Read ``ids`` from storage; with ``on_error="skip"``, drop unreadable ones."""
         storage = self.storage
         start, retries, requests = time.perf_counter(), storage.retries, storage.requests
-        wire = storage.wire_bytes
+        wire, in_flight = storage.wire_bytes, storage.in_flight_s
         try:
             got = dict(zip(ids, storage.read_many(ids), strict=True))
         except SampleError:
@@ -183,6 +183,7 @@ class CachedDataset(Dataset):
             stats.storage_requests += storage.requests - requests
         if wire is not None:
             stats.wire_bytes += storage.wire_bytes - wire
+        stats.in_flight_s += storage.in_flight_s - in_flight
         stats.bytes_from_storage += sum(len(v) for v in got.values())
         return got
 
@@ -411,7 +412,7 @@ class CachedDataset(Dataset):
             lost=np.array(lost, np.int64),
             absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
             causes=causes[:3], requests=stats.storage_requests, wire_bytes=stats.wire_bytes,
-            storage_s=stats.storage_wait_s,
+            storage_s=stats.storage_wait_s, in_flight_s=stats.in_flight_s,
         )  # fmt: skip
         # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
         # id and label arrays are pickled inline and become tensors in the loader.

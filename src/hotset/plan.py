@@ -128,7 +128,8 @@ class PlanReport:
     in the store; ``lost`` — those that are not (refused by the budget, a store failure,
     unreadable); ``absent`` — planned hits the store did not hold (or held wrong bytes);
     ``causes`` — why samples were skipped; ``requests``, ``wire_bytes``, ``storage_s`` —
-    the storage requests it made, the bytes they moved and the seconds it waited for them.
+    the storage requests it made, the bytes they moved and the seconds it waited for them
+    (``in_flight_s``: the requests' own seconds, summed, where the storage measures them).
     Reports come back in the plans' order."""
 
     stored: np.ndarray = field(default_factory=_empty)
@@ -138,6 +139,7 @@ class PlanReport:
     requests: int = 0
     wire_bytes: int = 0
     storage_s: float = 0.0
+    in_flight_s: float = 0.0
 
 
 @runtime_checkable
@@ -440,7 +442,8 @@ class Planner:
         if report is None:
             return
         if self.latency is not None:
-            self.latency.observe(report.requests, report.wire_bytes, report.storage_s)
+            self.latency.observe(report.requests, report.wire_bytes, report.storage_s,
+                                 report.in_flight_s)  # fmt: skip
         if self.ranks is None:
             self._reconcile(seq, report)
             return

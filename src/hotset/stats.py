@@ -28,6 +28,8 @@ class LoaderStats:
       it counts them (a range request of a tar shard may serve several samples).
     * ``wire_bytes``: bytes those requests moved (the gaps a range request read through
       included), where the storage counts them.
+    * ``in_flight_s``: seconds those requests held a slot that the node's workers share
+      (``node_concurrency``), summed: their own time, not their wait for a slot.
     * ``prefetched``: samples read and cached that no batch requested (a homophily node,
       or a sample a range request read through that the policy took).
     * ``readahead_staged``: later batches' misses read with a batch's (``io/readahead.py``)
@@ -63,6 +65,7 @@ class LoaderStats:
     bytes_from_storage: int = 0
     bytes_from_store: int = 0
     storage_wait_s: float = 0.0
+    in_flight_s: float = 0.0
     store_s: float = 0.0
     decode_s: float = 0.0
 

@@ -21,8 +21,10 @@ call from then on, and warns once with what that costs.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -227,7 +229,7 @@ class BatchReader:
         return out
 
     def _requests(self, paths: list[str], starts: list, ends: list) -> list[bytes | BaseException]:
-        if getattr(self.fs, "async_impl", False):  # one call, its reads in flight together
+        if self.wire is None and getattr(self.fs, "async_impl", False):  # one call, all in flight
             return self.fs.cat_ranges(paths, starts, ends, batch_size=self.concurrency,
                                       on_error="return")  # fmt: skip
         threads = min(self.concurrency, len(paths))
@@ -273,6 +275,37 @@ def _read_local(path: str, start: int | None, end: int | None) -> bytes:
         if start:
             f.seek(start)
         return f.read() if end is None else f.read(end - (start or 0))
+
+
+class NodeSlots:
+    """At most ``n`` requests in flight across every process that shares this object
+    (a DataLoader's workers inherit it, as they inherit the storage): each request waits
+    for a slot, so a worker with many reads to make uses the slots that idle workers
+    leave, where a fixed share per worker would leave them unused. A ``wire`` for
+    :class:`BatchReader`. ``in_flight_s``: the seconds this process's requests held a
+    slot, summed (each request's own time; the wait for a slot is queueing)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+        self._slots = multiprocessing.get_context().BoundedSemaphore(self.n)
+        self._lock = threading.Lock()
+        self.in_flight_s = 0.0
+
+    def __call__(self, request: Callable[[], T]) -> T:
+        with self._slots:
+            start = time.perf_counter()
+            try:
+                return request()
+            finally:
+                held = time.perf_counter() - start
+                with self._lock:
+                    self.in_flight_s += held
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
 
 def reader_of(owner: object, make) -> BatchReader:

@@ -46,11 +46,13 @@ class CostModel:
 class LatencyFit:
     """The latency per request, measured apart from queueing: per batch, a request's
     share of the batch's read time, ``seconds * min(requests, concurrency) / requests``
-    (``concurrency`` of them in flight), less its bytes' transfer time over the whole
-    link (``prior``'s bandwidth); the latency is a low quantile (``quantile``) of the last
-    ``window`` batches' figures. Time a request spends waiting for a slot or for the link
-    that other processes hold (the node's workers share them) only ever adds to a batch's
-    figure, so the batches that waited least tell the link's own latency; a transfer
+    (``concurrency`` of them in flight), or each request's own time where that is
+    measured (``NodeSlots.in_flight_s``), less its bytes' transfer time over
+    the whole link (``prior``'s bandwidth); the latency is a low quantile (``quantile``)
+    of the last ``window`` batches' figures. Time a request spends waiting for a slot or
+    for the link that other processes hold (the node's workers share them) only ever adds
+    to a batch's figure, so the batches that waited least tell the link's own latency; a
+    transfer
     charged at a share of the link would make a large read look faster than the latency
     alone.
     ``model`` is ``prior`` with that latency, held within ``bound`` times the prior's (a
@@ -65,11 +67,16 @@ class LatencyFit:
         self._seen = np.zeros(max(int(window), 1))  # the last batches' figures, a ring
         self.batches = 0
 
-    def observe(self, requests: int, nbytes: int, seconds: float) -> None:
+    def observe(
+        self, requests: int, nbytes: int, seconds: float, in_flight_s: float = 0.0
+    ) -> None:
+        """One batch's figure: ``requests`` that moved ``nbytes`` in ``seconds``;
+        ``in_flight_s``: the requests' own seconds, summed (0: not measured)."""
         if requests <= 0 or seconds <= 0:
             return
         link = self.prior.bandwidth_mb_s * 1e6
-        per = seconds * min(requests, self.concurrency) / requests - nbytes / requests / link
+        own = in_flight_s or seconds * min(requests, self.concurrency)
+        per = own / requests - nbytes / requests / link
         cap = self.bound * self.prior.latency_ms / 1000.0
         self._seen[self.batches % self._seen.size] = min(max(per, 0.0), cap)
         self.batches += 1

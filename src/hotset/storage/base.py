@@ -14,7 +14,7 @@ import fsspec
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.io.reader import BatchReader, Retry, reader_of
+from hotset.io.reader import BatchReader, NodeSlots, Retry, reader_of
 from hotset.io.requests import CostModel
 from hotset.storage.manifest import Manifest, content_key
 
@@ -152,6 +152,13 @@ class Storage(ABC):
         """Bytes those requests moved (the gaps a range read through included)."""
         return None
 
+    @property
+    def in_flight_s(self) -> float:
+        """Seconds this process's requests held a slot that the node's processes share
+        (``node_concurrency``, an emulated link's), summed: each request's own time, its
+        wait for the slot left out. 0 where there are no such slots."""
+        return 0.0
+
     def with_wire(self, wire) -> Storage | None:
         """A copy of this storage whose every request passes through ``wire`` (a function
         of the request: ``ThrottledStorage``'s emulated network); None where its reads
@@ -190,12 +197,23 @@ class FsspecStorage(Storage):
     :class:`~hotset.io.reader.BatchReader`: one batched call per batch, ``concurrency``
     requests in flight, retried as ``retry`` says; ``requests`` and ``retries`` count
     this process's. Each process (each DataLoader worker) has its own filesystem
-    instance and connections."""
+    instance and connections. ``node_concurrency``: at most that many requests in flight
+    across all the processes that read this storage (its DataLoader workers share the
+    slots, so one worker's burst of reads uses the slots the others leave idle); None:
+    ``concurrency`` per process, with no bound across them."""
 
     url: str
     storage_options: dict
     retry: Retry
     _fs: fsspec.AbstractFileSystem
+    _node_slots: NodeSlots | None = None
+
+    def _bound_node(self, node_concurrency: int | None) -> None:
+        if node_concurrency is None:
+            return
+        if not isinstance(node_concurrency, int | np.integer) or node_concurrency < 1:
+            raise ConfigError(f"node_concurrency must be an int >= 1, got {node_concurrency!r}")
+        self._node_slots = NodeSlots(int(node_concurrency))
 
     @property
     def reader(self) -> BatchReader:
@@ -203,7 +221,8 @@ class FsspecStorage(Storage):
             fs = self._fs
             if fs.__dict__.get("_pid", os.getpid()) != os.getpid():  # an async one, forked
                 fs = fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
-            return BatchReader(fs, self.concurrency, self.retry, self.__dict__.get("_wire"))
+            wire = self.__dict__.get("_wire") or self._node_slots
+            return BatchReader(fs, self.concurrency, self.retry, wire)
 
         return reader_of(self, make)
 
@@ -218,6 +237,10 @@ class FsspecStorage(Storage):
     @property
     def wire_bytes(self) -> int:
         return self.reader.bytes
+
+    @property
+    def in_flight_s(self) -> float:
+        return 0.0 if self._node_slots is None else self._node_slots.in_flight_s
 
     def with_wire(self, wire) -> Storage | None:
         if getattr(self._fs, "async_impl", False):

@@ -45,7 +45,8 @@ class FileStorage(FsspecStorage):
     reads are one call with up to ``concurrency`` in flight (default: 32 on an object
     store, 8 on local files: ``storage.base.concurrency_for``), transient failures retried
     as ``retry`` says (``io/reader.py``); each process (each DataLoader worker) opens the
-    filesystem and its connections itself. ``retries`` counts the reads tried again.
+    filesystem and its connections itself (``node_concurrency``: in flight across the
+    processes, ``FsspecStorage``). ``retries`` counts the reads tried again.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class FileStorage(FsspecStorage):
         *,
         verify: bool = True,
         concurrency: int | None = None,
+        node_concurrency: int | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
     ) -> None:
@@ -64,6 +66,7 @@ class FileStorage(FsspecStorage):
         self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self._prefix = posixpath.join(self._root, "")  # a sample's path: this + its own
         self.concurrency = concurrency_for(self._fs, concurrency)
+        self._bound_node(node_concurrency)
         mpath = posixpath.join(self._root, MANIFEST_NAME)
         try:
             info = self._fs.info(mpath)  # one request: whether it is there, and its version

@@ -161,7 +161,8 @@ class TarStorage(FsspecStorage):
     ``merge_gap``: a fixed gap (bytes) to read through; by default the gap follows the
     latency the planner measures, ``cost`` (default: 10 ms per request remote, 0.2 ms
     local, 100 MB/s shared by ``concurrency`` requests) its prior. ``concurrency``: range
-    requests in flight per process (default: 32 on an object store, 8 on local files)."""
+    requests in flight per process (default: 32 on an object store, 8 on local files);
+    ``node_concurrency``: in flight across the processes (``FsspecStorage``)."""
 
     content_keyed = False
 
@@ -170,6 +171,7 @@ class TarStorage(FsspecStorage):
         url: str | Sequence[str],
         *,
         concurrency: int | None = None,
+        node_concurrency: int | None = None,
         storage_options: dict | None = None,
         retry: Retry | None = None,
         merge_gap: int | None = None,
@@ -193,6 +195,7 @@ class TarStorage(FsspecStorage):
             self.merge_gap = int(merge_gap)
         self._paths = [fsspec.core.url_to_fs(u, **self.storage_options)[1] for u in self.urls]
         self._fs = fs
+        self._bound_node(node_concurrency)
         self.index_retries = 0
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:

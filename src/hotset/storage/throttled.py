@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.io.reader import NodeSlots
 from hotset.io.requests import CostModel
 from hotset.storage.base import Storage
 
@@ -56,7 +57,7 @@ class ThrottledStorage(Storage):
         self.bytes_per_s = bandwidth_mb_s * 1e6
         self.concurrency = int(concurrency)
         context = multiprocessing.get_context()
-        self._slots = context.BoundedSemaphore(self.concurrency)
+        self._slots = NodeSlots(self.concurrency)
         # when the link has carried every byte charged so far (time.monotonic, which
         # every process on the machine shares)
         self._link_free = context.Value("d", 0.0)
@@ -101,6 +102,10 @@ class ThrottledStorage(Storage):
     def wire_bytes(self) -> int | None:
         return (self.inner if self._wired is None else self._wired).wire_bytes
 
+    @property
+    def in_flight_s(self) -> float:
+        return self._slots.in_flight_s
+
     def _pay(self, nbytes: int, start: float) -> None:
         """Hold a request that began at ``start`` (``time.monotonic``) until its latency
         has passed and its ``nbytes`` have crossed the shared link."""
@@ -124,10 +129,12 @@ class ThrottledStorage(Storage):
         """One request on the emulated wire: the client's CPU, a slot, then latency and
         transfer time."""
         self._client_cpu()
-        with self._slots:
-            start = time.monotonic()
-            data = request()
-            self._pay(len(data), start)
+        return self._slots(lambda: self._paid(request))
+
+    def _paid(self, request) -> bytes:
+        start = time.monotonic()
+        data = request()
+        self._pay(len(data), start)
         return data
 
     def read_many(self, ids) -> list[bytes]:
@@ -138,14 +145,8 @@ class ThrottledStorage(Storage):
     def read(self, i: int) -> bytes:
         if self._wired is not None:
             return self._wired.read(i)
-        self._client_cpu()
-        with self._slots:
-            start = time.monotonic()
-            data = self.inner.read(i)
-            self._pay(len(data), start)
-        return data
+        return self._through(lambda: self.inner.read(i))
 
     def charge(self, nbytes: int) -> None:
         self._client_cpu()
-        with self._slots:
-            self._pay(nbytes, time.monotonic())
+        self._slots(lambda: self._pay(nbytes, time.monotonic()))

@@ -41,6 +41,10 @@ class StorageWrapper(Storage):
         return self.inner.wire_bytes
 
     @property
+    def in_flight_s(self) -> float:
+        return self.inner.in_flight_s
+
+    @property
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         return self.inner.extents
 
