@@ -11,15 +11,17 @@ until the batch that needs them takes them (and deletes them). The bytes staged 
 yet consumed never exceed ``budget_bytes``; the nearest batches' samples are staged first,
 from ``lead`` batches on (default: the next).
 
-A read of an object stages its samples for the next *window* of the order only,
-``WINDOW`` times the positions the budget holds: with one read of each object per
-window, and the objects' reads spread evenly over the epoch, each object holds half a
-window of its samples on average, so twice would fill the budget; the batches planned
-and not yet consumed hold theirs too, and a little less (1.6) reads each object 6-9%
-less often than 2 in a simulated epoch (``tests/test_readahead.py``) at budgets of 10-30%
-of the bytes. An object's first read of an epoch stages a share of a window (between
-``FIRST_SHARE`` and 1, by the golden ratio), so that the objects' later reads do not all
-fall on the same batches. In a paper's random order each object is then read about
+A read of an object stages its samples for the next *window* of the order only: the
+positions ahead that hold ``WINDOW`` times the samples the budget holds among those the
+cache does not (counted in the order, so that the cached ids first, as SHADE orders an
+epoch, do not stretch a window into the misses behind them). With one read of each
+object per window, and the objects' reads spread evenly over the epoch, each object
+holds half a window of its samples on average, so twice would fill the budget; the
+batches planned and not yet consumed hold theirs too, and a little less (1.6) reads each
+object 6-9% less often than 2 in a simulated epoch (``tests/test_readahead.py``) at
+budgets of 10-30% of the bytes. An object's first read of an epoch stages a share of a
+window (between ``FIRST_SHARE`` and 1, by the golden ratio), so that the objects' later
+reads do not all fall on the same batches. In a paper's random order each object is then read about
 ``epoch / window`` times an epoch (not once for each batch that finds room in the
 budget); in ``order="blocks"`` a block is one read.
 
@@ -56,6 +58,8 @@ _NONE = np.empty(0, np.int64)
 _PHASE = 0.6180339887498949
 #: a window, in the positions the read-ahead budget holds (module docstring)
 WINDOW = 1.6
+#: the most positions a window is counted on (every k-th of a longer one)
+WINDOW_PROBES = 8192
 #: the least share of a window an object's first read of the epoch stages (a block of
 #: ``order="blocks"`` is then staged whole by one read)
 FIRST_SHARE = 0.3
@@ -113,8 +117,6 @@ class ReadAhead:
         golden = np.modf((np.arange(n_obj) + 1) * _PHASE)[0]
         self._phase = FIRST_SHARE + (1 - FIRST_SHARE) * golden
         self._opened = np.zeros(n_obj, bool)  # objects read this epoch
-        self._miss = 1.0  # the share of a batch read from storage (a running mean)
-        self._taken = 0  # samples the last batch took from the staged ones
 
     def start_epoch(self, order: np.ndarray, step: int) -> None:
         """A new epoch's order (``step`` ids per global batch); nothing is staged."""
@@ -140,12 +142,22 @@ class ReadAhead:
         self._drops.clear()
         self._opened[:] = False
 
-    def window(self) -> int:
-        """The positions of the order that a read of an object stages for: ``WINDOW``
-        times what the budget holds (the module's docstring says why). Where that
-        overflows the nearest come first."""
-        held = self.budget / self._mean_size / max(self._miss, 0.05)
-        return int(min(max(WINDOW * held, self._step), max(self._order.size, 1)))
+    def _window(self, after: int, resident: Callable[[np.ndarray], np.ndarray]) -> int:
+        """The positions of the order from ``after`` on that a read of an object stages
+        for: as many as hold ``WINDOW`` times the samples the budget holds among those
+        the cache does not hold (the module's docstring says why), counted in the order
+        itself: where the hits come first (SHADE's), a window at the epoch's start would
+        otherwise reach deep into its misses and fill the budget with them. Where the
+        epoch ends first, the whole epoch (an object's first read stages from its first
+        use on). Where that overflows the nearest come first."""
+        want = WINDOW * self.budget / self._mean_size
+        span = int(4 * want) + self._step
+        ahead = self._order[after : after + span]
+        stride = max(1, ahead.size // WINDOW_PROBES)  # a large window: counted from a sample
+        misses = np.cumsum(~resident(ahead[::stride])) * stride
+        if ahead.size < span and (not misses.size or misses[-1] < want):
+            return max(self._order.size, self._step)
+        return max(int(np.searchsorted(misses, want)) * stride, self._step)
 
     def take(self, index: int) -> tuple[np.ndarray, list[int], np.ndarray]:
         """For batch ``index``: the ids staged for it and the plans (seq) that staged
@@ -161,7 +173,6 @@ class ReadAhead:
         parts = self._for.pop(index, None)
         ids = np.unique(np.concatenate(parts)) if parts else _NONE
         self._uses[ids] -= 1
-        self._taken = ids.size
         last = self._last_use.pop(index, None)
         return ids, self._producer.pop(index, []), np.concatenate(last) if last else _NONE
 
@@ -191,19 +202,17 @@ class ReadAhead:
         ``prefetch``, the plan also reads up to that many objects that no miss of its own
         touches, those the nearest later batches need first (``_upcoming``)."""
         misses = np.unique(np.asarray(misses, np.int64))
-        self._miss += 0.1 * ((misses.size + self._taken) / self._step - self._miss)
-        self._taken = 0
         room = self.budget - self.outstanding
         if not self._order.size or not (misses.size or self.prefetch):
             return _NONE, _NONE
         if room <= 0:  # nothing more staged; what the requests read through is still free
             return _NONE, self._read_through(misses)
         after = (index + self.lead) * self._step
-        extra = self._upcoming(after, misses, resident, room)
+        width = self._window(after, resident)
+        extra = self._upcoming(after, misses, resident, room, width)
         objs = np.union1d(np.unique(self.objects[misses]), extra)
         if not objs.size:
             return _NONE, _NONE
-        width = self.window()
         now = index * self._step
         pos = np.sort(np.concatenate([self._later(o, after, now, width) for o in objs.tolist()]))
         self._opened[objs] = True
@@ -246,10 +255,12 @@ class ReadAhead:
         misses: np.ndarray,
         resident: Callable[[np.ndarray], np.ndarray],
         room: int,
+        width: int,
     ) -> np.ndarray:
         """Up to ``prefetch`` objects, in the order the batches from position ``after``
         on first need them, holding an id that is neither staged, cached, nor in an object
-        ``misses`` already read: as far on as ``room`` could stage."""
+        ``misses`` already read: as far on as ``room`` could stage (``width``: a
+        window)."""
         if not self.prefetch:
             return _NONE
         span = max(self._step, int(room / self._mean_size))
@@ -263,7 +274,6 @@ class ReadAhead:
         found = found[np.argsort(first, kind="stable")][: 4 * self.prefetch]
         # an object read ahead is read for its whole window at once: only those whose
         # windows fit half the room (the misses' own staging comes first)
-        width = self.window()
         pending = np.array([self._pending_bytes(o, after, width) for o in found.tolist()],
                            np.int64)  # fmt: skip
         fits = np.cumsum(pending) <= room // 2
