@@ -17,13 +17,13 @@ cache does not (counted in the order, so that the cached ids first, as SHADE ord
 epoch, do not stretch a window into the misses behind them). With one read of each
 object per window, and the objects' reads spread evenly over the epoch, each object
 holds half a window of its samples on average, so twice would fill the budget; the
-batches planned and not yet consumed hold theirs too, and a little less (1.6) reads each
-object 6-9% less often than 2 in a simulated epoch (``tests/test_readahead.py``) at
-budgets of 10-30% of the bytes. An object's first read of an epoch stages a share of a
-window (between ``FIRST_SHARE`` and 1, by the golden ratio), so that the objects' later
-reads do not all fall on the same batches. In a paper's random order each object is then read about
-``epoch / window`` times an epoch (not once for each batch that finds room in the
-budget); in ``order="blocks"`` a block is one read.
+batches planned and not yet consumed hold theirs too, and of 1.2-2 times, 1.6 read each
+object least often in a simulated epoch (``tests/test_readahead.py``). An object's first
+read of an epoch stages a share of a window (between ``FIRST_SHARE`` and 1, by the golden
+ratio), so that the objects' later reads do not all fall on the same batches. In a
+paper's random order each object is then read about ``epoch / window`` times an epoch
+(not once for each batch that finds room in the budget); in ``order="blocks"`` a block is
+one read.
 
 DataLoader workers run neighbouring batches at the same time, so a worker whose batch an
 earlier plan stages for reads its own misses first and then waits for the staged ones,

@@ -47,12 +47,11 @@ class LatencyFit:
     """The latency per request, measured apart from queueing: per batch, a request's
     share of the batch's read time, ``seconds * min(requests, concurrency) / requests``
     (``concurrency`` of them in flight), or each request's own time where that is
-    measured (``NodeSlots.in_flight_s``), less its bytes' transfer time over
-    the whole link (``prior``'s bandwidth); the latency is a low quantile (``quantile``)
-    of the last ``window`` batches' figures. Time a request spends waiting for a slot or
-    for the link that other processes hold (the node's workers share them) only ever adds
-    to a batch's figure, so the batches that waited least tell the link's own latency; a
-    transfer
+    measured (``NodeSlots.in_flight_s``), less its bytes' transfer time over the whole
+    link (``prior``'s bandwidth); the latency is a low quantile (``quantile``) of the last
+    ``window`` batches' figures. Time a request spends waiting for a slot or for the link
+    that other processes hold (the node's workers share them) only ever adds to a batch's
+    figure, so the batches that waited least tell the link's own latency; a transfer
     charged at a share of the link would make a large read look faster than the latency
     alone.
     ``model`` is ``prior`` with that latency, held within ``bound`` times the prior's (a
