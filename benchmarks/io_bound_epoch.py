@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
+from hotset.build import make_loader  # noqa: E402
 from hotset.cli import parse_options  # noqa: E402
 from hotset.codecs import decode_sample  # noqa: E402
 from hotset.compare import (  # noqa: E402
@@ -63,7 +64,6 @@ from hotset.compare import (  # noqa: E402
     record_oracle,
     split_train,
 )
-from hotset.loader import make_loader  # noqa: E402
 from hotset.policy import POLICIES  # noqa: E402
 from hotset.sampling import SAMPLERS  # noqa: E402
 from hotset.sim.oracle import LossOracle  # noqa: E402

@@ -57,10 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
+from hotset.build import make_loader  # noqa: E402
 from hotset.compare_peers import MAX_PEER_READS  # noqa: E402
 from hotset.compare_peers import RUNNER as PEER_RUN  # noqa: E402
 from hotset.io.requests import CostModel  # noqa: E402
-from hotset.loader import make_loader  # noqa: E402
 from hotset.storage.prepare import (  # noqa: E402
     _IDX_FILES,
     FASHION_MNIST_DIR,

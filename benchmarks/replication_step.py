@@ -52,8 +52,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from _report import report  # noqa: E402
+from hotset.build import _deterministic  # noqa: E402
 from hotset.feedback import DeferredFeedback, per_sample_loss  # noqa: E402
-from hotset.loader import _deterministic  # noqa: E402
 from hotset.plan import Planner, PlanReport  # noqa: E402
 from hotset.plan_process import PlannerProcess  # noqa: E402
 from hotset.policy.base import make_policy  # noqa: E402

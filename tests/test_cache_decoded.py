@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import hotset
+from hotset.build import dataset_namespace
 from hotset.errors import ConfigError
-from hotset.loader import dataset_namespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sources import _chw, _images, _jpeg_folder, _pil_direct, _write_tar  # noqa: E402

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from hotset.build import make_loader
 from hotset.compare import CompareConfig, split_train
 from hotset.errors import ConfigError
-from hotset.loader import make_loader
 from hotset.models import ResNet18, make_model, resolve_device
 from hotset.storage import FileStorage, ThrottledStorage
 from test_simulate_cli import hotset

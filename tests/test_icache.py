@@ -17,9 +17,9 @@ import hotset.policy.icache as icache_module
 import hotset.policy.icache_lists as lists_module
 import hotset.policy.icache_packages as packages_module
 from hotset import make_policy
+from hotset.build import make_loader
 from hotset.checkpoint import from_safe, to_safe
 from hotset.errors import ConfigError, CorruptSampleError
-from hotset.loader import make_loader
 from hotset.models import TinyCNN
 from hotset.packages import Packager, read_package
 from hotset.plan import Planner, PlanReport

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from scipy.signal import savgol_filter
 
 from hotset import make_policy
+from hotset.build import make_loader
 from hotset.errors import ConfigError, RankError
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
-from hotset.loader import make_loader
 from hotset.models import TinyCNN
 from hotset.sampling import make_sampler
 from hotset.storage import FileStorage

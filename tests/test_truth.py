@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hotset import ConfigError, MemoryStore, SharedStore, make_loader
+from hotset.build import dataset_namespace
 from hotset.errors import CorruptSampleError, SkipLimitError
-from hotset.loader import dataset_namespace
 from hotset.packages import write_package
 from hotset.storage import FileStorage
 from hotset.store import RedisStore

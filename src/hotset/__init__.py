@@ -25,7 +25,8 @@ _EXPORTS = {
     ],
     "hotset.feedback": ["per_sample_loss"],
     "hotset.importance": ["ScoreBoard", "coarse_importance", "rank_importance"],
-    "hotset.loader": ["Batch", "CachedDataset", "HotsetLoader", "make_loader"],
+    "hotset.build": ["make_loader"],
+    "hotset.loader": ["Batch", "CachedDataset", "HotsetLoader"],
     "hotset.plan": ["BatchPlan", "PlanSource", "Planner"],
     "hotset.policy": ["POLICIES", "Policy", "make_policy", "register_policy"],
     "hotset.sampling": [
@@ -71,6 +72,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from hotset.build import make_loader
     from hotset.codecs import decode_array, decode_image, decode_sample, to_tensor
     from hotset.errors import (
         ConfigError,
@@ -87,7 +89,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     )
     from hotset.feedback import per_sample_loss
     from hotset.importance import ScoreBoard, coarse_importance, rank_importance
-    from hotset.loader import Batch, CachedDataset, HotsetLoader, make_loader
+    from hotset.loader import Batch, CachedDataset, HotsetLoader
     from hotset.plan import BatchPlan, Planner, PlanSource
     from hotset.policy import POLICIES, Policy, make_policy, register_policy
     from hotset.sampling import (

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from hotset.build import default_readahead_bytes, make_loader
 from hotset.codecs import decode_sample
 from hotset.collate import collate, split_sample
 from hotset.compare_peers import PEERS, check_peers, peer_note, peer_python, train_peer
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
-from hotset.loader import default_readahead_bytes, make_loader
 from hotset.models import MODELS, accuracy, make_model, resolve_device
 from hotset.policy import POLICIES
 from hotset.sampling import SAMPLERS

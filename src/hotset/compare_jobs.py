@@ -143,9 +143,9 @@ def _run_job(
     """One training job (its own process); puts its row on ``out``."""
     import torch
 
+    from hotset.build import make_loader
     from hotset.codecs import decode_sample
     from hotset.compare import IMAGE_SIZE, load_split
-    from hotset.loader import make_loader
     from hotset.models import TinyCNN, accuracy, make_model, resolve_device
     from hotset.service.client import connect
     from hotset.training import train_epoch

@@ -41,14 +41,18 @@ def cached_index(kind: str, url: str, fingerprint: str, build: Callable[[], byte
     return cached_path(kind, url, fingerprint, build).read_bytes()
 
 
+def index_path(kind: str, url: str, fingerprint: str) -> Path:
+    """Where the index of ``url`` as it is now (``fingerprint``) is kept, built or not."""
+    return cache_dir() / f"{kind}-{_digest(url)}-{_digest(fingerprint)}"
+
+
 def cached_path(kind: str, url: str, fingerprint: str, build: Callable[[], bytes]) -> Path:
     """As ``cached_index``, the file's path (to map it: every process of the node that
     opens the same source maps the same file)."""
-    root = cache_dir()
-    prefix = f"{kind}-{_digest(url)}-"
-    path = root / f"{prefix}{_digest(fingerprint)}"
+    path = index_path(kind, url, fingerprint)
     if path.exists():
         return path
+    root, prefix = path.parent, f"{kind}-{_digest(url)}-"
     data = build()
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
     try:

@@ -120,6 +120,49 @@ def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
     }  # fmt: skip
 
 
+def index_file(url: str, samples: list[list]) -> bytes:
+    """A shard's index (``shard_arrays``) as the index cache keeps it."""
+    buf = io.BytesIO()
+    np.savez(buf, **shard_arrays(url, samples))
+    return buf.getvalue()
+
+
+def load_index(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data)) as z:
+        return {k: z[k] for k in z.files}
+
+
+def fingerprint(info: dict) -> str:
+    """What a shard's cached index is keyed by beside its URL: its size and version."""
+    return f"{info.get('size')}:{_version(info)}"
+
+
+def chosen_fields(
+    fields: list[str], input_field: str | Sequence[str] | None,
+    target_field: str | Sequence[str] | None,
+) -> tuple:  # fmt: skip
+    """The fields a batch's inputs and targets come from: those given (each checked to be
+    one of ``fields``), else the first image field and the first integer field."""
+    where = "the shards' fields"
+    return (
+        check_fields("input_field", input_field, fields, where)
+        or next((f for f in fields if f in IMAGE_FIELDS), None),
+        check_fields("target_field", target_field, fields, where)
+        or next((f for f in fields if f in INT_FIELDS), None),
+    )
+
+
+def locate_shards(
+    url: str | Sequence[str], storage_options: dict, retry: Retry
+) -> tuple[fsspec.AbstractFileSystem, list[str], list[str]]:
+    """The filesystem of the shards ``url`` names, their URLs and their paths on it."""
+    if not isinstance(url, str) and not url:
+        raise ConfigError("TarStorage: no shards given")
+    fs = fsspec.core.url_to_fs(url if isinstance(url, str) else url[0], **storage_options)[0]
+    urls = shard_urls(url, fs, retry)
+    return fs, urls, [fsspec.core.url_to_fs(u, **storage_options)[1] for u in urls]
+
+
 def shard_urls(
     url: str | Sequence[str], fs: fsspec.AbstractFileSystem, retry: Retry | None = None
 ) -> list[str]:
@@ -179,21 +222,17 @@ class TarStorage(FsspecStorage):
         input_field: str | Sequence[str] | None = None,
         target_field: str | Sequence[str] | None = None,
     ) -> None:
-        if not isinstance(url, str) and not url:
-            raise ConfigError("TarStorage: no shards given")
-        first = url if isinstance(url, str) else url[0]
         self.storage_options = dict(storage_options or {})
-        fs = fsspec.core.url_to_fs(first, **self.storage_options)[0]
-        self.concurrency, self.retry = concurrency_for(fs, concurrency), retry or Retry()
-        self.urls = shard_urls(url, fs, self.retry)
-        self.url = first
+        self.retry = retry or Retry()
+        fs, self.urls, self._paths = locate_shards(url, self.storage_options, self.retry)
+        self.concurrency = concurrency_for(fs, concurrency)
+        self.url = url if isinstance(url, str) else url[0]
         if merge_gap is None:  # the planner measures the latency, this is its prior
             local = "file" in fs.protocol
             self.cost = cost or CostModel(0.2 if local else 10.0, in_flight=self.concurrency)
             self.merge_gap = self.cost.merge_gap
         else:
             self.merge_gap = int(merge_gap)
-        self._paths = [fsspec.core.url_to_fs(u, **self.storage_options)[1] for u in self.urls]
         self._fs = fs
         self._bound_node(node_concurrency)
         self.index_retries = 0
@@ -201,7 +240,9 @@ class TarStorage(FsspecStorage):
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
             parts = list(progress(
                 pool.map(self._index, self.urls, self._paths), len(self.urls),
-                "indexing tar shards", "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
+                "indexing tar shards" if local else
+                "indexing tar shards (make_loader(first_epoch='stream') trains meanwhile)",
+                "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
             ))  # fmt: skip
         if not sum(len(p["start"]) for p in parts):
             raise ConfigError(f"{url}: the shards hold no samples")
@@ -229,13 +270,7 @@ class TarStorage(FsspecStorage):
             for p, path in zip(parts, self._paths, strict=True)
         ]).tolist()  # fmt: skip
         keys = np.concatenate([p["keys"] for p in parts]).tolist()
-        where = "the shards' fields"
-        self.input_field = check_fields("input_field", input_field, self.fields, where) or next(
-            (f for f in self.fields if f in IMAGE_FIELDS), None
-        )
-        self.target_field = check_fields("target_field", target_field, self.fields, where) or next(
-            (f for f in self.fields if f in INT_FIELDS), None
-        )
+        self.input_field, self.target_field = chosen_fields(self.fields, input_field, target_field)
         self.manifest = Manifest(
             paths, keys, sizes, np.full(len(keys), -1), [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
@@ -248,7 +283,6 @@ class TarStorage(FsspecStorage):
         remote = "file" not in self._fs.protocol
         info = self._call(url, lambda: self._fs.info(path))
         size = info.get("size")
-        fingerprint = f"{size}:{_version(info)}"
 
         def build() -> bytes:
             if not remote:
@@ -267,12 +301,9 @@ class TarStorage(FsspecStorage):
                         return index_shard(f, url)
 
                 samples = self._call(url, blocks)
-            buf = io.BytesIO()
-            np.savez(buf, **shard_arrays(url, samples))
-            return buf.getvalue()
+            return index_file(url, samples)
 
-        with np.load(io.BytesIO(cached_index("tar", url, fingerprint, build))) as z:
-            return {k: z[k] for k in z.files}
+        return load_index(cached_index("tar", url, fingerprint(info), build))
 
     def _call(self, url: str, call: Callable[[], T]) -> T:
         return remote_call(self._fs, url, call, self.retry, self._count_retry)
