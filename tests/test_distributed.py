@@ -112,6 +112,8 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "hits": c["hits"] - before["hits"], "reads": len(ids_seen),
             "corrupt": c["corrupt_hits"], "sync_s": c["internal"]["sync_s"],
             "sync_calls": c["internal"]["sync_calls"] - before["internal"]["sync_calls"],
+            "collectives": c["internal"].get("collectives", 0)
+            - before["internal"].get("collectives", 0),
             "failures": c["store_failures"] - before["store_failures"],
             "cached": plans.hexdigest() if process else hashlib.blake2b(
                 loader.planner.policy.cached_ids().tobytes(), digest_size=8
@@ -208,6 +210,10 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         k = SYSTEMS[name].get("sync_every", 1)
         calls = epochs[0]["sync_calls"]
         assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
+        # every collective: that exchange, iCACHE's package loads (one a step that loads
+        # any) and the epoch's boundaries
+        every = epochs[0]["collectives"]
+        assert every <= 2 * epochs[0]["batches"] + 6, (name, e, every)
         assert len({str(ep["in_flight"]) for ep in epochs}) == 1  # counted alike
     if name.startswith("spider"):  # one rank keeps the graph and scores for all
         for e in range(3):

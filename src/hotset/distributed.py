@@ -70,7 +70,11 @@ class RankGroup:
         self.rank, self.world, self.timeout = rank, world, timeout
         return self
 
+    #: the collectives this rank has made
+    calls = 0
+
     def _collective(self, name: str, fn, *args, **kwargs) -> None:
+        self.calls += 1
         try:
             fn(*args, group=self.group, **kwargs)
         except RuntimeError as exc:  # gloo: a time-out, or a peer that went away

@@ -99,6 +99,10 @@ class PackageSource(Protocol):
     def l_commit(self, ids, loaded=None) -> None: ...
 
 
+#: the ranks' one collective for a poll's package loads
+PACKAGE_LOADS = "iCACHE's package loads"
+
+
 class Packager:
     """The packaging and loading threads of one job (started on the first ``poll``).
 
@@ -117,7 +121,8 @@ class Packager:
 
     ``ranks`` (a data-parallel job, ``threads=False``): every rank composes the same
     packages, rank 0 alone reads, writes and loads them, and every rank commits what
-    rank 0's put landed (exchanged), so the ranks' L-caches stay one.
+    rank 0's puts landed (one broadcast a poll that loads), so the ranks' L-caches stay
+    one.
     """
 
     def __init__(
@@ -178,20 +183,8 @@ class Packager:
     # -- planner side (planner lock held) ---------------------------------------------
     def poll(self) -> None:
         if not self.threads:
-            while self.policy.l_wants_package():
-                ids = self.policy.l_next_package(prefer=np.fromiter(self._index, np.int64))
-                if not ids.size:
-                    return
-                fresh = self.policy.l_fresh()
-                try:
-                    path, size, entries = self._write(ids) if self.leads else self._record(ids)
-                except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
-                    self.errors += 1
-                    log.warning("packaging failed, L-samples stay uncached: %s", exc)
-                    path, size, entries = None, 0, None
-                self._load(path, size, ids, entries)
-                if self.policy.l_fresh() <= fresh:
-                    return  # nothing landed (a full store): try again at the next poll
+            if self.policy.l_wants_package():  # (alike on every rank)
+                self._load_packages()
             return
         if not self._threads:
             self._start()
@@ -311,15 +304,46 @@ class Packager:
                 self._cv.notify_all()
             self._load(path, size, ids, entries)
 
+    def _load_packages(self) -> None:
+        """Packages composed and loaded in the planner's thread while the policy wants
+        them. With ranks, rank 0 writes and loads them and hands on, in one broadcast,
+        what each put landed (None: it could not write the package); every other rank
+        composes the same packages and makes the same room, and commits what landed."""
+        landed = None if self.leads else self.ranks.broadcast(None, call=PACKAGE_LOADS)
+        done: list[list[int] | None] = []
+        while self.policy.l_wants_package() and (landed is None or len(done) < len(landed)):
+            ids = self.policy.l_next_package(prefer=np.fromiter(self._index, np.int64))
+            if not ids.size:
+                break
+            fresh = self.policy.l_fresh()
+            if landed is None:
+                try:
+                    path, size, entries = self._write(ids)
+                    done.append(self._load(path, size, ids, entries))
+                except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
+                    self.errors += 1
+                    log.warning("packaging failed, L-samples stay uncached: %s", exc)
+                    done.append(None)
+            else:
+                done.append(landed[len(done)])
+                if done[-1] is not None:
+                    self._record(ids)
+                    with self.lock:
+                        _, ids = self.policy.l_make_room(self._loadable(ids))
+                        self.policy.l_commit(ids, loaded=done[-1])
+            if self.policy.l_fresh() <= fresh:
+                break  # nothing landed (a full store): again at the next poll
+        if landed is None and self.ranks is not None:
+            self.ranks.broadcast(done, call=PACKAGE_LOADS)
+
     def _load(
-        self, path: Path | None, size: int, ids: np.ndarray, entries: list | None = None
-    ) -> None:
+        self, path: Path, size: int, ids: np.ndarray, entries: list | None = None
+    ) -> list[int] | None:
         """Put a package's samples into the store and the L-cache together (under the
         planner lock: a planner reconciling with the store never sees the one changed
-        without the other): its ``entries`` as written, or else read from ``path``. With
-        ranks, rank 0 reads and puts, every rank makes the same room and commits what
-        rank 0's put landed."""
-        if entries is None and self.leads and path is not None:
+        without the other): its ``entries`` as written, or else read from ``path``. The
+        ids that landed (None: the package could not be read)."""
+        if entries is None:
             try:
                 entries = read_package(path, self.storage.from_entry)
                 self.storage.charge(size)
@@ -328,29 +352,25 @@ class Packager:
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)
-        ok = entries is not None
-        if self.ranks is not None:  # rank 0's outcome decides for every rank
-            ok = self.ranks.broadcast(ok, call="an iCACHE package's read")
-        if not ok:
-            return
+                return None
         with self.lock:
-            if self.deleting is not None:
-                ids = ids[~self.deleting(ids)]
-            victims, ids = self.policy.l_make_room(ids)
+            victims, ids = self.policy.l_make_room(self._loadable(ids))
             loaded: list[int] = []
             try:
-                if self.leads:
-                    loaded = self._put(entries, ids, victims, size)
+                loaded = self._put(entries, ids, victims, size)
             except Exception as exc:  # noqa: BLE001 - the L-cache just stays emptier
                 self.errors += 1
                 log.warning("loading package %s failed: %s", path, exc)
             finally:
-                if self.ranks is not None:  # every rank commits what landed
-                    loaded = self.ranks.broadcast(loaded, call="an iCACHE package's load")
                 self.policy.l_commit(ids, loaded=loaded)
                 if self.threads and self.policy.l_wants_package():
                     with self._cv:
                         self._need = True
+        return loaded
+
+    def _loadable(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` less those plans in flight delete (planner lock held)."""
+        return ids if self.deleting is None else ids[~self.deleting(ids)]
 
     def _put(self, entries, ids: np.ndarray, victims: np.ndarray, size: int) -> list[int]:
         """The store side of a load: the victims deleted, the package's accepted samples

@@ -551,6 +551,8 @@ class Planner:
         out.update(self.sampler.counters())
         if self.feeder is not None:
             out.update(self.feeder.counters())
+        if self.ranks is not None:  # every collective the planner made, exchanges included
+            out["collectives"] = self.ranks.calls
         return out
 
     def close(self) -> None:
