@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,10 +54,11 @@ STREAMED = "streamed_first_epoch"
 @dataclass
 class SpoolPlan:
     """A streamed batch: its ids and, per id, where its fields lie in the spool: the
-    shard, the byte range, its members ``(field, offset in the range, size)`` and name."""
+    shard's file, the byte range, its members ``(field, offset in the range, size)`` and
+    name; ``shards``: its samples of each shard."""
 
     ids: np.ndarray
-    where: dict[int, tuple[int, int, int, tuple, str]]
+    where: dict[int, tuple[str, int, int, tuple, str]]
     fields: tuple
     shards: Counter = field(default_factory=Counter)
 
@@ -128,7 +128,7 @@ class StreamedPlans:
                 for f, o, n in zip(a["m_field"][lo:hi], a["m_off"][lo:hi], a["m_size"][lo:hi],
                                    strict=True)
             )  # fmt: skip
-            where[i] = (s, int(a["start"][j]), int(a["end"][j]), members,
+            where[i] = (str(sh.path), int(a["start"][j]), int(a["end"][j]), members,
                         f"{sh.url}#{a['names'][j]}")  # fmt: skip
             used[s] += 1
         return SpoolPlan(ids, where, self.fields, used)
@@ -166,8 +166,7 @@ class SpoolStorage:
     content_keyed = False
     retries, requests, wire_bytes, in_flight_s = 0, None, None, 0.0
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self) -> None:
         self.where: dict[int, tuple] = {}
         self.input_field = self.target_field = None
         self.keys, self.labels = _Names(self), _NoLabels()
@@ -178,8 +177,8 @@ class SpoolStorage:
     def read_many(self, ids: list[int]) -> list[bytes]:
         out = []
         for i in ids:
-            s, lo, hi, members, _ = self.where[i]
-            with open(self.directory / f"{s:06d}.tar", "rb") as f:
+            path, lo, hi, members, _ = self.where[i]
+            with open(path, "rb") as f:
                 f.seek(lo)
                 data = f.read(hi - lo)
             out.append(encode_record({name: data[o : o + n] for name, o, n in members}))
@@ -193,8 +192,8 @@ class SpoolDataset(CachedDataset):
     """``CachedDataset`` over the spool, with no store: a plan's samples read from the
     spooled shards, decoded and collated as every batch is."""
 
-    def __init__(self, directory: Path, **options: Any) -> None:
-        super().__init__(SpoolStorage(directory), None, **options)
+    def __init__(self, **options: Any) -> None:
+        super().__init__(SpoolStorage(), None, **options)
 
     def __getitems__(self, plan: SpoolPlan) -> dict:
         storage = self.storage
@@ -305,7 +304,7 @@ class StreamedStart(HotsetLoader):
         o = self._options
         plans = StreamedPlans(self._spool, o["batch_size"], o["seed"], o["drop_last"],
                               o["input_field"], o["target_field"])  # fmt: skip
-        dataset = SpoolDataset(self._spool.dir, **{k: o[k] for k in (
+        dataset = SpoolDataset(**{k: o[k] for k in (
             "decode", "transform", "on_error", "max_skipped", "collate_fn")})  # fmt: skip
         batches = DataLoader(dataset, batch_sampler=plans, collate_fn=_pass_through,
                              **self._loader_args)  # fmt: skip

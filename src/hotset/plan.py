@@ -99,24 +99,24 @@ class BatchPlan:
 def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
     """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (a
     batch that does not divide evenly is padded by wrapping, as ``DistributedSampler``
-    pads an epoch). It writes the admissions and fetches it ``owners`` and applies the
-    deletions if ``plan.index % world`` is its rank. A hit on what another rank writes
-    in this very plan is read from storage instead (that write may not have landed)."""
+    pads an epoch). It writes the admissions and fetches it ``owners``, after applying
+    all of the plan's deletions (every rank does: deleting is idempotent, and a rank's
+    writes then never find the store full of what a slower rank has yet to delete, which
+    would make what the cache holds depend on the ranks' timing). A hit on what another
+    rank writes in this very plan is read from storage instead (that write may not have
+    landed)."""
     n = plan.ids.size
     pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1)
     ids = plan.ids[pos]
     written = np.concatenate([plan.admitted, plan.fetch])
     ours = owners(written, plan.ids, world) == rank
     k = plan.admitted.size
-    deletes = plan.index % world == rank
     return replace(
         plan,
         ids=ids,
         hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
         admitted=plan.admitted[ours[:k]],
         fetch=plan.fetch[ours[k:]],
-        evicted=plan.evicted if deletes else plan.evicted[:0],
-        evict_keys=plan.evict_keys if deletes else (),
         substituted=None if plan.substituted is None else plan.substituted[pos],
         requested=None if plan.requested is None else plan.requested[pos],
     )
