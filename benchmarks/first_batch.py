@@ -128,13 +128,17 @@ def main() -> None:
         rows[0]["index_gets_per_shard"] = gets / args.shards
         peer = Path(args.peer_python)
         if peer.exists():
+            before = wire.stats()
             out = subprocess.run([str(peer), "-c", PEER, url, str(args.batch)],
                                  capture_output=True, text=True, check=True)  # fmt: skip
+            after = wire.stats()
             first_line, last = out.stdout.strip().splitlines()[-2:]
             rows.append({
                 "loader": "webdataset", "first_batch_s": float(first_line),
                 "epoch_s": float(last.split()[0]), "samples": int(last.split()[1]),
-                "index_s": 0.0, "requests_per_shard": 1.0, "index_mb_s": 0.0,
+                "index_s": 0.0, "index_mb_s": 0.0,
+                "requests_per_shard": (after.get("requests", 0) - before.get("requests", 0))
+                / args.shards,
             })  # fmt: skip
             for r in rows:
                 r["first_batch_ratio"] = r["first_batch_s"] / rows[-1]["first_batch_s"]

@@ -36,7 +36,7 @@ from hotset.checkpoint import to_safe
 from hotset.codecs import encode_record
 from hotset.errors import SkipLimitError
 from hotset.feedback import ArrayLike, IdsLike, as_numpy, checked_shape
-from hotset.loader import Batch, CachedDataset, HotsetLoader, _pass_through
+from hotset.loader import STREAMED, Batch, CachedDataset, HotsetLoader, _pass_through
 from hotset.plan import COUNTERS
 from hotset.progress import progress
 from hotset.stats import EpochStats, LoaderStats
@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: the shuffle buffer's samples at most (WebDataset's examples use 1,000-5,000)
 BUFFER = 4096
-#: the key of a state taken during a streamed first epoch
-STREAMED = "streamed_first_epoch"
 
 
 @dataclass
@@ -377,7 +375,7 @@ class StreamedStart(HotsetLoader):
     def state_dict(self, trained: int | None = None) -> dict[str, Any]:
         if self._inner is not None or self._epoch != 0:
             return self.loader().state_dict(trained)
-        return to_safe({STREAMED: True, "stats": asdict(LoaderStats())})
+        return to_safe({STREAMED: True})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get(STREAMED) and self._inner is None:

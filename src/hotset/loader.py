@@ -58,6 +58,8 @@ class Batch(NamedTuple):
     ids: torch.Tensor
 
 
+#: the key of a state taken during a streamed first epoch (``first_epoch.py``)
+STREAMED = "streamed_first_epoch"
 #: ``counters()``'s keys at the top (the rest are under ``"internal"``)
 USER_COUNTERS = (
     "batches", "samples", "accesses", "hits", "exact_hits", "substitute_hits", "misses",
@@ -741,7 +743,7 @@ class HotsetLoader:
         it would skip or repeat samples."""
         state = from_safe(state)
         self._feedback.flush()  # (the saved plan replaces what it changed)
-        if state.get("streamed_first_epoch"):  # (first_epoch.py: it starts again)
+        if state.get(STREAMED):  # taken during a streamed first epoch: it starts again
             log.warning("a state taken during the streamed first epoch: epoch 0 starts again")
             self.set_epoch(0)
             return
