@@ -22,6 +22,7 @@ start (docs/reliability.md).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -173,13 +174,17 @@ class SpoolStorage:
         return self.where[i][4]
 
     def read_many(self, ids: list[int]) -> list[bytes]:
-        out = []
-        for i in ids:
-            path, lo, hi, members, _ = self.where[i]
-            with open(path, "rb") as f:
-                f.seek(lo)
-                data = f.read(hi - lo)
-            out.append(encode_record({name: data[o : o + n] for name, o, n in members}))
+        out, files = [], {}
+        try:
+            for i in ids:
+                path, lo, hi, members, _ = self.where[i]
+                if path not in files:  # each spooled shard opened once a batch
+                    files[path] = os.open(path, os.O_RDONLY)
+                data = os.pread(files[path], hi - lo, lo)
+                out.append(encode_record({name: data[o : o + n] for name, o, n in members}))
+        finally:
+            for fd in files.values():
+                os.close(fd)
         return out
 
     def read(self, i: int) -> bytes:
