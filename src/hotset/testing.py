@@ -125,7 +125,11 @@ class RedisClusterServers:
         self.full_coverage = full_coverage
         _binary("redis-cli", "redis-cli")
         self.workdir = workdir
-        self.ports = [_free_port_pair() for _ in range(masters)]
+        self.ports: list[int] = []
+        while len(self.ports) < masters:  # (a random draw can repeat: each master its own)
+            port = _free_port_pair()
+            if port not in self.ports:
+                self.ports.append(port)
         self.procs: dict[int, subprocess.Popen] = {}
         for port in self.ports:
             (workdir / f"node{port}").mkdir()
