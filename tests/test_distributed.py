@@ -507,12 +507,14 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["shade"])  # (iCACHE's and SpiderCache's: docs/reliability.md)
+@pytest.mark.parametrize("name", ["shade", "icache"])  # (SpiderCache: docs/reliability.md)
 def test_three_ranks_resume_to_what_the_uninterrupted_run_serves(fmnist_dir, tmp_path, name):
     """Killed mid-epoch with its store kept, a 3-rank job resumes each rank to exactly what
     the uninterrupted run serves, that epoch and the next. SHADE orders each epoch by what
     the cache holds: a put refused while a slower rank had yet to delete the plan's
-    victims made that depend on the ranks' timing, so two uninterrupted runs differed."""
+    victims made that depend on the ranks' timing, so two uninterrupted runs differed.
+    iCACHE serves substitutes from what its packages loaded (rank 0's puts, committed on
+    every rank)."""
     data, system = str(fmnist_dir / "train"), {"system": name}
     runs = {}
     for run in ("whole", "cut", "resumed"):

@@ -13,8 +13,8 @@ keeps them identical by exchanging what differs between ranks:
   store (rank 0's, after a barrier).
 
 So every rank draws the same global list and makes the same cache decisions: each entry
-has one decision-maker (the plan), it is written by the first rank that reads it and a
-plan's deletions are applied by one rank (``index % R``). The collectives run on a gloo
+has one decision-maker (the plan), it is written by the first rank that reads it, and
+every rank applies a plan's deletions before its own writes. The collectives run on a gloo
 group of hotset's own, never interleaved with the model's (NCCL) ones, with the time-out
 the user gave ``init_process_group`` (torch's default otherwise): a rank that hangs or
 dies ends the others' wait with a ``RankError`` naming the collective, not a 30-minute
