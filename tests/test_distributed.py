@@ -479,14 +479,18 @@ def test_a_call_made_on_one_rank_only_is_a_rank_error_naming_it(fmnist_dir, tmp_
 
 
 def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: str) -> None:
-    """Three epochs of ``run["system"]`` on a named store, feedback a function of the ids;
-    ``run["cut"] = (epoch, batches)``: the state saved there and the process gone as a
-    killed job's (its store kept); ``run["resume"]``: the states to load first."""
+    """Three epochs of ``run["system"]`` on a named store, feedback a function of the ids
+    (embeddings too: its class's corner, a little apart per id); ``run["cut"] = (epoch,
+    batches)``: the state saved there and the process gone as a killed job's (its store
+    kept); ``run["resume"]``: the states to load first."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    storage = FileStorage(data)
     loader = hotset.make_loader(
-        FileStorage(data), batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=0,
+        storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=0,
         seed=0, store=f"shared://{run['store']}", **run["system"],
     )  # fmt: skip
+    labels = torch.as_tensor(storage.labels)
+    corners = torch.eye(int(labels.max()) + 1)
     if run.get("resume"):
         loader.load_state_dict(torch.load(f"{run['resume']}/state{rank}.pt"))
     served: dict[int, list] = {}
@@ -495,7 +499,8 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
         served[epoch] = []
         for n, (_, _, ids) in enumerate(loader):
             i = ids.numpy()
-            loader.feedback(ids, torch.as_tensor((i * 7919 % 1000) / 1000 + epoch / 10))
+            emb = corners[labels[ids]] + torch.as_tensor((i * 7919 % 1000) / 1e5)[:, None]
+            loader.feedback(ids, torch.as_tensor((i * 7919 % 1000) / 1000 + epoch / 10), emb)
             served[epoch] += i.tolist()
             if (epoch, n + 1) == tuple(run.get("cut") or ()):
                 torch.save(loader.state_dict(), f"{out}/state{rank}.pt")
@@ -507,15 +512,24 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["shade", "icache"])  # (SpiderCache: docs/reliability.md)
+RESUMED = {
+    "shade": {"system": "shade"},
+    "icache": {"system": "icache"},
+    # its graph scored in the planner's thread: the background thread decides when scores
+    # reach the plans (docs/reliability.md)
+    "spider": {"system": "spider", "epochs": 3, "sampler_options": {"background": False}},
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMED))
 def test_three_ranks_resume_to_what_the_uninterrupted_run_serves(fmnist_dir, tmp_path, name):
     """Killed mid-epoch with its store kept, a 3-rank job resumes each rank to exactly what
     the uninterrupted run serves, that epoch and the next. SHADE orders each epoch by what
     the cache holds: a put refused while a slower rank had yet to delete the plan's
     victims made that depend on the ranks' timing, so two uninterrupted runs differed.
     iCACHE serves substitutes from what its packages loaded (rank 0's puts, committed on
-    every rank)."""
-    data, system = str(fmnist_dir / "train"), {"system": name}
+    every rank), SpiderCache from its Homophily Cache."""
+    data, system = str(fmnist_dir / "train"), RESUMED[name]
     runs = {}
     for run in ("whole", "cut", "resumed"):
         (tmp_path / run).mkdir()
