@@ -74,6 +74,11 @@ def write_shards(root: Path, samples: int, shards: int) -> None:
                     tf.addfile(info, io.BytesIO(data))
 
 
+def _moved(before: dict, after: dict, key: str = "requests") -> int:
+    """What the wire carried between two ``DelayProxy.stats()`` readings."""
+    return after.get(key, 0) - before.get(key, 0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=2000)
@@ -100,8 +105,7 @@ def main() -> None:
         TarStorage(url)
         index_s = time.perf_counter() - t
         after = wire.stats()
-        gets = after.get("gets", 0) - before.get("gets", 0)
-        requests = after.get("requests", 0) - before.get("requests", 0)
+        gets, requests = _moved(before, after, "gets"), _moved(before, after)
         for first_epoch in ("index", "stream"):
             os.environ["HOTSET_CACHE_DIR"] = str(work / f"index-cold-{first_epoch}")
             before = wire.stats()
@@ -120,8 +124,7 @@ def main() -> None:
             rows.append({
                 "loader": f"hotset ({first_epoch})", "first_batch_s": first_s, "epoch_s": epoch_s,
                 "samples": n, "index_s": index_s if first_epoch == "index" else epoch_s,
-                "requests_per_shard": (after.get("requests", 0) - before.get("requests", 0))
-                / args.shards,
+                "requests_per_shard": _moved(before, after) / args.shards,
                 "index_mb_s": shard_bytes / index_s / 1e6 if first_epoch == "index" else 0.0,
             })  # fmt: skip
         rows[0]["index_requests_per_shard"] = requests / args.shards
@@ -137,8 +140,7 @@ def main() -> None:
                 "loader": "webdataset", "first_batch_s": float(first_line),
                 "epoch_s": float(last.split()[0]), "samples": int(last.split()[1]),
                 "index_s": 0.0, "index_mb_s": 0.0,
-                "requests_per_shard": (after.get("requests", 0) - before.get("requests", 0))
-                / args.shards,
+                "requests_per_shard": _moved(before, after) / args.shards,
             })  # fmt: skip
             for r in rows:
                 r["first_batch_ratio"] = r["first_batch_s"] / rows[-1]["first_batch_s"]
