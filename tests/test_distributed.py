@@ -486,8 +486,8 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     storage = FileStorage(data)
     loader = hotset.make_loader(
-        storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=0,
-        seed=0, store=f"shared://{run['store']}", **run["system"],
+        storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, seed=0,
+        store=f"shared://{run['store']}", **{"num_workers": 0, **run["system"]},
     )  # fmt: skip
     labels = torch.as_tensor(storage.labels)
     corners = torch.eye(int(labels.max()) + 1)
@@ -514,6 +514,8 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
 
 RESUMED = {
     "shade": {"system": "shade"},
+    # its workers' plans made ahead, and admitting, when the job is killed
+    "shade-workers": {"system": "shade", "num_workers": 2, "persistent_workers": True},
     "icache": {"system": "icache"},
     # its graph scored in the planner's thread: the background thread decides when scores
     # reach the plans (docs/reliability.md)

@@ -6,7 +6,9 @@ direct read."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -213,17 +215,23 @@ def test_s3_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path,
         wire.stop()
 
 
-def test_gcs_faults_are_retried_and_a_shard_that_keeps_failing_is_named(tmp_path, gcs):
+def test_gcs_faults_are_retried_and_a_shard_that_keeps_failing_is_named(
+    tmp_path, gcs, monkeypatch
+):
     """Faults are retried (``_faults_retried``): gcsfs retries each itself, after 0.5 to
     1.5 s, then hotset's reader. A shard whose every read fails stops the epoch with an
-    error naming a sample of it once gcsfs's own six attempts (not configurable, about
-    31-36 s of backoff) are spent; hotset's reader is left one attempt so that the test
-    waits for gcsfs's backoff once."""
+    error naming a sample of it once gcsfs's own six attempts are spent; hotset's reader
+    is left one attempt. gcsfs's backoff (not configurable: 31-36 s for six attempts) is
+    cut to a hundredth here, in this process and the workers it forks."""
 
     def through(server, wire):
         return {**server.storage_options, "endpoint_url": wire.url}
 
+    import gcsfs.retry
+
     images, url, port = _faults_retried(gcs, tmp_path, through)
+    sleep = asyncio.sleep
+    monkeypatch.setattr(gcsfs.retry, "asyncio", SimpleNamespace(sleep=lambda s: sleep(s / 100)))
     wire = DelayProxy(port, latency_ms=1.0, bandwidth_mb_s=0, failing="shard-001")
     try:
         storage = hotset.open_storage(url, storage_options=through(gcs, wire))

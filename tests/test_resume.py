@@ -44,14 +44,16 @@ def run(loader, epochs, cut=None, abandon=None):
 WHERE = ["before the first batch", "between batches", "after the last batch",
          "after set_epoch", "after an abandoned epoch"]  # fmt: skip
 #: every point for one system of each kind; the two hardest points for every other
-#: system; with two DataLoader workers, the systems whose serving does not depend on what
-#: the plans made ahead admitted (not SpiderCache's or iCACHE's substitutes:
-#: docs/reliability.md)
+#: system; with two DataLoader workers (whose plans are made ahead, and admit), the
+#: systems whose plans are a function of the seed and the feedback (not iCACHE's with
+#: workers: docs/reliability.md), also where those plans admit and substitute
 CASES = [
     *[(name, where, 0) for name in ("lru", "shade", "icache") for where in WHERE],
     *[(name, where, 0) for name in ("minio", "belady", "shade+", "icache+", "spider", "spider+")
       for where in ("between batches", "after an abandoned epoch")],
-    *[(name, "between batches", 2) for name in ("lru", "minio", "shade")],
+    *[(name, "between batches", 2) for name in ("lru", "minio")],
+    *[(name, where, 2) for name in ("shade", "spider")
+      for where in ("between batches", "while the plans admit")],
 ]  # fmt: skip
 
 
@@ -67,6 +69,7 @@ def test_a_state_taken_anywhere_resumes_to_what_is_left(fmnist_dir, name, where,
     cut = {
         "before the first batch": (0, -1),
         "between batches": (1, 7),
+        "while the plans admit": (1, 18),  # past SHADE's hits-first batches
         "after the last batch": (1, None),
         "after set_epoch": (2, -1),
         "after an abandoned epoch": (2, -1),

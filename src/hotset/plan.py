@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -39,6 +39,11 @@ _EMPTY.flags.writeable = False
 
 def _empty() -> np.ndarray:
     return _EMPTY
+
+
+#: consumed plans a planner keeps beside those in flight, for a state taken with
+#: ``trained`` behind the batches served (a trainer that fetches ahead)
+KEPT_PLANS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +99,11 @@ class BatchPlan:
         """A plan that reads ``ids`` from storage and leaves the store alone."""
         ids = np.asarray(ids, np.int64)
         return cls(epoch=epoch, index=index, ids=ids, hits=np.zeros(ids.size, bool))
+
+
+def _plan_fields(plan: BatchPlan) -> dict:
+    """``plan`` as a state holds it (``BatchPlan(**fields)`` makes it again)."""
+    return {f.name: getattr(plan, f.name) for f in fields(plan)}
 
 
 def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
@@ -294,6 +304,10 @@ class Planner:
         self.wait_s = float(wait_s)
         # plans handed out, not consumed: (seq, the ids it pinned)
         self._inflight: deque[tuple[int, np.ndarray]] = deque()
+        # this epoch's latest global plans: those in flight and the last ``KEPT_PLANS``
+        # consumed (a state saves those after its batches and serves them again, as made)
+        self._made: deque[BatchPlan] = deque()
+        self._replay: list[BatchPlan] = []  # a loaded state's, served before planning more
         # per id, the last plan that wrote / deleted it, as its seq - _base (2 B per id;
         # -1: before _base, which moves up as plans are reconciled): in flight if >= the
         # oldest in flight
@@ -435,6 +449,8 @@ class Planner:
             return
         self._consumed += 1
         seq, pins = self._inflight.popleft()
+        while len(self._made) > len(self._inflight) + KEPT_PLANS:
+            self._made.popleft()
         with self.lock:
             self.policy.pin(pins, -1)
         if self.readahead is not None:
@@ -510,7 +526,12 @@ class Planner:
         with self.lock:
             cached = self.policy.cached_ids()
             writing = self.policy.writing_ids()  # the feeder's loads in flight: theirs
-            forgotten = self.policy.discard(np.setdiff1d(cached, held))
+            # what the plans a loaded state serves again write: theirs to put (a killed
+            # job's workers may have put them, or not)
+            again = [a for p in self._replay for a in (p.admitted, p.fetch)]
+            forgotten = self.policy.discard(
+                np.setdiff1d(np.setdiff1d(cached, held), np.concatenate([_EMPTY, *again]))
+            )
             extra = np.setdiff1d(np.setdiff1d(held, cached), writing)
             self.sync_fixes += len(forgotten) + extra.size
             return extra
@@ -566,9 +587,11 @@ class Planner:
 
     def state_dict(self, trained: int | None = None) -> dict:
         """Where training stands: the epoch, its order as drawn and how many of its
-        batches were consumed, the sampler's and the policy's state, the counters. Plans
-        handed out but not consumed are not in it: after a restart they are planned
-        again (the cache is then reconciled with what the store really holds). Taken at
+        batches were consumed, the sampler's and the policy's state, the counters, and
+        the plans made for its later batches (DataLoader workers' prefetch): their
+        decisions are in the policy's state, so after a restart they are served again as
+        made, not planned a second time from what they admitted (their read-ahead left
+        out: the staging area starts empty). Taken at
         any point, it resumes to what an uninterrupted run would still serve: an epoch
         ``set_epoch`` named but not begun starts afresh (not with the last epoch's order),
         and after an epoch's last batch the next epoch does. ``trained``: at most that
@@ -579,16 +602,21 @@ class Planner:
                 self._ready(order.size)
             if trained is not None:
                 consumed = min(consumed, int(trained))
+            made = [p for p in self._made if p.index >= consumed]
             if self._resume is not None and self._resume[0] == epoch:
                 _, order, consumed = self._resume  # loaded, not yet served: as loaded
+                made = self._replay
             elif self._order_epoch != epoch:
                 order, consumed = _EMPTY, 0  # set_epoch moved on: the epoch has not begun
             elif consumed >= self._batches(order):
                 epoch, order, consumed = epoch + 1, _EMPTY, 0  # over: the next one is due
+            if not order.size or (made and made[0].index != consumed):
+                made = []  # (fetched ahead of ``trained`` further than kept: planned again)
             return {
                 "epoch": epoch,
                 "order": order.copy(),
                 "consumed": consumed,
+                "made": [_plan_fields(p) for p in made],
                 "sampler": self.sampler.state_dict(),
                 "policy": self.policy.state_dict(),
                 "counters": {k: getattr(self, k) for k in COUNTERS},
@@ -606,6 +634,7 @@ class Planner:
             for k, v in state["counters"].items():
                 setattr(self, k, v)
             order = np.asarray(state["order"], np.int64)
+            self._replay = [BatchPlan(**p) for p in state.get("made", ())]
             if order.size:
                 self._resume = (int(state["epoch"]), order, int(state["consumed"]))
 
@@ -723,6 +752,19 @@ class Planner:
             unstage=unstage,
         )
 
+    def _again(self, made: BatchPlan) -> BatchPlan:
+        """A plan a saved run made and never consumed, served as made: the policy's saved
+        state holds its admissions and evictions already; tracked as a new plan, its
+        read-ahead left out (its misses are read, not taken from a staging area that
+        ``__iter__``'s loader emptied)."""
+        with self.lock:
+            seq = self._seq
+            wait_s, admitted, fetch = self._track(
+                made.ids[made.hits], made.admitted, made.fetch, made.evicted
+            )
+        return replace(made, wait_s=wait_s, admitted=admitted, fetch=fetch, seq=seq,
+                       stage=_EMPTY, staged=_EMPTY, staged_by=(), unstage=_EMPTY)  # fmt: skip
+
     def _resident(self, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` the cache holds (lock held)."""
         return self.policy.resident_mask(ids)
@@ -775,15 +817,18 @@ class Planner:
         start = time.perf_counter()
         epoch = self.sampler.epoch
         first, ready = 0, None
+        replay, self._replay = deque(self._replay), []
         if self._resume is not None and self._resume[0] == epoch:  # the rest of a saved epoch
             _, order, first = self._resume
-            if self.policy.needs_future and self.feed_future:
-                rest = order[first * self.batch_size * self.world :]
+            if self.policy.needs_future and self.feed_future:  # (the plans made are in it)
+                rest = order[(first + len(replay)) * self.batch_size * self.world :]
                 ahead = self._arranged(self.sampler.epoch_order(epoch + 1), epoch + 1)
                 self.policy.set_future(np.concatenate([rest, ahead]))
         else:
             order, ready = self._start_epoch(epoch)
+            replay.clear()  # (a state of another epoch)
         self._resume = None
+        self._made.clear()
         self._order, self._consumed, self._order_epoch = order, first, epoch
         self._ready = ready
         step = self.batch_size * self.world
@@ -795,8 +840,12 @@ class Planner:
             start = time.perf_counter()
             if ready is not None:
                 ready(lo + step)
-            ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
-            plan = self._plan(epoch, index, ids)
+            if replay and replay[0].index == index:
+                plan = self._again(replay.popleft())
+            else:
+                ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
+                plan = self._plan(epoch, index, ids)
+            self._made.append(plan)
             if self.ranks is not None:  # this rank's shard of the global plan
                 plan = shard(plan, self.ranks.rank, self.world)
             self.planning_s += time.perf_counter() - start
