@@ -208,10 +208,10 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
         k = SYSTEMS[name].get("sync_every", 1)
         calls = epochs[0]["sync_calls"]
         assert calls <= -(-epochs[0]["batches"] // k) + 2, (name, e, calls)
-        # every collective: that exchange, iCACHE's package loads (one a step that loads
-        # any) and the epoch's boundaries
+        # every collective: that exchange and the epoch's boundaries (iCACHE's package
+        # loads ride the exchange: rank 0's report says what did not land)
         every = epochs[0]["collectives"]
-        assert every <= 2 * epochs[0]["batches"] + 6, (name, e, every)
+        assert every <= -(-epochs[0]["batches"] // k) + 6, (name, e, every)
         assert len({str(ep["in_flight"]) for ep in epochs}) == 1  # counted alike
     if name.startswith("spider"):  # one rank keeps the graph and scores for all
         for e in range(3):
@@ -514,8 +514,8 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
 
 RESUMED = {
     "shade": {"system": "shade"},
-    # its workers' plans made ahead, and admitting, when the job is killed
-    "shade-workers": {"system": "shade", "num_workers": 2, "persistent_workers": True},
+    # its workers' plans made ahead (admitting, and loading packages) when it is killed
+    "icache-workers": {"system": "icache", "num_workers": 2, "persistent_workers": True},
     "icache": {"system": "icache"},
     # its graph scored in the planner's thread: the background thread decides when scores
     # reach the plans (docs/reliability.md)

@@ -44,15 +44,14 @@ def run(loader, epochs, cut=None, abandon=None):
 WHERE = ["before the first batch", "between batches", "after the last batch",
          "after set_epoch", "after an abandoned epoch"]  # fmt: skip
 #: every point for one system of each kind; the two hardest points for every other
-#: system; with two DataLoader workers (whose plans are made ahead, and admit), the
-#: systems whose plans are a function of the seed and the feedback (not iCACHE's with
-#: workers: docs/reliability.md), also where those plans admit and substitute
+#: system; with two DataLoader workers (whose plans are made ahead, and admit), also
+#: where those plans admit, substitute and load packages
 CASES = [
     *[(name, where, 0) for name in ("lru", "shade", "icache") for where in WHERE],
     *[(name, where, 0) for name in ("minio", "belady", "shade+", "icache+", "spider", "spider+")
       for where in ("between batches", "after an abandoned epoch")],
     *[(name, "between batches", 2) for name in ("lru", "minio")],
-    *[(name, where, 2) for name in ("shade", "spider")
+    *[(name, where, 2) for name in ("shade", "icache", "spider")
       for where in ("between batches", "while the plans admit")],
 ]  # fmt: skip
 

@@ -271,8 +271,8 @@ class CachedDataset(Dataset):
     def _store_changes(
         self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes]
     ) -> list[int]:
-        """Step 3: the plan's evictions, then its admissions (and prefetches); returns the
-        admitted and fetched ids the store does not hold afterwards."""
+        """Step 3: the plan's evictions, then its admissions (and prefetches, and the
+        packages it loads); returns those ids the store does not hold afterwards."""
         keys = self.keys
         if plan.evicted.size:
             self.store.delete_many([keys[i] for i in plan.evicted.tolist()])
@@ -282,6 +282,9 @@ class CachedDataset(Dataset):
         have = {**fetched, **got}
         pack = self.storage.to_entry
         items = {keys[i]: pack(keys[i], have[i]) for i in wanted if i in have}
+        # then the packages it loads (iCACHE), as written: rank 0's shard carries them
+        items.update((k, e) for i, k, e in plan.package if keys[i] == k)
+        wanted += plan.loads.tolist()
         seen = self.arrivals.seen()
         _, out = self.store.put(items) if items else (0, [])
         if items or plan.evicted.size or plan.evict_keys:
@@ -292,7 +295,7 @@ class CachedDataset(Dataset):
             seen = self.arrivals.seen()
             _, out = self.store.put({k: items[k] for k in out})
         refused = set(out)
-        return [i for i in wanted if i not in have or keys[i] in refused]
+        return [i for i in wanted if keys[i] not in items or keys[i] in refused]
 
     def _decode_batch(
         self, ids: list[int], got: dict[int, bytes], stats: LoaderStats, causes: list[str]
@@ -390,8 +393,8 @@ class CachedDataset(Dataset):
         served_ids = np.array(served, dtype=np.int64)
         stats.batches, stats.samples = 1, int(served_ids.size)
         report = PlanReport(
-            stored=np.array([i for i in dict.fromkeys([*admitted, *fetched]) if i not in lost],
-                            np.int64),
+            stored=np.array([i for i in dict.fromkeys([*admitted, *fetched, *plan.loads.tolist()])
+                             if i not in lost], np.int64),
             lost=np.array(lost, np.int64),
             absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
             causes=causes[:3], requests=stats.storage_requests, wire_bytes=stats.wire_bytes,

@@ -26,6 +26,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -94,13 +95,20 @@ class PackageSource(Protocol):
 
     def l_next_package(self, exclude=(), prefer=None) -> np.ndarray: ...
 
-    def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]: ...
+    def l_make_room(self, ids, beside_pins: bool = False) -> tuple[np.ndarray, np.ndarray]: ...
 
     def l_commit(self, ids, loaded=None) -> None: ...
 
 
-#: the ranks' one collective for a poll's package loads
-PACKAGE_LOADS = "iCACHE's package loads"
+@dataclass(frozen=True)
+class PlannedLoads:
+    """Packages the plan being made loads (``Packager(threads=False)``): ``ids`` to put
+    after the plan's own writes, ``victims`` (L residents) to delete first, and the
+    ``entries`` ``(id, key, entry)`` to put (rank 0's; the others' are empty)."""
+
+    ids: np.ndarray
+    victims: np.ndarray
+    entries: tuple
 
 
 class Packager:
@@ -112,17 +120,21 @@ class Packager:
     instead of being read from storage again. Packages written under an older H-list are
     not loaded (``epoch_started``): packages are rebuilt as the H-list changes.
 
-    ``threads=False`` packages and loads in the planner's thread, as soon as the policy
-    asks: slower planning, but what the L-cache holds then depends only on the plans, so
-    two runs with the same seed serve the same samples.
+    ``threads=False`` packages in the planner's thread, as soon as the policy asks, and
+    the plan being made loads them (``poll`` returns a :class:`PlannedLoads`): its worker
+    deletes the room's residents and puts the package after the plan's own writes, the
+    policy counts it loaded at once, and the plan's report says what did not land, as
+    for its admissions. Slower planning, but what the L-cache holds then depends only on
+    the plans, so two runs with the same seed serve the same samples, with DataLoader
+    workers too.
 
     ``deleting`` (planner lock held): which ids plans in flight delete; a package loads
     none of them (the plan's worker could delete it after the package's put).
 
     ``ranks`` (a data-parallel job, ``threads=False``): every rank composes the same
-    packages, rank 0 alone reads, writes and loads them, and every rank commits what
-    rank 0's puts landed (one broadcast a poll that loads), so the ranks' L-caches stay
-    one.
+    packages and makes the same room; rank 0 alone reads and writes them and carries
+    them in its shard of the plan, and its report, exchanged with the step's feedback,
+    tells every rank what did not land: no collective of their own.
     """
 
     def __init__(
@@ -181,11 +193,9 @@ class Packager:
         return dict(self._counters)
 
     # -- planner side (planner lock held) ---------------------------------------------
-    def poll(self) -> None:
+    def poll(self) -> PlannedLoads | None:
         if not self.threads:
-            if self.policy.l_wants_package():  # (alike on every rank)
-                self._load_packages()
-            return
+            return self._planned_loads() if self.policy.l_wants_package() else None
         if not self._threads:
             self._start()
         if self.policy.l_wants_package():
@@ -198,7 +208,8 @@ class Packager:
             self._generation += 1
             self._ready.clear()
             self._cv.notify_all()
-        self.poll()
+        if self.threads:  # (else the epoch's first plan loads what is wanted)
+            self.poll()
 
     def _start(self) -> None:
         for target in (self._pack_loop, self._load_loop):
@@ -304,37 +315,46 @@ class Packager:
                 self._cv.notify_all()
             self._load(path, size, ids, entries)
 
-    def _load_packages(self) -> None:
-        """Packages composed and loaded in the planner's thread while the policy wants
-        them. With ranks, rank 0 writes and loads them and hands on, in one broadcast,
-        what each put landed (None: it could not write the package); every other rank
-        composes the same packages and makes the same room, and commits what landed."""
-        landed = None if self.leads else self.ranks.broadcast(None, call=PACKAGE_LOADS)
-        done: list[list[int] | None] = []
-        while self.policy.l_wants_package() and (landed is None or len(done) < len(landed)):
+    def _planned_loads(self) -> PlannedLoads:
+        """Packages composed in the planner's thread while the policy wants them, room
+        made and counted loaded, for the plan being made to put (rank 0's shard of it,
+        with ranks: every rank composes the same, rank 0 alone reads and writes)."""
+        # what the plan puts (by id: its entry, if written) and deletes first; a later
+        # package's room taken from an earlier one's is neither put nor deleted
+        loads: dict[int, tuple | None] = {}
+        victims: list[int] = []
+        while self.policy.l_wants_package():
             ids = self.policy.l_next_package(prefer=np.fromiter(self._index, np.int64))
             if not ids.size:
                 break
             fresh = self.policy.l_fresh()
-            if landed is None:
+            written: list = []
+            if self.leads:
                 try:
-                    path, size, entries = self._write(ids)
-                    done.append(self._load(path, size, ids, entries))
+                    _, size, written = self._write(ids)
+                    self._counters["packages_loaded"] += 1
+                    self._counters["package_bytes_loaded"] += size
                 except Exception as exc:  # noqa: BLE001 - a bad sample must not stop training
                     self.errors += 1
                     log.warning("packaging failed, L-samples stay uncached: %s", exc)
-                    done.append(None)
+                    self._record(ids)  # (as every other rank: the next package alike)
             else:
-                done.append(landed[len(done)])
-                if done[-1] is not None:
-                    self._record(ids)
-                    with self.lock:
-                        _, ids = self.policy.l_make_room(self._loadable(ids))
-                        self.policy.l_commit(ids, loaded=done[-1])
+                self._record(ids)
+            out, ids = self.policy.l_make_room(self._loadable(ids), beside_pins=True)
+            self.policy.l_commit(ids)  # (its worker reports what did not land)
+            for v in out.tolist():
+                if v in loads:
+                    del loads[v]
+                else:
+                    victims.append(v)
+            entry = {e[0]: e for e in written}
+            loads.update((i, entry.get(i)) for i in ids.tolist())
             if self.policy.l_fresh() <= fresh:
-                break  # nothing landed (a full store): again at the next poll
-        if landed is None and self.ranks is not None:
-            self.ranks.broadcast(done, call=PACKAGE_LOADS)
+                break  # nothing fits: again at the next poll
+        return PlannedLoads(
+            np.fromiter(loads, np.int64, len(loads)), np.array(victims, np.int64),
+            tuple(e for e in loads.values() if e is not None),
+        )  # fmt: skip
 
     def _load(
         self, path: Path, size: int, ids: np.ndarray, entries: list | None = None

@@ -71,6 +71,9 @@ class BatchPlan:
     finishes. ``unstage``: staged entries its worker deletes (those staged for this batch
     alone; those a sample drawn again was staged under for several batches, once the last
     of them is consumed).
+
+    iCACHE's packages (``packages.PlannedLoads``): ``loads`` are put after the plan's own
+    writes, from ``package``'s entries as written, their room among ``evicted``.
     """
 
     epoch: int
@@ -90,6 +93,8 @@ class BatchPlan:
     seq: int = -1  # the planner's number for this plan
     staged_by: tuple[int, ...] = ()  # the plans in flight that stage for this one
     unstage: np.ndarray = field(default_factory=_empty)  # staged entries it deletes
+    loads: np.ndarray = field(default_factory=_empty)  # package ids put after its writes
+    package: tuple = ()  # their (id, key, entry) triples (rank 0's shard alone)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -112,7 +117,8 @@ def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
     pads an epoch). It writes the admissions and fetches it ``owners``, after applying
     all of the plan's deletions (every rank does: deleting is idempotent, and a rank's
     writes then never find the store full of what a slower rank has yet to delete, which
-    would make what the cache holds depend on the ranks' timing). A hit on what another
+    would make what the cache holds depend on the ranks' timing); rank 0 puts the
+    packages it loads. A hit on what another
     rank writes in this very plan is read from storage instead (that write may not have
     landed)."""
     n = plan.ids.size
@@ -121,12 +127,15 @@ def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
     written = np.concatenate([plan.admitted, plan.fetch])
     ours = owners(written, plan.ids, world) == rank
     k = plan.admitted.size
+    lead = rank == 0  # (iCACHE's packages: rank 0 writes them)
     return replace(
         plan,
         ids=ids,
         hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
         admitted=plan.admitted[ours[:k]],
         fetch=plan.fetch[ours[k:]],
+        loads=plan.loads if lead else _EMPTY,
+        package=plan.package if lead else (),
         substituted=None if plan.substituted is None else plan.substituted[pos],
         requested=None if plan.requested is None else plan.requested[pos],
     )
@@ -528,7 +537,7 @@ class Planner:
             writing = self.policy.writing_ids()  # the feeder's loads in flight: theirs
             # what the plans a loaded state serves again write: theirs to put (a killed
             # job's workers may have put them, or not)
-            again = [a for p in self._replay for a in (p.admitted, p.fetch)]
+            again = [a for p in self._replay for a in (p.admitted, p.fetch, p.loads)]
             forgotten = self.policy.discard(
                 np.setdiff1d(np.setdiff1d(cached, held), np.concatenate([_EMPTY, *again]))
             )
@@ -730,8 +739,11 @@ class Planner:
             if admitted.size < r.admitted.size:  # a write dropped: a later position of this
                 dropped = np.setdiff1d(r.admitted, admitted)  # batch that planned it as a
                 hits = hits & ~np.isin(served, dropped)  # hit reads it with the miss instead
-            if self.feeder is not None:
-                self.feeder.poll()
+            loads = self.feeder.poll() if self.feeder is not None else None
+            evicted = r.evicted
+            if loads is not None:  # packages this plan puts (iCACHE in the planner's thread)
+                wait_s = max(wait_s, self._track_loads(loads.ids, loads.victims))
+                evicted = np.concatenate([evicted, loads.victims])
         substituting = r.served is not None
         return BatchPlan(
             wait_s=wait_s,
@@ -740,7 +752,7 @@ class Planner:
             ids=served,
             hits=hits,
             admitted=admitted,
-            evicted=r.evicted,
+            evicted=evicted,
             substituted=r.substituted,
             requested=ids if substituting else None,
             fetch=fetch,
@@ -750,6 +762,8 @@ class Planner:
             seq=seq,
             staged_by=staged_by,
             unstage=unstage,
+            loads=_EMPTY if loads is None else loads.ids,
+            package=() if loads is None else loads.entries,
         )
 
     def _again(self, made: BatchPlan) -> BatchPlan:
@@ -762,6 +776,7 @@ class Planner:
             wait_s, admitted, fetch = self._track(
                 made.ids[made.hits], made.admitted, made.fetch, made.evicted
             )
+            wait_s = max(wait_s, self._track_loads(made.loads, _EMPTY))
         return replace(made, wait_s=wait_s, admitted=admitted, fetch=fetch, seq=seq,
                        stage=_EMPTY, staged=_EMPTY, staged_by=(), unstage=_EMPTY)  # fmt: skip
 
@@ -810,6 +825,20 @@ class Planner:
         if deletes.size:
             self._last_delete = seq
         return (self.wait_s if wait else 0.0), admitted, fetch
+
+    def _track_loads(self, loads: np.ndarray, victims: np.ndarray) -> float:
+        """The packages the plan just tracked puts (``loads``, room made by deleting
+        ``victims``): pinned and tracked as its writes and deletions; how long its worker
+        may wait for the room earlier plans in flight free."""
+        seq, pins = self._inflight[-1]
+        wait = loads.size and self._last_delete >= self._oldest()
+        self.policy.pin(loads, +1)
+        self._inflight[-1] = (seq, np.concatenate([pins, loads]))
+        self._writer[loads] = seq - self._base
+        self._deleter[victims] = seq - self._base
+        if victims.size:
+            self._last_delete = seq
+        return self.wait_s if wait else 0.0
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()

@@ -25,6 +25,7 @@ from hotset.registry import Registry
 
 if TYPE_CHECKING:
     from hotset.importance.scoreboard import ScoreBoard
+    from hotset.packages import PlannedLoads
     from hotset.storage.base import Storage
     from hotset.store.base import Store
 
@@ -49,8 +50,9 @@ class Feeder(Protocol):
     """Fills part of the cache off the batch path (iCACHE's L-cache packages); made by
     :meth:`Policy.make_feeder`, driven by the planner, closed with it."""
 
-    def poll(self) -> None:
-        """Called after each planned batch (planner lock held): start work if needed."""
+    def poll(self) -> PlannedLoads | None:
+        """Called after each planned batch (planner lock held): start work if needed, or
+        return what that plan is to load (``packages.PlannedLoads``)."""
 
     def epoch_started(self) -> None:
         """The sampler's hints for a new epoch were applied (e.g. a new H-list)."""

@@ -89,20 +89,22 @@ class LPackages:
         """The pool's next ``POOL_BLOCK`` in their random place (``shuffle_next``)."""
         self._drawn = shuffle_next(self._pool, c, self._pool_rng, POOL_BLOCK)
 
-    def l_make_room(self, ids) -> tuple[np.ndarray, np.ndarray]:
+    def l_make_room(self, ids, beside_pins: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Reserve L space for a package of ``ids``: returns the L residents to delete
         from the store first (used ones first, the longest-used first) and the ids that
-        fit (all, unless the L-cache shrank since the package was composed)."""
-        victims, fit = self._reserve(np.asarray(ids, np.int64).tolist())
+        fit (all, unless the L-cache shrank since the package was composed; with
+        ``beside_pins``, only those that fit beside the residents pinned by plans in
+        flight, which cannot go: the package is counted loaded before it is put)."""
+        victims, fit = self._reserve(np.asarray(ids, np.int64).tolist(), beside_pins)
         self.loading += 1
         for i in fit:
             self._writing[i] = self._writing.get(i, 0) + 1
         self.used = self.h_used + self.l_used
         return np.array(victims, np.int64), np.array(fit, np.int64)
 
-    def _reserve(self, ids: list[int]) -> tuple[list[int], list[int]]:
-        """Room in the L-cache for the prefix of ``ids`` that fits: (the residents removed
-        for it, that prefix)."""
+    def _reserve(self, ids: list[int], beside_pins: bool = False) -> tuple[list[int], list[int]]:
+        """Room in the L-cache for the prefix of ``ids`` that fits (``beside_pins``: less
+        what pinned residents keep out): (the residents removed for it, that prefix)."""
         sizes, need, fit = self._sizes, 0, []
         for i in ids:
             if need + sizes[i] > self.l_capacity:
@@ -110,6 +112,8 @@ class LPackages:
             need += sizes[i]
             fit.append(i)
         victims = self._free_l(need)
+        while beside_pins and fit and self.l_used + need > self.l_capacity:  # pinned stayed
+            need -= sizes[fit.pop()]
         self.l_used += need
         return victims, fit
 
