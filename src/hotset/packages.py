@@ -154,8 +154,7 @@ class Packager:
         self.deleting = deleting
         if ranks is not None and threads:
             raise ConfigError("packages for several ranks are made in the planner's thread")
-        self.ranks = ranks
-        self.leads = ranks is None or ranks.rank == 0  # reads, writes and loads packages
+        self.leads = ranks is None or ranks.rank == 0  # reads and writes packages
         self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
         # our own temporary directory goes with us: closed, collected or at the interpreter's
         # exit (a loader dropped without close() must not leave package files behind)

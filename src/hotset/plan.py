@@ -817,28 +817,29 @@ class Planner:
             self.policy.in_flight_ids = held  # out and consumes plans in program order)
         # its worker may have to wait for earlier workers: for the reads they write, or for
         # the room their deletions free before its own writes fit
-        wait = (self._writer[reads] >= in_flight).any() or (
-            writes.size and self._last_delete >= oldest
-        )
+        wait = (self._writer[reads] >= in_flight).any()
+        wait = self._mark(seq, writes, deletes) or wait
+        return (self.wait_s if wait else 0.0), admitted, fetch
+
+    def _mark(self, seq: int, writes: np.ndarray, deletes: np.ndarray) -> bool:
+        """Plan ``seq`` (in flight) writes ``writes`` and deletes ``deletes``, as the
+        columns count; whether its writes may wait for the room that earlier plans in
+        flight free."""
+        room = bool(writes.size) and self._last_delete >= self._oldest()
         self._writer[writes] = seq - self._base
         self._deleter[deletes] = seq - self._base
         if deletes.size:
             self._last_delete = seq
-        return (self.wait_s if wait else 0.0), admitted, fetch
+        return room
 
     def _track_loads(self, loads: np.ndarray, victims: np.ndarray) -> float:
         """The packages the plan just tracked puts (``loads``, room made by deleting
-        ``victims``): pinned and tracked as its writes and deletions; how long its worker
+        ``victims``): pinned and marked as its writes and deletions; how long its worker
         may wait for the room earlier plans in flight free."""
         seq, pins = self._inflight[-1]
-        wait = loads.size and self._last_delete >= self._oldest()
         self.policy.pin(loads, +1)
         self._inflight[-1] = (seq, np.concatenate([pins, loads]))
-        self._writer[loads] = seq - self._base
-        self._deleter[victims] = seq - self._base
-        if victims.size:
-            self._last_delete = seq
-        return self.wait_s if wait else 0.0
+        return self.wait_s if self._mark(seq, loads, victims) else 0.0
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()
