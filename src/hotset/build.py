@@ -35,10 +35,12 @@ from hotset.sampling.base import make_sampler, sampler_class
 from hotset.sampling.blocks import check_order
 from hotset.storage.base import Storage
 from hotset.storage.decoded import DecodedStorage
+from hotset.storage.on_disk import DiskTierStorage
 from hotset.storage.open import detect_format, open_storage
 from hotset.storage.tar_spool import ShardSpool
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
+from hotset.store.disk import open_disk_tier
 from hotset.store.shared import SharedStore
 from hotset.store.tiered import PREFIX as TIERED
 from hotset.store.tiered import TieredStore
@@ -49,19 +51,32 @@ log = logging.getLogger(__name__)
 FIRST_EPOCH = ("index", "stream")
 
 
+#: the RAM tier's share of /dev/shm when no cache size is given
+DEFAULT_RAM_SHARE = 0.25
+
+
 def cache_capacity(
     storage: Storage, cache_fraction: float | None, capacity_bytes: int | None
 ) -> int:
-    """Bytes for a cache given either a fraction of the dataset or a byte count."""
+    """Bytes for a cache given either a fraction of the dataset or a byte count; neither:
+    the dataset's bytes, at most ``DEFAULT_RAM_SHARE`` of /dev/shm's size (the node's
+    shared memory; its size, not what is free now, so a resumed run plans the same)."""
     _check_capacity(cache_fraction, capacity_bytes)
     if capacity_bytes is not None:
         return int(capacity_bytes)
-    return int(cache_fraction * storage.manifest.total_bytes)
+    if cache_fraction is not None:
+        return int(cache_fraction * storage.manifest.total_bytes)
+    try:
+        st = os.statvfs("/dev/shm")
+        share = int(DEFAULT_RAM_SHARE * st.f_blocks * st.f_frsize)
+    except OSError:
+        share = int(DEFAULT_RAM_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return min(int(storage.manifest.total_bytes), share)
 
 
 def _check_capacity(cache_fraction: float | None, capacity_bytes: int | None) -> None:
-    if (cache_fraction is None) == (capacity_bytes is None):
-        raise ConfigError("give exactly one of cache_fraction and capacity_bytes")
+    if cache_fraction is not None and capacity_bytes is not None:
+        raise ConfigError("give at most one of cache_fraction and capacity_bytes")
     if capacity_bytes is not None and capacity_bytes < 0:
         raise ConfigError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
     if cache_fraction is not None and not 0.0 <= cache_fraction <= 1.0:
@@ -110,6 +125,8 @@ def make_loader(
     block_size: Int = 2048,
     epochs: Int | None = None,
     first_epoch: str = "index",
+    disk_dir: str | os.PathLike[str] | None = None,
+    disk_bytes: Int | None = None,
     **dataloader_kwargs: Any,
 ) -> HotsetLoader:
     """One call from a dataset to a cached loader: store, policy, sampler, planner, loader.
@@ -241,6 +258,9 @@ def make_loader(
     fields = {"input_field": input_field, "target_field": target_field}
     storage = open_storage(storage, format, storage_options,
                            **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
+    tier = open_disk_tier(disk_dir, disk_bytes)
+    if tier is not None:
+        storage = DiskTierStorage(storage, tier)
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
     readahead = _readahead_bytes(storage, readahead_bytes, ranks, store, capacity)

@@ -215,7 +215,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         announce=True,
         **_given(args, "address", "capacity_bytes", "store_path", "max_samples", "policy",
                  "sampling", "lookahead", "job_timeout_s", "seed", "substitution",
-                 "allocation", "probe_batches", "curve", "key_file", "metrics_port"),
+                 "allocation", "probe_batches", "curve", "key_file", "metrics_port",
+                 "disk_dir", "disk_bytes"),
     )  # fmt: skip
 
 
@@ -377,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--capacity-bytes", type=int, help="default: 1 GiB")
     sv.add_argument("--store-path", help="LMDB dir on tmpfs (default: fresh)")
     sv.add_argument("--max-samples", type=int, help="distinct samples, all jobs")
+    sv.add_argument("--disk-dir", help="the node's disk tier (local NVMe), kept across runs; "
+                    "its jobs read through it (default: $HOTSET_DISK_DIR, else none)")
+    sv.add_argument("--disk-bytes", type=int,
+                    help="the disk tier's budget (default: 3/4 of its free space)")
     sv.add_argument("--policy", help="refcnt (default), or pq under --sampling iis")
     sv.add_argument("--sampling", choices=list(SAMPLING), help="default: dsa")
     sv.add_argument(

@@ -65,7 +65,8 @@ USER_COUNTERS = (
     "batches", "samples", "accesses", "hits", "exact_hits", "substitute_hits", "misses",
     "late_misses", "hit_ratio", "storage_reads", "storage_bytes", "storage_requests",
     "storage_retries", "storage_wait_s", "store_failures", "corrupt_hits", "skipped",
-    "planning_s", "feedback_s", "service_failures", "service_rejoins",
+    "planning_s", "feedback_s", "service_failures", "service_rejoins", "disk_hits",
+    "disk_bytes", "disk_failures",
 )  # fmt: skip
 #: the longest a batch waits for samples an earlier plan stages for it: a bound for a
 #: worker that died (a plan that staged, or failed to, says so at once: ``Arrivals``)
@@ -149,6 +150,7 @@ class CachedDataset(Dataset):
         storage = self.storage
         start, retries, requests = time.perf_counter(), storage.retries, storage.requests
         wire, in_flight = storage.wire_bytes, storage.in_flight_s
+        disk = storage.disk_counts
         try:
             got = dict(zip(ids, storage.read_many(ids), strict=True))
         except SampleError:
@@ -167,7 +169,11 @@ class CachedDataset(Dataset):
         if wire is not None:
             stats.wire_bytes += storage.wire_bytes - wire
         stats.in_flight_s += storage.in_flight_s - in_flight
-        stats.bytes_from_storage += sum(len(v) for v in got.values())
+        hits, nbytes, failures = (b - a for a, b in zip(disk, storage.disk_counts, strict=True))
+        stats.disk_hits += hits
+        stats.disk_bytes += nbytes
+        stats.disk_failures += failures
+        stats.bytes_from_storage += sum(len(v) for v in got.values()) - nbytes
         return got
 
     def held(self, ids: np.ndarray) -> np.ndarray:
@@ -703,6 +709,7 @@ class HotsetLoader:
         out["storage_reads"] = (
             out["misses"] + out["late_misses"] + out["prefetched"]
             + out.get("package_storage_reads", 0) + out.get("package_file_reads", 0)
+            - out["disk_hits"]
         )  # fmt: skip
         out["storage_bytes"] = (
             out["bytes_from_storage"] + out.get("package_storage_bytes", 0)

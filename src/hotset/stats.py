@@ -21,6 +21,11 @@ class LoaderStats:
       budget, a store failure, an unreadable sample); the planner forgets them.
     * ``corrupt_hits``: store entries whose bytes did not match the sample's digest: never
       served, deleted, the sample read from storage (counted in ``late_misses`` too).
+    * ``disk_hits``, ``disk_bytes``: samples (and bytes) that storage reads found in the
+      node's disk tier (``make_loader(disk_dir=...)``) instead of reading the source; they
+      are not in ``storage_reads`` or ``bytes_from_storage``. ``disk_failures``: the
+      tier's writes a full disk refused and its I/O errors (those samples came from the
+      source and were not kept).
     * ``skipped``: unreadable samples dropped from their batch (``on_error="skip"``).
     * ``storage_retries``: storage calls tried again after a transient failure: reads,
       and the listing and indexing of the storage when it was opened.
@@ -64,6 +69,9 @@ class LoaderStats:
     readahead_lost: int = 0
     bytes_from_storage: int = 0
     bytes_from_store: int = 0
+    disk_hits: int = 0
+    disk_bytes: int = 0
+    disk_failures: int = 0
     storage_wait_s: float = 0.0
     in_flight_s: float = 0.0
     store_s: float = 0.0
@@ -113,6 +121,7 @@ class EpochStats:
     skipped: int
     storage_wait_s: float  # worker-seconds waiting on storage
     planning_s: float
+    disk_hits: int = 0  # storage reads the node's disk tier served
 
     @classmethod
     def between(cls, epoch: int, seconds: float, before: dict, after: dict) -> EpochStats:
@@ -128,5 +137,5 @@ class EpochStats:
             storage_reads=int(d("storage_reads")), storage_bytes=int(d("storage_bytes")),
             storage_retries=int(d("storage_retries")), store_failures=int(d("store_failures")),
             skipped=int(d("skipped")), storage_wait_s=float(d("storage_wait_s")),
-            planning_s=float(d("planning_s")),
+            planning_s=float(d("planning_s")), disk_hits=int(d("disk_hits")),
         )  # fmt: skip

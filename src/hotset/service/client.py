@@ -37,6 +37,8 @@ from hotset.service.benefit import Benefit, BenefitProbe
 from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
 from hotset.storage.columns import key_column
+from hotset.storage.on_disk import DiskTierStorage
+from hotset.store.disk import DiskTier
 from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
 
@@ -132,7 +134,8 @@ class ServiceClient:
         distributed: bool | None = None,
         **dataloader_kwargs,
     ) -> HotsetLoader:
-        """A loader for this job, planned by the service, over its shared store.
+        """A loader for this job, planned by the service, over its shared store (and the
+        node's disk tier, where the service was started with one).
         ``wait_s``: how long a worker waits for a sample another job is fetching.
         ``distributed`` (default: when ``torch.distributed`` is initialised with several
         ranks): the ranks are one job: rank 0 registers it and asks for each global batch
@@ -146,9 +149,11 @@ class ServiceClient:
                 SharedStore(int(info["capacity_bytes"]), path=info["store"], join=True)
             )
 
+        info = self.hello()
+        if info.get("disk_dir"):  # the node's disk tier, as the service names it
+            storage = DiskTierStorage(storage, DiskTier(info["disk_dir"], info["disk_bytes"]))
         dataset = CachedDataset(
-            storage, store_of(self.hello()), decode=decode, transform=transform,
-            on_error=on_error,
+            storage, store_of(info), decode=decode, transform=transform, on_error=on_error,
         )  # fmt: skip
 
         def new_store(info: dict) -> None:  # a restarted service's: next epoch's workers

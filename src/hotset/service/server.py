@@ -26,6 +26,7 @@ from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.messages import Heartbeat, Hello, Leave, Plan, Register, Stats, parse
 from hotset.service.protocol import ProtocolError, decode, encode
+from hotset.store.disk import open_disk_tier
 from hotset.store.sealed import sealed_id
 from hotset.store.shared import SharedStore
 
@@ -68,14 +69,23 @@ class CacheService:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         curve: bool | None = None,
         key_file: str | None = None,
+        disk_dir: str | None = None,
+        disk_bytes: int | None = None,
         **coordinator_options,
     ) -> None:
         """``curve``: authenticate and encrypt with ZeroMQ CURVE (``auth.py``; default:
         on for ``tcp://``, off for ``ipc://``), keys in ``key_file`` (default: a 0600 file
-        in the user's private directory, written at first start)."""
+        in the user's private directory, written at first start). ``disk_dir``,
+        ``disk_bytes``: the node's disk tier its jobs read through (``store/disk.py``;
+        it outlives the service, and a restarted service's jobs find it warm)."""
         if not 0.0 <= slack < 1.0:
             raise ConfigError(f"slack must be in [0, 1), got {slack}")
         self.address = address = address or default_address()
+        tier = open_disk_tier(disk_dir, disk_bytes)  # (checked and sized here, once)
+        self.disk = None if tier is None else {"disk_dir": tier.directory,
+                                               "disk_bytes": tier.capacity_bytes}  # fmt: skip
+        if tier is not None:
+            tier.close()
         self._ctx = zmq.Context.instance()
         self.key_file, keys = server_keys(address, curve, key_file)
         self._address_lock = hold_address(address)
@@ -125,6 +135,7 @@ class CacheService:
                 "store": self.store.path,
                 "capacity_bytes": self.store.capacity_bytes,
                 "instance": self.instance,
+                **(self.disk or {}),
             }, {}
         if isinstance(req, Register):
             job = co.register(

@@ -142,6 +142,13 @@ class Storage(ABC):
     index_retries: int = 0
 
     @property
+    def disk_counts(self) -> tuple[int, int, int]:
+        """This process's samples read from the node's disk tier instead of the source,
+        their bytes, and the tier's failures (writes the full disk refused, I/O errors):
+        ``storage/on_disk.py``."""
+        return 0, 0, 0
+
+    @property
     def requests(self) -> int | None:
         """Requests this process made to the storage (a range request may serve several
         samples), where the storage counts them."""

@@ -41,7 +41,7 @@ from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.files import _version
-from hotset.storage.index_cache import cached_index
+from hotset.storage.index_cache import cached_index, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
 from hotset.storage.records import check_fields, encode_record, record_size
 
@@ -93,10 +93,12 @@ def index_shard(fileobj, url: str) -> list[list]:
     return samples
 
 
-def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
-    """A shard's index as arrays: per sample its name, key, byte range (from its first
-    header to its last payload's padding, so that the next sample's range starts where it
-    ends) and record size; per member its field, offset in the range and size."""
+def shard_arrays(url: str, samples: list[list], version: str) -> dict[str, np.ndarray]:
+    """A shard's index as arrays: per sample its name, key (of the shard's URL and
+    ``version``, its size and ETag or mtime: ``fingerprint``, and the sample's place),
+    byte range (from its first header to its last payload's padding, so that the next
+    sample's range starts where it ends) and record size; per member its field, offset in
+    the range and size."""
     fields: dict[str, int] = {}
     m_field, m_off, m_size, m_ptr, start, end, sizes, keys = [], [], [], [0], [], [], [], []
     for key, lo, members in samples:
@@ -109,7 +111,7 @@ def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
         start.append(lo)
         end.append(hi)
         sizes.append(record_size((f, n) for f, _, n in members) + TAG)
-        keys.append(location_key(url, key, lo, hi))
+        keys.append(location_key(url, version, key, lo, hi))
     i64 = np.int64
     return {
         "names": np.asarray([key for key, _, _ in samples], dtype=str), "keys": np.asarray(keys),
@@ -120,16 +122,44 @@ def shard_arrays(url: str, samples: list[list]) -> dict[str, np.ndarray]:
     }  # fmt: skip
 
 
-def index_file(url: str, samples: list[list]) -> bytes:
+def index_file(url: str, samples: list[list], version: str) -> bytes:
     """A shard's index (``shard_arrays``) as the index cache keeps it."""
     buf = io.BytesIO()
-    np.savez(buf, **shard_arrays(url, samples))
+    np.savez(buf, **shard_arrays(url, samples, version))
     return buf.getvalue()
 
 
 def load_index(data: bytes) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(data)) as z:
         return {k: z[k] for k in z.files}
+
+
+#: the index cache's kind for tar shards (its keys name the shard's version)
+INDEX_KIND = "tar-v2"
+
+
+def member_header_matches(block: bytes, name: str, size: int) -> bool:
+    """Whether ``block`` is the tar header of the member ``name`` (checked where the
+    header holds the whole name) of ``size`` bytes: the check that a shard read at its
+    indexed offsets is still the shard that was indexed (a range read includes each
+    member's header: it costs no request)."""
+    if len(block) != 512:
+        return False
+    try:  # (tarfile's own parse of a header costs 20 us; these few fields, 3)
+        checksum = int(block[148:156].rstrip(b" \0").lstrip(b" ") or b"-1", 8)
+        stored = int(block[124:136].rstrip(b" \0").lstrip(b" ") or b"0", 8)
+    except ValueError:  # a size in base-256 (over 8 GiB), or not a header
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            return False
+        checksum, stored = sum(block) - sum(block[148:156]) + 256, info.size
+    if checksum != sum(block) - sum(block[148:156]) + 256 or stored != size:
+        return False
+    raw = block[:100].split(b"\0", 1)[0]
+    if len(raw) >= 99 or block[345:346] not in (b"", b"\0"):
+        return True  # a long or prefixed name: the size and checksum are what is checked
+    return raw.decode("utf-8", "surrogateescape").lower() == name.lower()
 
 
 def fingerprint(info: dict) -> str:
@@ -236,6 +266,7 @@ class TarStorage(FsspecStorage):
         self._fs = fs
         self._bound_node(node_concurrency)
         self.index_retries = 0
+        self._versions: dict[str, str] = {}  # each shard's, as indexed
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
             parts = list(progress(
@@ -301,9 +332,11 @@ class TarStorage(FsspecStorage):
                         return index_shard(f, url)
 
                 samples = self._call(url, blocks)
-            return index_file(url, samples)
+            return index_file(url, samples, version)
 
-        return load_index(cached_index("tar", url, fingerprint(info), build))
+        version = fingerprint(info)
+        self._versions[url] = version
+        return load_index(cached_index(INDEX_KIND, url, version, build))
 
     def _call(self, url: str, call: Callable[[], T]) -> T:
         return remote_call(self._fs, url, call, self.retry, self._count_retry)
@@ -342,12 +375,30 @@ class TarStorage(FsspecStorage):
                         "(changed since it was indexed)", self.keys[i],
                     )  # fmt: skip
                 a, b = self._m_ptr[i], self._m_ptr[i + 1]
-                out[pos] = encode_record({
-                    self.fields[f]: data[lo + o : lo + o + n]
-                    for f, o, n in zip(self._m_field[a:b], self._m_off[a:b], self._m_size[a:b],
-                                       strict=True)
-                })  # fmt: skip
+                members = list(zip(self._m_field[a:b].tolist(), self._m_off[a:b].tolist(),
+                                   self._m_size[a:b].tolist(), strict=True))  # fmt: skip
+                key = self.manifest.paths[i].split("#", 1)[1]
+                for f, o, n in members:
+                    name = f"{key}.{self.fields[f]}"
+                    if not member_header_matches(data[lo + o - 512 : lo + o], name, n):
+                        self._changed(i, int(self._start[i]) + o - 512)
+                out[pos] = encode_record({self.fields[f]: data[lo + o : lo + o + n]
+                                          for f, o, n in members})  # fmt: skip
         return out
+
+    def _changed(self, i: int, at: int) -> None:
+        """Sample ``i``'s shard no longer has the member header its index says at byte
+        ``at``: rewritten since it was indexed. Its cached index is dropped (the next
+        loader indexes it again) and the sample is never served from these bytes."""
+        url = self.urls[self._shard[i]]
+        version = self._versions.get(url)
+        if version is not None:
+            index_path(INDEX_KIND, url, version).unlink(missing_ok=True)
+        raise CorruptSampleError(
+            i, self.describe(i), f"the shard changed since it was indexed (no member header "
+            f"of the indexed size and name at byte {at}): make a new loader to index it again",
+            self.keys[i],
+        )  # fmt: skip
 
     def _fail(self, i: int, exc: BaseException) -> None:
         if isinstance(exc, FileNotFoundError):

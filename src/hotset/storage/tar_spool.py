@@ -29,6 +29,7 @@ from hotset.io.reader import Retry, remote_call
 from hotset.storage.index_cache import cached_index, index_path
 from hotset.storage.tar import (
     INDEX_BLOCK,
+    INDEX_KIND,
     WHOLE_SHARD_BYTES,
     fingerprint,
     index_file,
@@ -93,7 +94,7 @@ class ShardSpool:
     def indexed(self) -> bool:
         """Whether every shard's index, as the shard is now, is in the index cache."""
         return all(
-            index_path("tar", u, fingerprint(info)).exists()
+            index_path(INDEX_KIND, u, fingerprint(info)).exists()
             for u, info in zip(self.urls, self._infos, strict=True)
         )
 
@@ -161,8 +162,9 @@ class ShardSpool:
             raise ShardError(url, "cut off", f"{got} of {size} bytes came")
         with open(dst, "rb") as f:
             samples = index_shard(f, url)
-        return dst, load_index(cached_index("tar", url, fingerprint(info),
-                                            lambda: index_file(url, samples)))  # fmt: skip
+        version = fingerprint(info)
+        return dst, load_index(cached_index(INDEX_KIND, url, version,
+                                            lambda: index_file(url, samples, version)))  # fmt: skip
 
 
 def _remove(pool: ThreadPoolExecutor, directory: Path) -> None:

@@ -68,5 +68,9 @@ class StorageWrapper(Storage):
         return self.inner.index_retries
 
     @property
+    def disk_counts(self) -> tuple[int, int, int]:
+        return self.inner.disk_counts
+
+    @property
     def requests(self) -> int | None:
         return self.inner.requests

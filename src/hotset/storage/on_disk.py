@@ -1,0 +1,56 @@
+"""A storage read through the node's disk tier (``store/disk.py``): a sample the tier
+holds is read from local disk, checked against its digest; the others from the source,
+then kept in the tier for the next epoch, run and job on the node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hotset.errors import ConfigError
+from hotset.storage.base import Storage
+from hotset.storage.torch_dataset import DatasetStorage
+from hotset.storage.wrapper import StorageWrapper
+from hotset.store.disk import DiskTier
+
+
+class DiskTierStorage(StorageWrapper):
+    """``inner``'s samples, kept in ``tier`` as they are read. Its keys are the tier's:
+    they name the source's identity (a content digest, or where the sample lives with
+    its object's size and version), so a kept entry is never another sample's."""
+
+    def __init__(self, inner: Storage, tier: DiskTier) -> None:
+        if isinstance(inner, DatasetStorage):
+            raise ConfigError(
+                "disk_dir: a torch Dataset's samples have no source identity (a file, its "
+                "size and version) to keep them on disk by between runs: leave disk_dir "
+                "out, or give make_loader the files' path or URL"
+            )
+        super().__init__(inner)
+        self.tier = tier
+        self.manifest = inner.manifest
+
+    @property
+    def disk_counts(self) -> tuple[int, int, int]:
+        return self.tier.hits, self.tier.hit_bytes, self.tier.failures
+
+    def read(self, i: int) -> bytes:
+        return self.read_many([i])[0]
+
+    def read_many(self, ids: Sequence[int]) -> list[bytes]:
+        """The tier's samples from disk, the rest from ``inner`` in one call (then kept)."""
+        ids = [int(i) for i in ids]
+        keys = list(self.manifest.keys.take(ids))
+        got = self.tier.get_many(keys)
+        missed = [n for n, v in enumerate(got) if v is None]
+        if missed:
+            for n, data in zip(missed, self.inner.read_many([ids[n] for n in missed]),
+                               strict=True):  # fmt: skip
+                got[n] = data
+            self.tier.put({keys[n]: got[n] for n in missed})
+        return got  # type: ignore[return-value]
+
+    def __getattr__(self, name: str):
+        # what a format offers beyond Storage (a tar set's shards and fields, ...)
+        if name.startswith("__") or name in ("inner", "tier"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)

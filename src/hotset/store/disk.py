@@ -1,0 +1,578 @@
+"""The disk tier: a node-wide cache of samples' bytes in a directory on local disk (NVMe),
+kept across jobs, runs and restarts and shared by every process that opens it.
+
+Layout (``docs/design.md`` says why; ``benchmarks/disk_tier.py`` measures it):
+
+* ``DIR/hotset-disk/seg-N``: append-only segment files. Each writing process appends to a
+  segment of its own (an exclusive ``flock`` while it writes), so the node's workers and
+  jobs fill the tier at once, each with one sequential ``pwrite`` per batch; a hit is one
+  ``pread`` of one contiguous extent.
+* ``DIR/hotset-disk/index``: LMDB, per key its segment, offset, length and XXH3-128
+  digest. Index transactions are small and short (a reservation before the data is
+  written, the entries after), so the single LMDB writer never holds a batch's I/O.
+
+Every hit is checked against its digest (a torn or overwritten extent is a miss, its
+entry dropped, ``corrupt`` counted); keys name the source's identity (a content digest,
+or the object's URL, size and version with the sample's place), so an entry of a source
+rewritten since is never looked up again and ages out.
+
+The byte budget counts what the tier takes on disk: every segment's bytes (those a
+killed writer left unindexed included) and the index's pages. When a put would pass it,
+the oldest segments not being written are evicted whole, CLOCK-fashion (second chance):
+the entries read since they were written are appended again (their hit bit cleared),
+the others dropped. What stays is what the node's jobs read again, which for an
+importance sampler (SHADE, iCACHE's IIS, SpiderCache) are the samples it rates highest.
+
+A put that cannot land (the filesystem full, an I/O error) stores nothing and is counted
+in ``failures``: the caller reads the source. A process killed mid-write leaves bytes no
+entry points at (reclaimed with their segment) and never an entry to unwritten bytes.
+The directory follows the stores' ownership rules (``lease.py``): the user's own,
+writable by nobody else, no link another user owns on the way; files 0600, opened
+without following links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import lmdb
+import xxhash
+
+from hotset.errors import ConfigError
+from hotset.store import lease
+
+log = logging.getLogger(__name__)
+
+SUBDIR = "hotset-disk"
+#: an entry: segment, offset, length, XXH3-128 digest of the bytes
+_ENTRY = struct.Struct("<QQI16s")
+_SEG = struct.Struct(">Q")  # segment ids sort as numbers (oldest first)
+_NEXT, _CAPACITY, _SEG_BYTES = b"next_segment", b"capacity_bytes", b"segment_bytes"
+_EVICTIONS = b"evictions"  # segments evicted so far: a reader's handles to check
+#: a segment's most bytes; small tiers use smaller ones (at least 32 a tier)
+SEGMENT_MAX = 64 << 20
+SEGMENT_MIN = 1 << 20
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: reads at once that go to threads (those not already in the page cache)
+READ_THREADS = 8
+
+
+def digest(data: bytes) -> bytes:
+    return xxhash.xxh3_128_digest(data)
+
+
+def segment_bytes(capacity_bytes: int) -> int:
+    """The size a segment is closed at: 1/32 of the tier, within [1, 64] MiB."""
+    return max(SEGMENT_MIN, min(SEGMENT_MAX, capacity_bytes // 32))
+
+
+def _seg_key(seg: int, key: bytes = b"") -> bytes:
+    return _SEG.pack(seg) + key
+
+
+class DiskTier:
+    """The disk tier in ``directory`` (made 0700 if missing), at most ``capacity_bytes``
+    on disk. ``get_many`` and ``put`` are safe from any number of processes at once; the
+    object can be handed to DataLoader workers (each opens its own handles)."""
+
+    def __init__(self, directory: str | os.PathLike[str], capacity_bytes: int) -> None:
+        if int(capacity_bytes) < 2 * SEGMENT_MIN:
+            raise ConfigError(
+                f"disk_bytes={capacity_bytes}: a disk tier needs at least {2 * SEGMENT_MIN} "
+                "bytes"
+            )
+        self.capacity_bytes = int(capacity_bytes)
+        self.directory = _own_directory(os.fspath(directory))
+        self.path = lease.own_private_dir(os.path.join(self.directory, SUBDIR))
+        self.seg_max = segment_bytes(self.capacity_bytes)
+        # counters of this process
+        self.hits = self.misses = self.corrupt = self.failures = self.refused = 0
+        self.hit_bytes = self.written_bytes = self.evicted = 0
+        self._pid = -1
+        with self._ix.env.begin(write=True) as txn:
+            if txn.get(_NEXT, db=self._ix.meta) is None:
+                txn.put(_NEXT, b"0", db=self._ix.meta)
+                txn.put(_SEG_BYTES, b"0", db=self._ix.meta)
+            txn.put(_CAPACITY, str(self.capacity_bytes).encode(), db=self._ix.meta)
+        self._remove_orphans()
+
+    # -- handles (one set per process: LMDB's must not cross a fork) -------------------
+    @property
+    def _ix(self) -> _Index:
+        """This process's index handles (shared by its tiers of this directory)."""
+        self._here()
+        return _index(self.path, max(1 << 30, self.capacity_bytes // 8))
+
+    def _here(self) -> None:
+        """Per-process state of this object: a forked worker makes its own."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._fds: dict[int, int] = {}
+            self._writing: tuple[int, int, int] | None = None  # segment, fd, bytes written
+            self._pool: ThreadPoolExecutor | None = None
+            self._nowait = hasattr(os, "RWF_NOWAIT")
+            self._evictions = -1  # the tier's evictions when the handles were last checked
+
+    def _fd(self, seg: int) -> int:
+        fd = self._fds.get(seg)
+        if fd is None:
+            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+            if len(self._fds) >= 256:  # close the oldest handle
+                os.close(self._fds.pop(next(iter(self._fds))))
+            self._fds[seg] = fd
+        return fd
+
+    # -- reads -------------------------------------------------------------------------
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Each key's bytes, checked against their digest, or None."""
+        self._here()
+        if not keys:
+            return []
+        kbs = [k.encode() for k in keys]
+        try:
+            with self._ix.env.begin() as txn:
+                self._drop_stale_handles(txn)
+                found = [txn.get(k, db=self._ix.entries) for k in kbs]
+                cold = [k for k, f in zip(kbs, found, strict=True)
+                        if f is not None and txn.get(k, db=self._ix.hot) is None]  # fmt: skip
+        except lmdb.Error as exc:
+            self.failures += 1
+            log.debug("disk tier %s: %s", self.path, exc)
+            return [None] * len(keys)
+        wanted = [(n, _ENTRY.unpack(f)) for n, f in enumerate(found) if f is not None]
+        out: list[bytes | None] = [None] * len(keys)
+        for n, data in self._read([e for _, e in wanted]):
+            out[wanted[n][0]] = data
+        bad = [kbs[wanted[n][0]] for n, (pos, _) in enumerate(wanted) if out[pos] is None]
+        self.hits += len(wanted) - len(bad)
+        self.misses += len(keys) - len(wanted) + len(bad)
+        self.hit_bytes += sum(len(v) for v in out if v is not None)
+        if bad or cold:
+            bad_set = set(bad)
+            self._write_txn(lambda txn: self._mark(txn, [k for k in cold if k not in bad_set],
+                                                   bad))  # fmt: skip
+        return out
+
+    def _drop_stale_handles(self, txn) -> None:
+        """Close the handles of segments evicted since the last look (an unlinked file
+        keeps its blocks while a handle is open)."""
+        evictions = int(txn.get(_EVICTIONS, db=self._ix.meta) or 0)
+        if evictions != self._evictions:
+            self._evictions = evictions
+            for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=self._ix.segs) is None]:
+                os.close(self._fds.pop(seg))
+
+    def _read(self, entries: list[tuple]) -> Iterable[tuple[int, bytes | None]]:
+        """``(n, bytes or None)`` for each entry: those in the page cache read here
+        (``RWF_NOWAIT``), the rest on threads (a cold disk answers several at once)."""
+        later = []
+        for n, (seg, off, length, dig) in enumerate(entries):
+            try:
+                fd = self._fd(seg)
+            except OSError:  # its segment was evicted since the index was read
+                yield n, None
+                continue
+            if self._nowait:
+                buf = bytearray(length)
+                try:
+                    if os.preadv(fd, [buf], off, os.RWF_NOWAIT) == length:
+                        yield n, self._checked(bytes(buf), dig)
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        yield n, None
+                        continue
+                    self._nowait = False  # (a filesystem without it: threads for all)
+            later.append((n, fd, off, length, dig))
+        if not later:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hotset-disk")
+        yield from self._pool.map(lambda t: (t[0], self._pread(*t[1:])), later)
+
+    def _pread(self, fd: int, off: int, length: int, dig: bytes) -> bytes | None:
+        try:
+            return self._checked(os.pread(fd, length, off), dig)
+        except OSError:
+            return None
+
+    def _checked(self, data: bytes, dig: bytes) -> bytes | None:
+        if digest(data) == dig:
+            return data
+        self.corrupt += 1
+        return None
+
+    def _mark(self, txn, hot: list[bytes], bad: list[bytes]) -> None:
+        for k in hot:
+            if txn.get(k, db=self._ix.entries) is not None:
+                txn.put(k, b"", db=self._ix.hot)
+        for k in bad:
+            self._drop(txn, k)
+
+    def _drop(self, txn, key: bytes) -> None:
+        entry = txn.get(key, db=self._ix.entries)
+        if entry is not None:
+            txn.delete(key, db=self._ix.entries)
+            txn.delete(_seg_key(_ENTRY.unpack(entry)[0], key), db=self._ix.members)
+        txn.delete(key, db=self._ix.hot)
+
+    def contains(self, key: str) -> bool:
+        self._here()
+        with self._ix.env.begin() as txn:
+            return txn.get(key.encode(), db=self._ix.entries) is not None
+
+    # -- writes ------------------------------------------------------------------------
+    def put(self, items: Mapping[str, bytes]) -> int:
+        """Keep what fits (the oldest segments evicted to make room); returns how many
+        new entries landed. Keys already held are skipped (another job wrote them)."""
+        self._here()
+        try:
+            with self._ix.env.begin() as txn:
+                new = {k.encode(): v for k, v in items.items()
+                       if txn.get(k.encode(), db=self._ix.entries) is None}  # fmt: skip
+        except lmdb.Error:
+            self.failures += 1
+            return 0
+        if not new:
+            return 0
+        nbytes = sum(len(v) for v in new.values())
+        if nbytes > self.seg_max:  # one segment a put: split it
+            keys, stored, part, size = list(new), 0, {}, 0
+            for k in keys:
+                if part and size + len(new[k]) > self.seg_max:
+                    stored += self._put_segment(part)
+                    part, size = {}, 0
+                part[k] = new[k]
+                size += len(new[k])
+            return stored + self._put_segment(part)
+        return self._put_segment(new)
+
+    def _put_segment(self, new: dict[bytes, bytes]) -> int:
+        nbytes = sum(len(v) for v in new.values())
+        seg, fd, off = self._segment(nbytes)
+        if seg < 0:
+            return 0
+        survivors: dict[bytes, bytes] = {}
+        ok = self._write_txn(lambda txn: self._reserve(txn, seg, nbytes, survivors))
+        if not ok:
+            self.refused += len(new)
+            return 0
+        if survivors:  # what eviction keeps is written with this batch
+            new = {**survivors, **new}
+        values = list(new.values())
+        blob = b"".join(values)
+        try:
+            written = os.pwrite(fd, blob, off)
+        except OSError as exc:
+            written = -1
+            if exc.errno != errno.ENOSPC:
+                log.warning("disk tier %s: writing failed: %s", self.path, exc)
+        if written != len(blob):  # the disk is full (or failing): nothing of it is kept
+            self.failures += 1
+            self._close_segment()
+            return 0
+        self._writing = (seg, fd, off + len(blob))
+        entries, pos = [], off
+        for k, v in zip(new, values, strict=True):
+            entries.append((k, _ENTRY.pack(seg, pos, len(v), digest(v))))
+            pos += len(v)
+        stored = self._write_txn(lambda txn: self._index(txn, seg, entries), 0)
+        self.written_bytes += len(blob)
+        if self._writing[2] >= self.seg_max:
+            self._close_segment()
+        return max(0, stored - len(survivors))
+
+    def _segment(self, nbytes: int) -> tuple[int, int, int]:
+        """This process's open segment with room for ``nbytes`` (a new one if needed);
+        segment -1 if none could be made."""
+        if self._writing is not None and self._writing[2] + nbytes <= self.seg_max:
+            return self._writing
+        self._close_segment()
+
+        def allocate(txn) -> int:
+            seg = int(txn.get(_NEXT, db=self._ix.meta))
+            txn.put(_NEXT, str(seg + 1).encode(), db=self._ix.meta)
+            txn.put(_SEG.pack(seg), b"0", db=self._ix.segs)
+            return seg
+
+        seg = self._write_txn(allocate, -1)
+        if seg < 0:
+            return -1, -1, 0
+        try:
+            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_WRITE, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (a new file: never held)
+        except OSError as exc:
+            self.failures += 1
+            log.warning("disk tier %s: cannot make a segment: %s", self.path, exc)
+            return -1, -1, 0
+        self._writing = (seg, fd, 0)
+        return self._writing
+
+    def _close_segment(self) -> None:
+        if self._writing is not None:
+            os.close(self._writing[1])  # (its flock goes with it: evictable now)
+            self._writing = None
+
+    def _reserve(self, txn, seg: int, nbytes: int, survivors: dict[bytes, bytes]) -> bool:
+        """Count ``nbytes`` more for ``seg``, evicting the oldest idle segments while the
+        tier would be over its budget (CLOCK: entries read since written survive, their
+        bytes read into ``survivors`` to be written again with the batch). False: no
+        room, even with every idle segment evicted."""
+        used = int(txn.get(_SEG_BYTES, db=self._ix.meta))
+        index = self._index_bytes()
+        room = self.capacity_bytes - index
+        victims = txn.cursor(db=self._ix.segs)
+        victims.first()
+        while used + nbytes + sum(map(len, survivors.values())) > room:
+            if not victims.key():
+                break
+            victim = _SEG.unpack(victims.key())[0]
+            if victim == seg or self._busy(victim):
+                victims.next()
+                continue
+            used -= int(victims.value())
+            victims.delete()  # (moves to the next)
+            self._evict(txn, victim, survivors)
+            evictions = int(txn.get(_EVICTIONS, db=self._ix.meta) or 0) + 1
+            txn.put(_EVICTIONS, str(evictions).encode(), db=self._ix.meta)
+        keep = room - used - nbytes
+        while survivors and sum(map(len, survivors.values())) > keep:
+            survivors.popitem()  # no room for every second chance: the rest go
+        total = nbytes + sum(map(len, survivors.values()))
+        if used + total > room:
+            txn.put(_SEG_BYTES, str(used).encode(), db=self._ix.meta)
+            return False
+        mine = _SEG.pack(seg)
+        txn.put(mine, str(int(txn.get(mine, db=self._ix.segs) or 0) + total).encode(),
+                db=self._ix.segs)  # fmt: skip
+        txn.put(_SEG_BYTES, str(used + total).encode(), db=self._ix.meta)
+        return True
+
+    def _busy(self, seg: int) -> bool:
+        """Whether a live process still writes segment ``seg`` (holds its flock)."""
+        try:
+            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def _evict(self, txn, seg: int, survivors: dict[bytes, bytes]) -> None:
+        """Drop segment ``seg``'s entries, reading those with their hit bit into
+        ``survivors`` (bit cleared), and remove its file."""
+        prefix = _SEG.pack(seg)
+        cursor = txn.cursor(db=self._ix.members)
+        keys = []
+        if cursor.set_range(prefix):
+            for k in cursor.iternext(values=False):
+                if not k.startswith(prefix):
+                    break
+                keys.append(bytes(k[len(prefix) :]))
+        for k in keys:
+            entry = txn.get(k, db=self._ix.entries)
+            if entry is not None and txn.get(k, db=self._ix.hot) is not None:
+                victim, off, length, dig = _ENTRY.unpack(entry)
+                try:
+                    data = self._pread(self._fd(victim), off, length, dig)
+                except OSError:
+                    data = None
+                if data is not None:
+                    survivors[k] = data
+            self._drop(txn, k)
+        self.evicted += len(keys)
+        fd = self._fds.pop(seg, None)
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.path, f"seg-{seg}"))
+
+    def _index(self, txn, seg: int, entries: list[tuple[bytes, bytes]]) -> int:
+        """Record the entries written to ``seg`` (those another process indexed meanwhile
+        are left as they are); returns how many landed."""
+        if txn.get(_SEG.pack(seg), db=self._ix.segs) is None:
+            return 0  # (never: a segment being written is not evicted)
+        stored = 0
+        for k, entry in entries:
+            if txn.get(k, db=self._ix.entries) is None:
+                txn.put(k, entry, db=self._ix.entries)
+                txn.put(_seg_key(seg, k), b"", db=self._ix.members)
+                stored += 1
+        return stored
+
+    def _index_bytes(self) -> int:
+        info, stat = self._ix.env.info(), self._ix.env.stat()
+        return (info["last_pgno"] + 1) * stat["psize"]
+
+    def _write_txn(self, fn, fallback=False):
+        try:
+            with self._ix.env.begin(write=True) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:  # the map or the disk full: counted, the source serves
+            self.failures += 1
+            log.debug("disk tier %s: %s", self.path, exc)
+            return fallback
+
+    def _remove_orphans(self) -> None:
+        """Segment files no index entry counts (a writer killed between its reservation
+        and its file, or an eviction cut short): removed when nobody writes them."""
+        with self._ix.env.begin() as txn:
+            live = {_SEG.unpack(k)[0] for k in txn.cursor(db=self._ix.segs).iternext(values=False)}
+        for name in os.listdir(self.path):
+            if name.startswith("seg-") and name[4:].isdigit():
+                seg = int(name[4:])
+                if seg not in live and not self._busy(seg):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.path, name))
+
+    # -- what it holds -----------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the tier takes on disk: its segments and its index."""
+        self._here()
+        with self._ix.env.begin() as txn:
+            return int(txn.get(_SEG_BYTES, db=self._ix.meta)) + self._index_bytes()
+
+    def __len__(self) -> int:
+        self._here()
+        with self._ix.env.begin() as txn:
+            return txn.stat(self._ix.entries)["entries"]
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "disk_hits": self.hits, "disk_misses": self.misses, "disk_corrupt": self.corrupt,
+            "disk_failures": self.failures, "disk_refused": self.refused,
+            "disk_hit_bytes": self.hit_bytes, "disk_written_bytes": self.written_bytes,
+            "disk_evicted": self.evicted,
+        }  # fmt: skip
+
+    def close(self) -> None:
+        """Release this object's handles (the process's index stays open for its other
+        users); the tier's files stay for the next job."""
+        if self._pid != os.getpid():
+            return
+        self._close_segment()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions")}
+        state["_pid"] = -1  # the receiving process makes its own
+        return state
+
+
+#: the disk tier's share of its filesystem's free space when no ``disk_bytes`` is given
+DEFAULT_DISK_SHARE = 0.75
+#: where a node's disk tier is configured when ``disk_dir`` is not given
+DISK_DIR_ENV = "HOTSET_DISK_DIR"
+
+
+def open_disk_tier(
+    disk_dir: str | os.PathLike[str] | None, disk_bytes: int | None
+) -> DiskTier | None:
+    """The node's disk tier at ``disk_dir`` (or ``$HOTSET_DISK_DIR``), of ``disk_bytes``
+    (default: ``DEFAULT_DISK_SHARE`` of its filesystem's free space, as LitData's node
+    cache takes); None if neither names a directory."""
+    if disk_dir is None:
+        disk_dir = os.environ.get(DISK_DIR_ENV) or None
+        if disk_dir is None:
+            if disk_bytes is not None:
+                raise ConfigError(f"disk_bytes={disk_bytes} without disk_dir: name the directory")
+            return None
+    if disk_bytes is None:
+        where = os.path.abspath(os.fspath(disk_dir))
+        while not os.path.exists(where):
+            where = os.path.dirname(where)
+        st = os.statvfs(where)
+        disk_bytes = int(DEFAULT_DISK_SHARE * st.f_bavail * st.f_frsize)
+    return DiskTier(disk_dir, int(disk_bytes))
+
+
+class _Index(NamedTuple):
+    env: lmdb.Environment
+    entries: object  # key -> entry
+    members: object  # segment + key: the segment's entries
+    segs: object  # segment -> its bytes reserved
+    hot: object  # keys read since written (CLOCK's bit)
+    meta: object
+
+
+#: this process's index of each tier directory (LMDB forbids opening one twice in a
+#: process; several DiskTier objects may name it)
+_INDEXES: dict[str, _Index] = {}
+
+
+def _index(path: str, map_size: int) -> _Index:
+    ix = _INDEXES.get(path)
+    if ix is not None:
+        return ix
+    index = os.path.join(path, "index")
+    if not os.path.isdir(index):
+        lease.own_private_dir(index)
+    lease.check_own_dir(index, private=True)
+    lease.check_lmdb_files(index)
+
+    def open_env() -> lmdb.Environment:
+        return lmdb.open(index, map_size=map_size, max_dbs=5, mode=0o600, sync=False,
+                         metasync=False, readahead=False, max_readers=1024)  # fmt: skip
+
+    try:
+        env = open_env()
+    except (lmdb.CorruptedError, lmdb.InvalidError, lmdb.VersionMismatchError) as exc:
+        # a damaged index (a crash of the machine): the tier starts anew
+        log.warning("disk tier %s: its index cannot be opened (%s); starting it anew",
+                    path, exc)  # fmt: skip
+        shutil.rmtree(path)
+        lease.own_private_dir(path)
+        lease.own_private_dir(index)
+        env = open_env()
+    dbs = [env.open_db(name) for name in (b"entries", b"members", b"segments", b"hot", b"meta")]
+    ix = _INDEXES[path] = _Index(env, *dbs)
+    return ix
+
+
+def _close_before_fork() -> None:
+    """Close the indexes before a fork (the parent reopens them on next use, the child
+    opens its own)."""
+    for ix in _INDEXES.values():
+        ix.env.close()
+    _INDEXES.clear()
+
+
+os.register_at_fork(before=_close_before_fork)
+
+
+def _own_directory(path: str) -> str:
+    """``path`` made (0700) if missing, else checked: the user's own, writable by nobody
+    else, no link another user owns on the way (``lease.check_own_dir``)."""
+    path = os.path.abspath(path)
+    lease.check_ancestors(path)
+    if not os.path.lexists(path):
+        try:
+            os.makedirs(path, mode=0o700)
+        except OSError as exc:
+            raise ConfigError(f"disk_dir={path}: cannot create it: {exc}") from exc
+    lease.check_own_dir(path)
+    return os.path.realpath(path)

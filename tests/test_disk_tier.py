@@ -1,0 +1,295 @@
+"""The node's disk tier (``store/disk.py``, ``make_loader(disk_dir=...)``): real
+directories, real processes, real object-store servers; every served sample checked
+against the shards' bytes (``disk_job.py``). No speed is asserted here
+(``benchmarks/disk_tier.py`` measures it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hotset
+from hotset.errors import ConfigError
+from hotset.store.disk import SEGMENT_MIN, SUBDIR, DiskTier
+from hotset.testing import DelayProxy, S3Server
+
+N, SHARDS, FLOATS = 48, 3, 2500  # 48 samples of 10 KB in 3 shards
+JOB = Path(__file__).with_name("disk_job.py")
+
+
+def write_shards(root: Path, seed: int = 0, only: int | None = None) -> int:
+    """``N`` samples (a float32 array and a label) in ``SHARDS`` tar shards; ``only``:
+    rewrite that shard alone. Returns the arrays' bytes."""
+    root.mkdir(parents=True, exist_ok=True)
+    per = N // SHARDS
+    for s in range(SHARDS):
+        if only is not None and s != only:
+            continue
+        with tarfile.open(root / f"shard-{s:03d}.tar", "w") as tf:
+            for k in range(s * per, (s + 1) * per):
+                buf = io.BytesIO()
+                np.save(buf, np.random.default_rng([seed, k]).standard_normal(FLOATS, np.float32))
+                for field, data in (("npy", buf.getvalue()), ("cls", str(k % 3).encode())):
+                    info = tarfile.TarInfo(f"s{k:04d}.{field}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return N * FLOATS * 4
+
+
+def job(tmp_path: Path, **cfg) -> subprocess.Popen:
+    """A training job (``disk_job.py``) in a process (and session) of its own."""
+    cfg.setdefault("url", str(tmp_path / "shards"))
+    cfg.setdefault("shards", str(tmp_path / "shards"))
+    cfg.setdefault("disk_dir", str(tmp_path / "nvme"))
+    cfg.setdefault("epochs", 2)
+    env = {**os.environ, "HOTSET_CACHE_DIR": str(tmp_path / "index-cache")}
+    return subprocess.Popen([sys.executable, str(JOB), json.dumps(cfg)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def finished(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def each_once(run: dict) -> None:
+    for epoch in run["epochs"]:
+        assert sorted(epoch["served"]) == list(range(run["samples"]))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("s3fs")
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+def test_a_second_run_reads_only_metadata_from_the_source(tmp_path, s3):
+    """Two runs in two processes over shards on an S3 server, behind a wire that counts
+    the server's bytes: the first reads the data once (its second epoch nothing), the
+    second run reads nothing but the listing and the shards' metadata; every sample
+    exact, each once an epoch."""
+    data = write_shards(tmp_path / "shards")
+    url = "s3://disk-tier/shards"
+    s3.upload(tmp_path / "shards", url)
+    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
+    options = {**s3.storage_options, "client_kwargs": {
+        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    try:
+        first = finished(job(tmp_path, url=url, storage_options=options))
+        mid = wire.stats()["bytes_down"]
+        second = finished(job(tmp_path, url=url, storage_options=options, epochs=1))
+        after = wire.stats()["bytes_down"]
+    finally:
+        wire.stop()
+    each_once(first)
+    each_once(second)
+    assert first["epochs"][1]["storage_bytes"] == 0
+    assert first["epochs"][1]["disk_hits"] >= N - first["epochs"][1]["hits"]
+    assert second["counters"]["storage_bytes"] == 0 and second["counters"]["disk_hits"] > 0
+    assert mid >= data  # the first run read the data (its index, then its samples)
+    assert after - mid < 0.05 * data, f"the second run moved {after - mid} bytes"
+
+
+def test_a_job_killed_mid_fill_and_restarted_at_once_reuses_what_was_complete(tmp_path):
+    write_shards(tmp_path / "shards")
+    progress = tmp_path / "progress"
+    first = job(tmp_path, progress=str(progress), epochs=3)
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= 3):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1]
+        time.sleep(0.01)
+    os.killpg(first.pid, signal.SIGKILL)  # the job and its DataLoader workers, mid-epoch
+    first.wait()
+    run = finished(job(tmp_path, epochs=1))  # at once, as an elastic agent restarts it
+    each_once(run)
+    assert run["counters"]["disk_hits"] > 0
+
+
+def test_a_shard_rewritten_between_runs_is_not_served_from_the_disk_tier(tmp_path):
+    write_shards(tmp_path / "shards")
+    each_once(finished(job(tmp_path, epochs=1)))
+    time.sleep(0.01)  # (a later modification time)
+    write_shards(tmp_path / "shards", seed=1, only=1)
+    run = finished(job(tmp_path, epochs=1))  # checks every sample against the new shard
+    each_once(run)
+    per = N // SHARDS
+    assert run["counters"]["disk_hits"] <= N - per  # the rewritten shard's came from it
+    assert run["counters"]["storage_reads"] >= per
+
+
+def test_two_jobs_at_once_share_one_fill(tmp_path):
+    data = write_shards(tmp_path / "shards")
+    runs = [job(tmp_path, seed=s) for s in (0, 1)]
+    for run in map(finished, runs):
+        each_once(run)
+        assert run["epochs"][1]["storage_bytes"] == 0
+    tier = DiskTier(tmp_path / "nvme", 1 << 30)
+    assert len(tier) == N  # each sample kept once
+    assert tier.used_bytes < 2 * data  # (both may read a sample at once: one is kept)
+
+
+def test_a_full_disk_degrades_to_the_source(tmp_path):
+    """A disk tier on a filesystem smaller than the data: writes past its end fail and are
+    counted; every epoch completes, exact, from the source."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(small)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        write_shards(tmp_path / "shards")
+        run = finished(job(tmp_path, disk_dir=str(small / "tier"), disk_bytes=64 << 20))
+        each_once(run)
+        assert run["counters"]["disk_failures"] > 0
+        assert run["epochs"][1]["storage_bytes"] > 0
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_make_loader_works_with_no_cache_argument(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "index-cache"))
+    monkeypatch.setenv("HOTSET_DISK_DIR", str(tmp_path / "nvme"))
+    write_shards(tmp_path / "shards")
+    with hotset.make_loader(str(tmp_path / "shards"), batch_size=16, num_workers=0,
+                            input_field="npy", target_field="cls") as loader:  # fmt: skip
+        assert loader.budget["capacity_bytes"] > 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert sum(len(ids) for _, _, ids in loader) == N
+        assert loader.counters()["disk_hits"] > 0 or loader.counters()["hits"] == 2 * N - N
+    assert os.path.isdir(tmp_path / "nvme" / SUBDIR)  # found by $HOTSET_DISK_DIR
+
+
+def test_a_corrupt_extent_is_a_miss_never_wrong_bytes(tmp_path):
+    tier = DiskTier(tmp_path / "nvme", 8 << 20)
+    values = {f"k{i}": os.urandom(5000 + i) for i in range(10)}
+    assert tier.put(values) == 10
+    segment = next((tmp_path / "nvme" / SUBDIR).glob("seg-*"))
+    raw = bytearray(segment.read_bytes())
+    raw[7000] ^= 0xFF  # inside k1
+    segment.write_bytes(bytes(raw))
+    got = dict(zip(values, tier.get_many(list(values)), strict=True))
+    assert got["k1"] is None and tier.corrupt == 1
+    assert all(got[k] == v for k, v in values.items() if k != "k1")
+    assert not tier.contains("k1")  # dropped: the next read of it goes to the source
+
+
+def test_the_directory_follows_the_stores_ownership_rules(tmp_path):
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(ConfigError, match="not a directory of yours"):
+        DiskTier(tmp_path / "link", 8 << 20)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="open to other users"):
+        DiskTier(shared, 8 << 20)
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(ConfigError, match="not a directory of yours"):
+            DiskTier(theirs, 8 << 20)
+    tier = DiskTier(tmp_path / "mine", 8 << 20)
+    tier.put({"a": b"x" * 100})
+    for path in (tmp_path / "mine" / SUBDIR).rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, f"{path} is {mode:o}"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 59), st.integers(1, 120_000), st.booleans()),
+                 min_size=1, max_size=120),  # fmt: skip
+)
+def test_disk_tier_property(tmp_path_factory, ops):
+    """Whatever is put and read: the tier never takes more than its budget on disk, a
+    read is the bytes put under that key or a miss, and an entry read since it was written
+    outlives, through an eviction, the entries of its segment that were not read."""
+    root = tmp_path_factory.mktemp("tier")
+    capacity = 4 * SEGMENT_MIN
+    tier = DiskTier(root, capacity)
+    truth: dict[str, bytes] = {}
+    for key, size, read in ops:
+        k = f"k{key}"
+        if read:
+            got = tier.get_many([k])[0]
+            assert got is None or got == truth[k]
+        else:
+            value = truth.get(k) or np.random.default_rng(key).bytes(size)
+            truth[k] = value
+            tier.put({k: value})
+        assert tier.used_bytes <= capacity
+    # second chance: an entry read again between evictions stays, its neighbours go
+    tier2 = DiskTier(root / "two", capacity)
+    first = {f"a{i}": bytes([i]) * 100_000 for i in range(8)}
+    tier2.put(first)
+    for r in range(40):  # 16 MB through a 4 MB tier: every early segment is evicted
+        assert tier2.get_many(["a3"])[0] == first["a3"]
+        tier2.put({f"b{r}-{i}": bytes([r]) * 100_000 for i in range(4)})
+    assert tier2.get_many(["a3"])[0] == first["a3"]
+    assert tier2.evicted > 0 and tier2.get_many(["a0"]) == [None]
+
+
+def test_hotset_serve_jobs_read_through_its_disk_tier_and_a_restart_finds_it_warm(tmp_path):
+    """Two jobs of ``hotset serve --disk-dir``: both exact, the data kept once; the
+    service stopped and started again: a new job's epoch reads nothing from the source."""
+    from disk_job import expected
+    from hotset.service.server import start_service
+
+    write_shards(tmp_path / "shards")
+    truth = expected(str(tmp_path / "shards"))
+    storage = hotset.open_storage(str(tmp_path / "shards"), input_field="npy",
+                                  target_field="cls")  # fmt: skip
+    names = [p.split("#", 1)[1] for p in storage.manifest.paths]
+    address = f"ipc://{tmp_path}/svc.sock"
+
+    def epoch_of(loaders) -> list[dict]:
+        served = [[] for _ in loaders]
+        for ld in loaders:
+            ld.set_epoch(0)
+        for batches in zip(*loaders, strict=True):  # the jobs in lockstep
+            for k, (x, _, ids) in enumerate(batches):
+                for j, i in enumerate(ids.tolist()):
+                    assert np.array_equal(x[j].numpy(), truth[names[i]][0]), f"sample {i}"
+                served[k] += ids.tolist()
+        for s in served:
+            assert sorted(s) == list(range(N))
+        return [ld.counters() for ld in loaders]
+
+    for run in range(2):
+        proc = start_service(address, capacity_bytes=100_000, disk_dir=str(tmp_path / "nvme"),
+                             disk_bytes=64 << 20)  # fmt: skip
+        client = hotset.connect(address, timeout_s=20)
+        loaders = [client.make_loader(storage, batch_size=8, num_workers=2, name=f"j{k}")
+                   for k in range(2 - run)]  # fmt: skip
+        try:
+            counters = epoch_of(loaders)
+        finally:
+            for ld in loaders:
+                ld.close()
+            client.stop()
+            proc.join(10)
+            client.close()
+        if run == 0:
+            assert len(DiskTier(tmp_path / "nvme", 64 << 20)) == N  # kept once
+        else:
+            assert counters[0]["storage_bytes"] == 0 and counters[0]["disk_hits"] > 0
