@@ -174,6 +174,7 @@ def test_a_new_policy_and_sampler_run_everywhere_through_the_declared_defaults()
         "sync_s",
         "sync_calls",
         "offered",
+        "refilled",
     }
     planner.set_epoch(3)
     other = Planner(make_sampler("test-even-first", 50), make_policy("test-lowest-id", 10,

@@ -197,3 +197,65 @@ def test_a_heap_saved_as_a_dict_of_keys_loads_and_a_crafted_one_is_refused():
     with pytest.raises(ConfigError, match="levels are not a 1-D int32 or int64 array"):
         from_safe(saved(bits=4, mask=15, heap=[], levels=[1, 2], count=0, _taken={}))
     assert isinstance(from_safe(to_safe(KeyedHeap(9))), KeyedHeap)
+
+
+COLD = [(name, where) for name in ("shade", "icache")
+        for where in ("between batches", "after the last batch", "after set_epoch")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,where", COLD)
+def test_a_state_resumed_on_a_cold_store_serves_the_same_samples(fmnist_dir, name, where):
+    """The killed job's cache is gone (the default store): the resumed loader reads the
+    residents its policy holds back from the source, so its plans, which depend on what
+    is cached (SHADE draws its cached important samples again), serve exactly what the
+    uninterrupted run serves."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    cut = {"between batches": (1, 7), "after the last batch": (1, None),
+           "after set_epoch": (2, -1)}[where]  # fmt: skip
+    ref, _ = run(_loader(storage, name, 0, store="memory"), range(EPOCHS))
+    _, state = run(_loader(storage, name, 0, store="memory"), range(EPOCHS), cut)
+    epoch, batches = cut
+    resumed = _loader(storage, name, 0, store="memory")  # empty: the cache did not survive
+    resumed.load_state_dict(state)
+    if batches is None:
+        epoch, batches = epoch + 1, 0
+    rest, _ = run(resumed, range(epoch, EPOCHS))
+    assert resumed.counters()["internal"]["refilled"] > 0
+    resumed.close()
+    assert rest[epoch] == ref[epoch][max(batches, 0) * 40 :]
+    for e in range(epoch + 1, EPOCHS):
+        assert rest[e] == ref[e]
+
+
+def test_a_state_carries_no_sample_bytes_and_forged_ones_are_never_served(fmnist_dir):
+    """A state's saved plans hold no package bytes (a resumed worker reads those samples
+    from the source); a crafted state that carries some (it loads with
+    ``weights_only=True``) puts none of them in the store: every sample served over the
+    next epochs is the source's."""
+    import numpy as np
+    import torch
+
+    from hotset.checkpoint import from_safe, to_safe
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    capacity = int(0.2 * storage.manifest.total_bytes)
+    loader = _loader(storage, "icache", 2, store=SharedStore(capacity))
+    _, state = run(loader, range(EPOCHS), cut=(1, 18))
+    loader.close()
+    plain = from_safe(state)
+    made = plain["planner"]["made"]
+    assert made and any(p["loads"].size for p in made)  # (plans that load packages)
+    assert all(not p["package"] for p in made)
+    forged = np.zeros(28 * 28, np.uint8).tobytes()
+    victims = np.arange(0, 550, 10, dtype=np.int64)  # 55 samples, any system would put
+    for p in made:
+        p["loads"] = np.union1d(p["loads"], victims)
+        p["package"] = tuple((int(i), storage.keys[int(i)], forged) for i in victims)
+    resumed = _loader(storage, "icache", 2, store=SharedStore(capacity))
+    resumed.load_state_dict(through_torch_save(to_safe(plain)))
+    for epoch in (1, 2):
+        resumed.set_epoch(epoch)
+        for x, _, ids in resumed:
+            for k, i in enumerate(ids.tolist()):
+                assert torch.equal(x[k], resumed.dataset[i][0]), f"sample {i}"
+    resumed.close()

@@ -414,3 +414,86 @@ def test_a_squatted_default_directory_is_left_and_a_private_one_used(
     epoch_checked(loader, 0)
     assert loader.dataset.store.inner.path.startswith(str(runtime / "hotset-stores"))
     loader.close()
+
+
+# -- the streamed first epoch's spool and iCACHE's packages: files of the user's own ------
+
+
+@as_root
+def test_a_spool_where_another_user_could_swap_it_is_refused(tmp_path, monkeypatch):
+    """The streamed first epoch's spool is never made where another user could swap it
+    for links the job would write shards through."""
+    import tempfile
+
+    from hotset.storage.tar_spool import ShardSpool
+    from test_sources import _images, _write_tar
+
+    _write_tar(tmp_path / "shard-000.tar", _images(4), 0)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o777)  # writable by all, not sticky
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    monkeypatch.setattr(tempfile, "tempdir", str(theirs))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with pytest.raises(ConfigError, match="another user could replace"):
+        ShardSpool(str(tmp_path / "shard-000.tar"))
+    with pytest.raises(ConfigError, match="not a directory of yours|open to other users"):
+        ShardSpool(str(tmp_path / "shard-000.tar"), directory=str(theirs))
+
+
+def test_a_killed_jobs_spool_is_removed_by_the_next(tmp_path, monkeypatch):
+    from hotset.store.lease import private_temp_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (TMPDIR read again)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "from hotset.store.lease import private_temp_dir; "
+         "print(private_temp_dir('hotset-spool-')[0], flush=True); import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    left = holder.stdout.readline().strip()
+    assert os.path.isdir(left) and left.startswith(str(tmp_path))
+    assert stat_mode(os.path.dirname(left)) == 0o700
+    mine, fd = private_temp_dir("hotset-spool-")
+    assert os.path.isdir(left)  # its process lives: kept
+    holder.kill()
+    holder.wait()
+    again, fd2 = private_temp_dir("hotset-spool-")
+    assert not os.path.exists(left) and os.path.isdir(mine)  # the dead one's, not ours
+    for f in (fd, fd2):
+        os.close(f)
+
+
+def stat_mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_package_dir_follows_the_stores_rules_and_its_files_are_private(tmp_path, fmnist_dir):
+    storage = FileStorage(str(fmnist_dir / "train"))
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(target)
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    for bad, match in ((tmp_path / "link", "not a directory of yours"),
+                       (tmp_path / "open", "open to other users")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            make_loader(storage, batch_size=40, system="icache", cache_fraction=0.2,
+                        num_workers=0, store="memory", package_dir=str(bad))  # fmt: skip
+    old = os.umask(0o022)
+    try:
+        packages = tmp_path / "packages"
+        with make_loader(storage, batch_size=40, system="icache", cache_fraction=0.2,
+                         num_workers=0, store="memory", package_dir=str(packages),
+                         policy_options={"package_bytes": 20_000}) as loader:  # fmt: skip
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                for _, _, ids in loader:
+                    loader.feedback(ids, torch.rand(len(ids)))
+            written = list(packages.iterdir())
+    finally:
+        os.umask(old)
+    assert stat_mode(packages) == 0o700
+    assert written and all(stat_mode(p) == 0o600 for p in written)

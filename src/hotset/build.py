@@ -255,10 +255,11 @@ def make_loader(
         streamed = _streamed_start(args)
         if streamed is not None:
             return streamed
-    fields = {"input_field": input_field, "target_field": target_field}
+    tier = open_disk_tier(disk_dir, disk_bytes)
+    fields = {"input_field": input_field, "target_field": target_field,
+              "keep": None if tier is None else tier.put}  # fmt: skip
     storage = open_storage(storage, format, storage_options,
                            **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
-    tier = open_disk_tier(disk_dir, disk_bytes)
     if tier is not None:
         storage = DiskTierStorage(storage, tier)
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)

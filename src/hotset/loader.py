@@ -275,10 +275,12 @@ class CachedDataset(Dataset):
         stats.readahead_staged = len(items) - len(refused)
 
     def _store_changes(
-        self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes]
-    ) -> list[int]:
+        self, plan: BatchPlan, got: dict[int, bytes], fetched: dict[int, bytes],
+        stats: LoaderStats, causes: list[str],
+    ) -> list[int]:  # fmt: skip
         """Step 3: the plan's evictions, then its admissions (and prefetches, and the
-        packages it loads); returns those ids the store does not hold afterwards."""
+        packages it loads: those a resumed plan loads without their bytes are read from
+        storage); returns those ids the store does not hold afterwards."""
         keys = self.keys
         if plan.evicted.size:
             self.store.delete_many([keys[i] for i in plan.evicted.tolist()])
@@ -290,6 +292,11 @@ class CachedDataset(Dataset):
         items = {keys[i]: pack(keys[i], have[i]) for i in wanted if i in have}
         # then the packages it loads (iCACHE), as written: rank 0's shard carries them
         items.update((k, e) for i, k, e in plan.package if keys[i] == k)
+        unpacked = [i for i in plan.loads.tolist() if keys[i] not in items]
+        if unpacked:
+            read = self._read_storage([i for i in unpacked if i not in have], stats, causes)
+            have.update(read)
+            items.update((keys[i], pack(keys[i], have[i])) for i in unpacked if i in have)
         wanted += plan.loads.tolist()
         seen = self.arrivals.seen()
         _, out = self.store.put(items) if items else (0, [])
@@ -366,7 +373,7 @@ class CachedDataset(Dataset):
         if plan.unstage.size:  # staged entries this batch was the last one for
             self.store.delete_many([STAGE + self.keys[i] for i in plan.unstage.tolist()])
             self.arrivals.landed()  # room freed
-        lost = self._store_changes(plan, got, fetched)
+        lost = self._store_changes(plan, got, fetched, stats, causes)
         stats.store_s += time.perf_counter() - t
         if plan.wait_s > 0 and any(i not in got for i in from_store):
             before = len(got)

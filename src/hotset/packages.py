@@ -35,6 +35,7 @@ import numpy as np
 from hotset.errors import ConfigError, CorruptSampleError
 from hotset.storage.base import Storage
 from hotset.storage.manifest import content_key
+from hotset.store import lease
 from hotset.store.base import Store
 
 if TYPE_CHECKING:
@@ -53,12 +54,12 @@ def write_package(path: str | os.PathLike, entries: list[tuple[int, str, bytes]]
         offset += len(data)
     head = json.dumps(header).encode()
     path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".package-")  # 0600, a new file
+    with os.fdopen(fd, "wb") as f:
         f.write(MAGIC + len(head).to_bytes(8, "little") + head)
         for _, _, data in entries:
             f.write(data)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # (replaces a name: never writes through a link)
     return len(MAGIC) + 8 + len(head) + offset
 
 
@@ -155,17 +156,21 @@ class Packager:
         if ranks is not None and threads:
             raise ConfigError("packages for several ranks are made in the planner's thread")
         self.leads = ranks is None or ranks.rank == 0  # reads and writes packages
-        self.dir = Path(directory or tempfile.mkdtemp(prefix="hotset-packages-"))
-        # our own temporary directory goes with us: closed, collected or at the interpreter's
-        # exit (a loader dropped without close() must not leave package files behind)
-        self._remove_dir = (
-            weakref.finalize(self, _remove_own_dir, str(self.dir), os.getpid())
-            if directory is None else None
-        )  # fmt: skip
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"package_dir {self.dir} is not writable: {exc}") from exc
+        # the samples' bytes go where only this user can read them: a directory of the
+        # user's own (made 0700), writable by nobody else, no link another user owns on
+        # the way (``store/lease.py``)
+        self._remove_dir = None
+        if directory is None:  # our own, in the private directory: it goes with us
+            made, held = lease.private_temp_dir("hotset-packages-")
+            self._remove_dir = weakref.finalize(self, _remove_own_dir, made, os.getpid(), held)
+            self.dir = Path(made)
+        else:
+            self.dir = Path(directory)
+            try:
+                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"package_dir {self.dir} is not writable: {exc}") from exc
+            lease.check_own_dir(str(self.dir))
         self.ahead, self.keep_files = int(ahead), int(keep_files)
         self.threads = bool(threads)
         self._counters = {
@@ -416,8 +421,9 @@ class Packager:
             self._remove_dir()
 
 
-def _remove_own_dir(path: str, pid: int) -> None:
+def _remove_own_dir(path: str, pid: int, held: int) -> None:
     """Remove a packager's own temporary directory, from the process that made it only: a
     forked worker's copy of the packager must not take its parent's files."""
     if os.getpid() == pid:
         shutil.rmtree(path, ignore_errors=True)
+        os.close(held)

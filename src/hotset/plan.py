@@ -8,6 +8,7 @@ to ``Dataset.__getitems__``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -218,7 +219,10 @@ class PlanSource(Protocol):
 #: the planner's counters, saved with its state
 COUNTERS = (
     "planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls", "offered",
+    "refilled",
 )  # fmt: skip
+#: residents read back from the source a call, after a state is loaded on a cold store
+REFILL_BATCH = 256
 
 
 class Planner:
@@ -333,6 +337,8 @@ class Planner:
         self._consumed = 0  # its batches the loader handed to the training loop
         self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
         self.phantoms = 0  # residents forgotten: the store lacked them, or never would hold them
+        self.refilled = 0  # residents read back from the source after a state was loaded
+        self._loaded = False  # a state was loaded: the next reconciliation refills
         self.sync_fixes = 0  # disagreements with the store found at epoch boundaries
         self.planning_s = 0.0  # deciding plans: sampler draws + policy accesses
         self.feedback_s = 0.0  # scoring feedback: importance + score board + policy re-keying
@@ -560,6 +566,9 @@ class Planner:
                     held = dataset.ids_of(dataset.store.list_keys())
                 except HotsetError as exc:
                     log.debug("cannot reconcile with the store: %s", exc)
+            if lister and held is not None and self._loaded:
+                held = self._refill(dataset, held)
+            self._loaded = False
             if self.ranks is not None:
                 held = self.ranks.broadcast(held, call="the store's listing")
             if held is None:
@@ -569,6 +578,33 @@ class Planner:
                 log.info("deleting %d store entries the plan does not hold", extra.size)
                 dataset.store.delete_many([dataset.keys[i] for i in extra.tolist()])
             return True
+
+    def _refill(self, dataset, held: np.ndarray) -> np.ndarray:
+        """After a state is loaded, the residents its policy holds that the store lacks
+        (the killed job's cache was its own, or lost some) are read from the source and
+        put back, so that the plans, which depend on what is cached (SHADE's sampler
+        draws its cached important samples again), are the uninterrupted run's: the same
+        samples. Those that cannot be read or put are forgotten as before. Returns what
+        the store holds now (lock held)."""
+        again = [a for p in self._replay for a in (p.admitted, p.fetch, p.loads)]
+        missing = np.setdiff1d(np.setdiff1d(self.policy.cached_ids(), held),
+                               np.concatenate([_EMPTY, *again]))  # fmt: skip
+        storage, keys, back = dataset.storage, dataset.keys, [held]
+        for lo in range(0, missing.size, REFILL_BATCH):
+            ids = missing[lo : lo + REFILL_BATCH].tolist()
+            try:
+                read = dict(zip(ids, storage.read_many(ids), strict=True))
+            except HotsetError:  # (a sample that cannot be read: the others still are)
+                read = {}
+                for i in ids:
+                    with contextlib.suppress(HotsetError):
+                        read[i] = storage.read(i)
+            _, out = dataset.store.put({keys[i]: storage.to_entry(keys[i], v)
+                                        for i, v in read.items()})  # fmt: skip
+            refused = set(out)
+            back.append(np.array([i for i in read if keys[i] not in refused], np.int64))
+            self.refilled += back[-1].size
+        return np.unique(np.concatenate(back))
 
     def drain(self, timeout: float = 60.0) -> None:
         self.sampler.drain(timeout)
@@ -625,7 +661,8 @@ class Planner:
                 "epoch": epoch,
                 "order": order.copy(),
                 "consumed": consumed,
-                "made": [_plan_fields(p) for p in made],
+                # (a package's bytes stay out: a resumed worker reads them from the source)
+                "made": [{**_plan_fields(p), "package": ()} for p in made],
                 "sampler": self.sampler.state_dict(),
                 "policy": self.policy.state_dict(),
                 "counters": {k: getattr(self, k) for k in COUNTERS},
@@ -643,9 +680,11 @@ class Planner:
             for k, v in state["counters"].items():
                 setattr(self, k, v)
             order = np.asarray(state["order"], np.int64)
-            self._replay = [BatchPlan(**p) for p in state.get("made", ())]
+            # sample bytes a state carries are never put in the store (a crafted state)
+            self._replay = [BatchPlan(**{**p, "package": ()}) for p in state.get("made", ())]
             if order.size:
                 self._resume = (int(state["epoch"]), order, int(state["consumed"]))
+            self._loaded = True
 
     def _batches(self, order: np.ndarray) -> int:
         """Global batches in an epoch of ``order``."""

@@ -68,7 +68,8 @@ def open_storage(
 ) -> Storage:
     """The storage of ``source``: a ``Storage`` as it is, a map-style torch ``Dataset``
     (``from_dataset``), or a path / URL / list of shard URLs in ``format`` (detected when
-    not given). ``options`` go to the storage's constructor."""
+    not given). ``options`` go to the storage's constructor (``keep`` to tar shards'
+    alone)."""
     if isinstance(source, Storage):
         return source
     if isinstance(source, str | os.PathLike) or (
@@ -78,6 +79,8 @@ def open_storage(
         fmt = format or detect_format(url, storage_options)
         if storage_options:
             options["storage_options"] = storage_options
+        if fmt != "tar":
+            options.pop("keep", None)  # (only a tar set reads whole shards to index them)
         return storage_class(fmt)(url, **options)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         from hotset.storage.torch_dataset import DatasetStorage

@@ -122,6 +122,22 @@ def shard_arrays(url: str, samples: list[list], version: str) -> dict[str, np.nd
     }  # fmt: skip
 
 
+def shard_records(data: bytes, arrays: dict[str, np.ndarray]) -> dict[str, bytes]:
+    """Each sample's record (as ``TarStorage.read_many`` gives it), by key, from a whole
+    shard's bytes and its index."""
+    start, ptr, fields = arrays["start"], arrays["m_ptr"], arrays["fields"].tolist()
+    m_field, m_off, m_size = arrays["m_field"], arrays["m_off"], arrays["m_size"]
+    out = {}
+    for j, key in enumerate(arrays["keys"].tolist()):
+        lo, a, b = int(start[j]), int(ptr[j]), int(ptr[j + 1])
+        out[key] = encode_record({
+            fields[f]: data[lo + o : lo + o + n]
+            for f, o, n in zip(m_field[a:b].tolist(), m_off[a:b].tolist(), m_size[a:b].tolist(),
+                               strict=True)
+        })  # fmt: skip
+    return out
+
+
 def index_file(url: str, samples: list[list], version: str) -> bytes:
     """A shard's index (``shard_arrays``) as the index cache keeps it."""
     buf = io.BytesIO()
@@ -235,7 +251,9 @@ class TarStorage(FsspecStorage):
     latency the planner measures, ``cost`` (default: 10 ms per request remote, 0.2 ms
     local, 100 MB/s shared by ``concurrency`` requests) its prior. ``concurrency``: range
     requests in flight per process (default: 32 on an object store, 8 on local files);
-    ``node_concurrency``: in flight across the processes (``FsspecStorage``)."""
+    ``node_concurrency``: in flight across the processes (``FsspecStorage``). ``keep``:
+    called with the records (by key) of each remote shard read whole to index it (the
+    disk tier keeps them, so they are not read again)."""
 
     content_keyed = False
 
@@ -251,8 +269,10 @@ class TarStorage(FsspecStorage):
         cost: CostModel | None = None,
         input_field: str | Sequence[str] | None = None,
         target_field: str | Sequence[str] | None = None,
+        keep: Callable[[dict[str, bytes]], object] | None = None,
     ) -> None:
         self.storage_options = dict(storage_options or {})
+        self._keep = keep
         self.retry = retry or Retry()
         fs, self.urls, self._paths = locate_shards(url, self.storage_options, self.retry)
         self.concurrency = concurrency_for(fs, concurrency)
@@ -324,6 +344,8 @@ class TarStorage(FsspecStorage):
                 if size is not None and len(data) != size:
                     raise ShardError(url, "cut off", f"{len(data)} of {size} bytes came")
                 samples = index_shard(io.BytesIO(data), url)
+                if self._keep is not None:  # its samples, read already: not read again
+                    self._keep(shard_records(data, shard_arrays(url, samples, version)))
             else:  # large blocks, read ahead: a few requests a shard
 
                 def blocks() -> list[list]:

@@ -12,6 +12,7 @@ waits for it only; then ``ahead`` shards are read at once. Each request is retri
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -37,6 +38,7 @@ from hotset.storage.tar import (
     load_index,
     locate_shards,
 )
+from hotset.store import lease
 
 #: shards read at once after the first (each a request in flight, and a file spooled)
 AHEAD = 8
@@ -62,10 +64,11 @@ class SpooledShard:
 
 class ShardSpool:
     """The shards ``url`` names (as ``TarStorage`` takes them), iterated in shard order
-    as each lands in a spool directory (made under ``directory``, default the system's
-    temporary one; removed by ``close``). ``release(i)`` removes shard ``i``'s file once
-    its samples are served. ``requests``, ``bytes`` and ``retries`` count what crossed
-    the link."""
+    as each lands in a spool directory (made under ``directory``, which must be the
+    user's own and writable by nobody else, default the user's private directory under
+    the temporary one; removed by ``close``, or by the next spool after a kill -9).
+    ``release(i)`` removes shard ``i``'s file once its samples are served. ``requests``,
+    ``bytes`` and ``retries`` count what crossed the link."""
 
     def __init__(
         self,
@@ -83,9 +86,15 @@ class ShardSpool:
         self._lock = threading.Lock()
         with ThreadPoolExecutor(min(INFO_THREADS, len(self.urls))) as pool:
             self._infos = list(pool.map(self._info, range(len(self.urls))))
-        self.dir = Path(tempfile.mkdtemp(prefix="hotset-spool-", dir=directory))
+        held = None
+        if directory is None:
+            made, held = lease.private_temp_dir("hotset-spool-")
+        else:
+            lease.check_own_dir(directory)
+            made = tempfile.mkdtemp(prefix="hotset-spool-", dir=directory)
+        self.dir = Path(made)
         self._pool = ThreadPoolExecutor(self.ahead, thread_name_prefix="hotset-spool")
-        self._cleanup = weakref.finalize(self, _remove, self._pool, self.dir)
+        self._cleanup = weakref.finalize(self, _remove, self._pool, self.dir, held)
 
     @property
     def remote(self) -> bool:
@@ -145,12 +154,13 @@ class ShardSpool:
         def whole() -> int:
             if size is None or size <= WHOLE_SHARD_BYTES:
                 data = self.fs.cat_file(src)
-                dst.write_bytes(data)
+                with os.fdopen(lease.create_private_file(dst), "wb") as out:
+                    out.write(data)
                 self._count(requests=1, nbytes=len(data))
                 return len(data)
             got = 0
             with self.fs.open(src, "rb", block_size=INDEX_BLOCK, cache_type="none") as f, \
-                    open(dst, "wb") as out:  # fmt: skip
+                    os.fdopen(lease.create_private_file(dst), "wb") as out:  # fmt: skip
                 while block := f.read(INDEX_BLOCK):
                     out.write(block)
                     got += len(block)
@@ -167,6 +177,8 @@ class ShardSpool:
                                             lambda: index_file(url, samples, version)))  # fmt: skip
 
 
-def _remove(pool: ThreadPoolExecutor, directory: Path) -> None:
+def _remove(pool: ThreadPoolExecutor, directory: Path, held: int | None) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
     shutil.rmtree(directory, ignore_errors=True)
+    if held is not None:
+        os.close(held)

@@ -65,6 +65,8 @@ _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: reads at once that go to threads (those not already in the page cache)
 READ_THREADS = 8
+#: hit bits a process collects before it writes them (CLOCK's bits need not be exact)
+HOT_BATCH = 256
 
 
 def digest(data: bytes) -> bytes:
@@ -121,6 +123,7 @@ class DiskTier:
             self._writing: tuple[int, int, int] | None = None  # segment, fd, bytes written
             self._pool: ThreadPoolExecutor | None = None
             self._nowait = hasattr(os, "RWF_NOWAIT")
+            self._hot: set[bytes] = set()  # read since their bits were last written
             self._evictions = -1  # the tier's evictions when the handles were last checked
 
     def _fd(self, seg: int) -> int:
@@ -157,10 +160,10 @@ class DiskTier:
         self.hits += len(wanted) - len(bad)
         self.misses += len(keys) - len(wanted) + len(bad)
         self.hit_bytes += sum(len(v) for v in out if v is not None)
-        if bad or cold:
-            bad_set = set(bad)
-            self._write_txn(lambda txn: self._mark(txn, [k for k in cold if k not in bad_set],
-                                                   bad))  # fmt: skip
+        self._hot.update(cold)
+        self._hot.difference_update(bad)
+        if bad or len(self._hot) >= HOT_BATCH:
+            self._write_txn(lambda txn: self._mark(txn, bad))
         return out
 
     def _drop_stale_handles(self, txn) -> None:
@@ -196,7 +199,8 @@ class DiskTier:
                         continue
                     self._nowait = False  # (a filesystem without it: threads for all)
             later.append((n, fd, off, length, dig))
-        if not later:
+        if len(later) <= 1:  # (one read: no hand-off to a thread)
+            yield from ((t[0], self._pread(*t[1:])) for t in later)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hotset-disk")
@@ -214,10 +218,13 @@ class DiskTier:
         self.corrupt += 1
         return None
 
-    def _mark(self, txn, hot: list[bytes], bad: list[bytes]) -> None:
-        for k in hot:
+    def _mark(self, txn, bad: list[bytes] = ()) -> None:
+        """Set the hit bits of the entries read since the last time (a write transaction
+        per ``HOT_BATCH`` of them, or with a put, not one a read), drop ``bad``."""
+        for k in self._hot:
             if txn.get(k, db=self._ix.entries) is not None:
                 txn.put(k, b"", db=self._ix.hot)
+        self._hot.clear()
         for k in bad:
             self._drop(txn, k)
 
@@ -330,6 +337,7 @@ class DiskTier:
         tier would be over its budget (CLOCK: entries read since written survive, their
         bytes read into ``survivors`` to be written again with the batch). False: no
         room, even with every idle segment evicted."""
+        self._mark(txn)  # (what this process read since: before eviction looks at the bits)
         used = int(txn.get(_SEG_BYTES, db=self._ix.meta))
         index = self._index_bytes()
         room = self.capacity_bytes - index
@@ -467,6 +475,8 @@ class DiskTier:
         users); the tier's files stay for the next job."""
         if self._pid != os.getpid():
             return
+        if self._hot:
+            self._write_txn(self._mark)
         self._close_segment()
         for fd in self._fds.values():
             os.close(fd)
@@ -478,7 +488,7 @@ class DiskTier:
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions")}
+                 if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions", "_hot")}
         state["_pid"] = -1  # the receiving process makes its own
         return state
 

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable
@@ -356,3 +357,35 @@ def remove_unused(base: str) -> list[str]:
         finally:
             os.close(fd)
     return gone
+
+
+def private_temp_dir(prefix: str) -> tuple[str, int]:
+    """A fresh directory ``PREFIX*`` of this process's, in the user's private directory
+    under the temporary one (``private_base``: never a directory another user could swap),
+    held by an exclusive lock on its ``hotset.lock`` while the process lives; returns its
+    path and the lock's descriptor (closing it releases the directory). Those a killed
+    process left (their lock free) are removed first."""
+    base = private_base(tempfile.gettempdir())
+    for name in os.listdir(base):
+        path = os.path.join(base, name)
+        if not name.startswith(prefix) or not os.path.isdir(path):
+            continue
+        try:
+            fd = hold(path, LOCK)
+        except (OSError, ConfigError):
+            continue  # not one of ours: left alone
+        if fd is not None:  # nobody holds it: its process was killed
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+            log.info("removed %s (its process is gone)", path)
+    made = tempfile.mkdtemp(prefix="." + prefix, dir=base)  # (hidden until held)
+    fd = hold(made, LOCK)
+    final = os.path.join(base, prefix + os.path.basename(made)[len(prefix) + 1 :])
+    os.rename(made, final)
+    return final, fd
+
+
+def create_private_file(path: str | os.PathLike[str]) -> int:
+    """A new file, 0600, opened for writing: never one that exists, nor a link."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   0o600)  # fmt: skip
