@@ -259,3 +259,60 @@ def test_a_state_carries_no_sample_bytes_and_forged_ones_are_never_served(fmnist
             for k, i in enumerate(ids.tolist()):
                 assert torch.equal(x[k], resumed.dataset[i][0]), f"sample {i}"
     resumed.close()
+
+
+def test_an_edited_state_is_refused_by_name(fmnist_dir):
+    """Edits that would skip, repeat or serve ids that do not exist are refused, naming
+    what does not fit, before anything is used; a state of wrong types names the state."""
+    import numpy as np
+
+    from hotset.checkpoint import from_safe, to_safe
+
+    storage = FileStorage(str(fmnist_dir / "train"))
+    capacity = int(0.2 * storage.manifest.total_bytes)
+    loader = _loader(storage, "lru", 2, store=SharedStore(capacity))
+    _, state = run(loader, range(EPOCHS), cut=(1, 7))
+    loader.close()
+    plain = from_safe(state)
+    assert plain["planner"]["made"]  # (the workers' prefetched plans)
+
+    def edited(change):
+        s = from_safe(state)
+        change(s["planner"])
+        return through_torch_save(to_safe(s))
+
+    def skip(p):  # a later start: the saved plans no longer follow it
+        p["consumed"] += 2
+
+    def drop(p):  # the first saved plan gone: its batch would be skipped
+        p["made"] = p["made"][1:]
+
+    def shift(p):  # a plan's ids swapped for others
+        p["made"][0]["ids"] = p["made"][0]["ids"][::-1].copy()
+
+    def out_of_range(p):
+        p["order"] = p["order"].copy()
+        p["order"][-1] = len(storage) + 5
+
+    def floats(p):
+        p["order"] = p["order"].astype(np.float64)
+
+    def too_far(p):
+        p["consumed"], p["made"] = 10_000, []
+
+    cases = {skip: "is not batch", drop: "is not batch", shift: "is not batch",
+             out_of_range: "outside the dataset", floats: "not a list of sample ids",
+             too_far: "not a batch count"}  # fmt: skip
+    store = SharedStore(capacity)
+    for change, match in cases.items():
+        fresh = _loader(storage, "lru", 2, store=store)
+        with pytest.raises(ConfigError, match=match):
+            fresh.load_state_dict(edited(change))
+        fresh.close()
+    fresh = _loader(storage, "lru", 0, store="memory")
+    wrong = from_safe(state)
+    wrong["planner"]["sampler"] = "not a state"
+    with pytest.raises(ConfigError, match="this state cannot be loaded"):
+        fresh.load_state_dict(through_torch_save(to_safe(wrong)))
+    fresh.close()
+    store.close(destroy=True)

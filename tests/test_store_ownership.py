@@ -497,3 +497,29 @@ def test_package_dir_follows_the_stores_rules_and_its_files_are_private(tmp_path
         os.umask(old)
     assert stat_mode(packages) == 0o700
     assert written and all(stat_mode(p) == 0o600 for p in written)
+
+
+def test_a_job_restarted_at_once_waits_for_its_dead_predecessors_workers(tmp_path):
+    """A job killed (-9) whose DataLoader workers (forked: they hold its claim) are still
+    exiting: its restart, at once, waits for them instead of being refused; a live job's
+    claim is refused at once."""
+    from hotset.store.lease import claim
+
+    (tmp_path / "s").mkdir(mode=0o700)
+    job = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        from hotset.store.lease import claim
+        claim({str(tmp_path / "s")!r}, "data")
+        if os.fork() == 0:  # a worker: it holds the claim until it exits, 2 s later
+            time.sleep(2)
+            os._exit(0)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert job.stdout.readline().strip() == "ready"
+    with pytest.raises(ConfigError, match="another job already trains"):
+        claim(str(tmp_path / "s"), "data")  # the job lives
+    job.kill()
+    job.wait()
+    release = claim(str(tmp_path / "s"), "data")  # its worker exits: then it is ours
+    release()

@@ -11,6 +11,10 @@ class ConfigError(HotsetError, ValueError):
     """A setting has a wrong value; the message names the setting and the accepted values."""
 
 
+#: what a sample's error says a loader can do instead of stopping
+SKIP_HINT = "make_loader(on_error='skip') trains on without it, counted in 'skipped'"
+
+
 class SampleError(HotsetError):
     """A sample could not be read or decoded; names the sample id, its path and its key."""
 
@@ -26,7 +30,8 @@ class SampleError(HotsetError):
         self.key = key
         self.reason = reason
         keypart = f", key {key}" if key else ""
-        super().__init__(f"sample {sample_id} ({path}{keypart}): {reason}")
+        super().__init__(f"sample {sample_id} ({path}{keypart}): {reason} "
+                         f"[{SKIP_HINT}]")  # fmt: skip
 
     def __reduce__(self):  # keep the fields across pickling
         return (type(self), (self.sample_id, self.path, self.reason, self.key))

@@ -757,8 +757,12 @@ class HotsetLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; one saved by a loader of other arguments (dataset,
         batch size, system, options, world size, hotset version) is refused, naming them:
-        it would skip or repeat samples."""
-        state = from_safe(state)
+        it would skip or repeat samples. A state that is not one (edited, forged, of another
+        program) is a ``ConfigError`` saying so."""
+        try:
+            state = from_safe(state)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ConfigError(f"this state cannot be loaded ({type(exc).__name__}: {exc})") from exc
         self._feedback.flush()  # (the saved plan replaces what it changed)
         if state.get(STREAMED):  # taken during a streamed first epoch: it starts again
             log.warning("a state taken during the streamed first epoch: epoch 0 starts again")
@@ -776,10 +780,16 @@ class HotsetLoader:
                     "this state was saved by a loader made differently; make the loader "
                     "with the saved run's arguments (" + "; ".join(diff) + ")"
                 )
-        self.planner.load_state_dict(state["planner"])
-        self._count_from_start = bool(state.get("count_from_epoch_start", False))
-        self.set_epoch(int(state["planner"]["epoch"]))
-        self.stats = LoaderStats(**state["stats"])
+        try:
+            self.planner.load_state_dict(state["planner"])
+            self._count_from_start = bool(state.get("count_from_epoch_start", False))
+            self.set_epoch(int(state["planner"]["epoch"]))
+            self.stats = LoaderStats(**state["stats"])
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ConfigError(
+                f"this state cannot be loaded ({type(exc).__name__}: {exc}): was it edited, "
+                "or saved by another program?"
+            ) from exc
         self._synced = False  # the store may hold what the saved plan does, or not
 
     def __enter__(self) -> HotsetLoader:

@@ -671,6 +671,7 @@ class Planner:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next ``__iter__`` serves exactly the rest of the
         saved epoch, in its order."""
+        order, consumed, replay = self._checked(state)
         with self.lock:
             self._release_all()
             self.sampler.load_state_dict(state["sampler"])
@@ -679,12 +680,56 @@ class Planner:
                 self.policy.attach_scores(self.sampler.board)
             for k, v in state["counters"].items():
                 setattr(self, k, v)
-            order = np.asarray(state["order"], np.int64)
-            # sample bytes a state carries are never put in the store (a crafted state)
-            self._replay = [BatchPlan(**{**p, "package": ()}) for p in state.get("made", ())]
+            self._replay = replay
             if order.size:
-                self._resume = (int(state["epoch"]), order, int(state["consumed"]))
+                self._resume = (int(state["epoch"]), order, consumed)
             self._loaded = True
+
+    def _checked(self, state: dict) -> tuple[np.ndarray, int, list[BatchPlan]]:
+        """The state's order, consumed batches and saved plans, checked against each
+        other and the dataset before any of it is used: an edited or forged state is a
+        ``ConfigError`` naming what does not fit, never samples skipped, repeated or out
+        of range. The plans' package bytes are dropped (a resumed worker reads those
+        samples from the source)."""
+
+        def bad(what: str) -> ConfigError:
+            return ConfigError(f"this state cannot be loaded: {what} (was it edited, or "
+                               "saved by another program?)")  # fmt: skip
+
+        n = self.sampler.num_samples
+
+        def ids_of(value, what: str) -> np.ndarray:
+            a = np.asarray(value)
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                raise bad(f"{what} is not a list of sample ids")
+            a = a.astype(np.int64)
+            if a.size and (a.min() < 0 or a.max() >= n):
+                raise bad(f"{what} names ids outside the dataset's {n} samples")
+            return a
+
+        order = ids_of(state["order"], "its order")
+        consumed = state["consumed"]
+        if not isinstance(consumed, int | np.integer) or not (
+            0 <= consumed <= self._batches(order)
+        ):  # fmt: skip
+            raise bad(f"consumed={consumed!r} is not a batch count of its order")
+        step, names, replay = self.batch_size * self.world, {f.name for f in fields(BatchPlan)}, []
+        for k, saved in enumerate(state.get("made", ())):
+            if not isinstance(saved, dict) or not set(saved) <= names:
+                raise bad(f"saved plan {k} is not a plan")
+            plan = BatchPlan(**{**saved, "package": ()})
+            plan = replace(plan, **{
+                f: ids_of(getattr(plan, f), f"saved plan {k}'s {f}")
+                for f in ("ids", "admitted", "evicted", "fetch", "loads", "stage", "staged")
+            })  # fmt: skip
+            at = int(consumed) + k
+            drawn = plan.ids if plan.requested is None else ids_of(plan.requested, "requested")
+            hits = np.asarray(plan.hits)
+            if (plan.index != at or hits.dtype != bool or hits.shape != plan.ids.shape
+                    or not np.array_equal(drawn, order[at * step : (at + 1) * step])):  # fmt: skip
+                raise bad(f"saved plan {k} is not batch {at} of its order")
+            replay.append(plan)
+        return order, int(consumed), replay
 
     def _batches(self, order: np.ndarray) -> int:
         """Global batches in an epoch of ``order``."""

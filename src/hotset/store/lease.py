@@ -31,6 +31,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 
 from hotset.errors import ConfigError
@@ -212,10 +213,39 @@ def orphans(path: str, prefix: str) -> list[tuple[str, bytes, int]]:
     return out
 
 
+#: how long a claim waits for a job that died (kill -9) while its DataLoader workers,
+#: which hold the claim too, are exiting
+DYING_WAIT_S = 30.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def claim(path: str, namespace: str) -> Callable[[], None]:
     """Claim ``namespace`` in the store at ``path`` for this caller; returns the release.
-    A namespace another live job holds is refused."""
-    fd = hold(path, CLAIM + hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest())
+    A namespace another live job holds is refused; one whose job died and whose workers
+    still hold it (they exit within seconds) is waited for, up to ``DYING_WAIT_S``."""
+    name = CLAIM + hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
+    me = str(os.getpid()).encode()
+    fd = hold(path, name, me)
+    deadline = time.monotonic() + DYING_WAIT_S
+    while fd is None and time.monotonic() < deadline:
+        try:
+            with open(os.path.join(path, name), "rb") as f:
+                holder = int(f.read(32) or b"0")
+        except (OSError, ValueError):
+            holder = 0
+        if holder and _alive(holder):
+            break  # a live job: refused at once
+        time.sleep(0.1)  # its job is gone: its workers are exiting
+        fd = hold(path, name, me)
     if fd is None:
         raise ConfigError(
             f"another job already trains on this dataset over the store {path}: two "
