@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -294,3 +295,51 @@ def test_hotset_serve_jobs_read_through_its_disk_tier_and_a_restart_finds_it_war
             assert len(DiskTier(tmp_path / "nvme", 64 << 20)) == N  # kept once
         else:
             assert counters[0]["storage_bytes"] == 0 and counters[0]["disk_hits"] > 0
+
+
+def test_a_torch_dataset_has_no_identity_to_keep_and_is_refused(tmp_path):
+    data = [(torch.full((4,), float(i)), i % 2) for i in range(20)]
+    with pytest.raises(ConfigError, match="no source identity"):
+        hotset.make_loader(hotset.from_dataset(data), batch_size=4, num_workers=0,
+                           store="memory", disk_dir=tmp_path / "nvme")  # fmt: skip
+
+
+def test_a_streamed_first_epoch_fills_the_disk_tier(tmp_path, s3, monkeypatch):
+    """``first_epoch="stream"``: the shards the first epoch streams fill the disk tier as
+    they land, so the next epoch reads nothing from the source: the run's source bytes
+    are the data's, once."""
+    from disk_job import expected
+
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "index-cache"))
+    write_shards(tmp_path / "shards")
+    data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
+    truth = expected(str(tmp_path / "shards"))
+    url = "s3://disk-tier-stream/shards"
+    s3.upload(tmp_path / "shards", url)
+    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
+    options = {**s3.storage_options, "client_kwargs": {
+        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    try:
+        loader = hotset.make_loader(
+            url, batch_size=8, system="lru", cache_fraction=0.1, num_workers=2,
+            storage_options=options, input_field="npy", target_field="cls",
+            first_epoch="stream", disk_dir=tmp_path / "nvme",
+        )  # fmt: skip
+        assert type(loader).__name__ == "StreamedStart"
+        moved = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            before, seen = wire.stats()["bytes_down"], []
+            for x, _, ids in loader:
+                paths = loader.dataset.storage.manifest.paths if epoch else None
+                for k, i in enumerate(ids.tolist()):
+                    if paths is not None:
+                        assert torch.equal(x[k], torch.from_numpy(
+                            truth[paths[i].split("#", 1)[1]][0]))  # fmt: skip
+                seen += ids.tolist()
+            assert sorted(seen) == list(range(N))
+            moved.append(wire.stats()["bytes_down"] - before)
+        loader.close()
+    finally:
+        wire.stop()
+    assert data <= moved[0] <= 1.05 * data and moved[1] < 0.02 * data, moved

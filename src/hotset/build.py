@@ -350,7 +350,9 @@ def _streamed_start(args: dict) -> HotsetLoader | None:
         why = "the storage is not tar shards"
     elif args["num_replicas"] > 1 or detect_ranks(args["distributed"]) is not None:
         why = "it is for one rank"
-    spool = None if why else ShardSpool(url if isinstance(url, list | tuple) else str(url), options)
+    tier = None if why else open_disk_tier(args["disk_dir"], args["disk_bytes"])
+    spool = None if why else ShardSpool(url if isinstance(url, list | tuple) else str(url),
+                                        options, keep=None if tier is None else tier.put)
     if spool is not None and (not spool.remote or spool.indexed()):
         spool.close()
         why, spool = "the shards are local or indexed already", None

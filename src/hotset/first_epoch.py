@@ -164,6 +164,7 @@ class SpoolStorage:
 
     content_keyed = False
     retries, requests, wire_bytes, in_flight_s = 0, None, None, 0.0
+    disk_counts = (0, 0, 0)  # (read from the spool; the disk tier was filled as it landed)
 
     def __init__(self) -> None:
         self.where: dict[int, tuple] = {}
@@ -189,6 +190,9 @@ class SpoolStorage:
 
     def read(self, i: int) -> bytes:
         return self.read_many([i])[0]
+
+    def close(self) -> None:
+        """Nothing held open (each batch opens and closes its shards)."""
 
 
 class SpoolDataset(CachedDataset):

@@ -738,6 +738,7 @@ class HotsetLoader:
             return
         self._closed = True
         self.planner.close()
+        self.dataset.storage.close()
         self._release()
 
     def state_dict(self, trained: int | None = None) -> dict[str, Any]:

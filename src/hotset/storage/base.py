@@ -173,6 +173,9 @@ class Storage(ABC):
         read it unthrottled)."""
         return None
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what this process holds open for reading (the disk tier's files)."""
+
     def charge(self, nbytes: int) -> None:  # noqa: B027 - only emulated storage pays
         """Account for one extra request of ``nbytes`` made beside this storage (an iCACHE
         package read): free here, a latency and transfer time on emulated remote storage."""

@@ -33,6 +33,10 @@ class DiskTierStorage(StorageWrapper):
     def disk_counts(self) -> tuple[int, int, int]:
         return self.tier.hits, self.tier.hit_bytes, self.tier.failures
 
+    def close(self) -> None:
+        self.tier.close()
+        self.inner.close()
+
     def read(self, i: int) -> bytes:
         return self.read_many([i])[0]
 

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from hotset.storage.tar import (
     index_shard,
     load_index,
     locate_shards,
+    shard_records,
 )
 from hotset.store import lease
 
@@ -68,7 +69,8 @@ class ShardSpool:
     user's own and writable by nobody else, default the user's private directory under
     the temporary one; removed by ``close``, or by the next spool after a kill -9).
     ``release(i)`` removes shard ``i``'s file once its samples are served. ``requests``,
-    ``bytes`` and ``retries`` count what crossed the link."""
+    ``bytes`` and ``retries`` count what crossed the link. ``keep``: called with each
+    shard's records, by key, as it lands (the disk tier keeps them)."""
 
     def __init__(
         self,
@@ -77,8 +79,10 @@ class ShardSpool:
         retry: Retry | None = None,
         ahead: int = AHEAD,
         directory: str | None = None,
+        keep: Callable[[dict[str, bytes]], object] | None = None,
     ) -> None:
         self.retry = retry or Retry()
+        self.keep = keep
         options = dict(storage_options or {})
         self.fs, self.urls, self._paths = locate_shards(url, options, self.retry)
         self.ahead = max(1, int(ahead))
@@ -152,6 +156,7 @@ class ShardSpool:
         size = info.get("size")
 
         def whole() -> int:
+            dst.unlink(missing_ok=True)  # (an attempt cut short: tried again from the start)
             if size is None or size <= WHOLE_SHARD_BYTES:
                 data = self.fs.cat_file(src)
                 with os.fdopen(lease.create_private_file(dst), "wb") as out:
@@ -173,8 +178,11 @@ class ShardSpool:
         with open(dst, "rb") as f:
             samples = index_shard(f, url)
         version = fingerprint(info)
-        return dst, load_index(cached_index(INDEX_KIND, url, version,
-                                            lambda: index_file(url, samples, version)))  # fmt: skip
+        arrays = load_index(cached_index(INDEX_KIND, url, version,
+                                         lambda: index_file(url, samples, version)))  # fmt: skip
+        if self.keep is not None:  # (the disk tier: the shard is not read again)
+            self.keep(shard_records(dst.read_bytes(), arrays))
+        return dst, arrays
 
 
 def _remove(pool: ThreadPoolExecutor, directory: Path, held: int | None) -> None:

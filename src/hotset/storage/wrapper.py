@@ -51,6 +51,9 @@ class StorageWrapper(Storage):
     def charge(self, nbytes: int) -> None:
         self.inner.charge(nbytes)
 
+    def close(self) -> None:
+        self.inner.close()
+
     def with_wire(self, wire) -> Storage | None:
         inner = self.inner.with_wire(wire)
         if inner is None:

@@ -40,6 +40,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -56,7 +57,7 @@ SUBDIR = "hotset-disk"
 #: an entry: segment, offset, length, XXH3-128 digest of the bytes
 _ENTRY = struct.Struct("<QQI16s")
 _SEG = struct.Struct(">Q")  # segment ids sort as numbers (oldest first)
-_NEXT, _CAPACITY, _SEG_BYTES = b"next_segment", b"capacity_bytes", b"segment_bytes"
+_NEXT, _SEG_BYTES = b"next_segment", b"segment_bytes"
 _EVICTIONS = b"evictions"  # segments evicted so far: a reader's handles to check
 #: a segment's most bytes; small tiers use smaller ones (at least 32 a tier)
 SEGMENT_MAX = 64 << 20
@@ -105,7 +106,6 @@ class DiskTier:
             if txn.get(_NEXT, db=self._ix.meta) is None:
                 txn.put(_NEXT, b"0", db=self._ix.meta)
                 txn.put(_SEG_BYTES, b"0", db=self._ix.meta)
-            txn.put(_CAPACITY, str(self.capacity_bytes).encode(), db=self._ix.meta)
         self._remove_orphans()
 
     # -- handles (one set per process: LMDB's must not cross a fork) -------------------
@@ -124,6 +124,7 @@ class DiskTier:
             self._pool: ThreadPoolExecutor | None = None
             self._nowait = hasattr(os, "RWF_NOWAIT")
             self._hot: set[bytes] = set()  # read since their bits were last written
+            self._put_lock = threading.Lock()
             self._evictions = -1  # the tier's evictions when the handles were last checked
 
     def _fd(self, seg: int) -> int:
@@ -245,6 +246,10 @@ class DiskTier:
         """Keep what fits (the oldest segments evicted to make room); returns how many
         new entries landed. Keys already held are skipped (another job wrote them)."""
         self._here()
+        with self._put_lock:  # (one writer a segment: a process's threads take turns)
+            return self._put(items)
+
+    def _put(self, items: Mapping[str, bytes]) -> int:
         try:
             with self._ix.env.begin() as txn:
                 new = {k.encode(): v for k, v in items.items()
@@ -488,7 +493,8 @@ class DiskTier:
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions", "_hot")}
+                 if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions", "_hot",
+                              "_put_lock")}
         state["_pid"] = -1  # the receiving process makes its own
         return state
 
