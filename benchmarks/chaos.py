@@ -339,14 +339,21 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--data", default="data/chaos-fmnist")
+    names = {f.__name__.replace("_", "-"): f for f in FAULTS}
+    ap.add_argument("--faults", default=",".join(names),
+                    help=f"the faults to inject, comma-separated (default: all: {','.join(names)})")
     args = ap.parse_args()
+    unknown = [f for f in args.faults.split(",") if f not in names]
+    if unknown:
+        ap.error(f"unknown fault(s) {unknown}: choose from {', '.join(names)}")
+    chosen = [names[f] for f in args.faults.split(",")]
     data = Path(args.data) / f"{args.samples}"
     if not (data / "train" / "manifest.json").exists():
         prepare_fashion_mnist(str(data), limit=args.samples)
     storage = FileStorage(str(data / "train"))
     start, outcomes, round_ = time.monotonic(), [], 0
     while time.monotonic() - start < args.minutes * 60:
-        for fault in FAULTS:
+        for fault in chosen:
             tmp = Path(tempfile.mkdtemp(prefix="hotset-chaos-", dir="/dev/shm"))
             t = time.monotonic()
             try:

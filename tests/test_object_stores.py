@@ -242,3 +242,17 @@ def test_gcs_faults_are_retried_and_a_shard_that_keeps_failing_is_named(
         assert wire.stats()["faults"] >= 6  # gcsfs's attempts, each answered with a fault
     finally:
         wire.stop()
+
+
+def test_a_wrong_url_says_what_is_wrong(tmp_path, s3):
+    """One slash after the scheme, a bucket that does not exist and a prefix that does
+    not exist in one that does: three messages."""
+    _shards(tmp_path / "shards", _images())
+    s3.upload(tmp_path / "shards", "s3://there/shards")
+    options = s3.storage_options
+    with pytest.raises(hotset.ConfigError, match=r"two slashes after 's3:' \(s3://there"):
+        hotset.open_storage("s3:/there/shards", storage_options=options)
+    with pytest.raises(hotset.ConfigError, match="no such bucket 'nowhere'"):
+        hotset.open_storage("s3://nowhere/shards", storage_options=options)
+    with pytest.raises(hotset.ConfigError, match="no such file or directory"):
+        hotset.open_storage("s3://there/elsewhere", storage_options=options)

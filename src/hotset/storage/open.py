@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,12 +43,17 @@ def detect_format(url: str | Sequence[str], storage_options: dict | None = None)
     for ext, fmt in ((".tar", "tar"), (".parquet", "parquet")):
         if name.endswith(ext) or name.endswith(ext + "}"):
             return fmt
+    one_slash = re.match(r"^([a-z][a-z0-9+.-]+):/(?!/)", url)
+    if one_slash:
+        scheme = one_slash.group(1)
+        raise ConfigError(f"{url}: a URL takes two slashes after '{scheme}:' "
+                          f"({scheme}://{url[len(scheme) + 2 :]})")  # fmt: skip
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     try:  # (retried, and a failure named: unreachable, forbidden, ...)
         listing = remote_call(fs, url, lambda: fs.ls(root, detail=False), Retry())
     except ShardError as exc:
         if exc.kind == "not found":
-            raise ConfigError(f"{url}: no such file or directory") from exc
+            raise ConfigError(f"{url}: {_missing(fs, url, root)}") from exc
         raise
     if not fs.isdir(root):
         raise ConfigError(f"{url}: a file hotset cannot read; name its format= ({FORMATS})")
@@ -60,6 +66,18 @@ def detect_format(url: str | Sequence[str], storage_options: dict | None = None)
         if any(n.endswith(ext) for n in names):
             return fmt
     return "imagefolder"
+
+
+def _missing(fs: fsspec.AbstractFileSystem, url: str, root: str) -> str:
+    """What is missing at ``url``: its bucket (on an object store), or the path in it."""
+    bucket = root.split("/", 1)[0]
+    if "://" in url and not url.startswith(("file:", "http")) and bucket != root.rstrip("/"):
+        try:
+            if not fs.exists(bucket):
+                return f"no such bucket {bucket!r}"
+        except Exception:  # noqa: BLE001 - (the plain message then)
+            pass
+    return "no such file or directory"
 
 
 def open_storage(
