@@ -8,7 +8,6 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -580,10 +579,13 @@ class HotsetLoader:
             _stop_workers(self.dataloader, batches)
             raise
         finally:  # (an epoch left early counts what it did)
-            with contextlib.suppress(Exception):  # never hide the epoch's own error
+            try:  # noqa: SIM105 - (not contextlib: an iterator abandoned until the exit
+                # runs this after the modules are gone)
                 self.epoch_stats.append(EpochStats.between(
                     self.epoch, time.perf_counter() - start, before, self.counters()
                 ))  # fmt: skip
+            except Exception:  # noqa: BLE001, SIM105 - never hide the epoch's own error
+                pass
 
     def _epoch(self, batches: Iterator[dict]) -> Iterator[Batch]:
         """The epoch's batches from the DataLoader's ``batches``, each plan's report
