@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import hmac
 import os
 from abc import ABC, abstractmethod
@@ -12,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import fsspec
 import numpy as np
+import xxhash
 
 from hotset.errors import ConfigError
 from hotset.io.reader import BatchReader, NodeSlots, Retry, reader_of
@@ -23,12 +23,14 @@ TAG = 16
 
 
 def _tag(key: str, data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=TAG, key=bytes.fromhex(key)).digest()
+    return xxhash.xxh3_128_digest(data, seed=int(key[:16], 16))
 
 
 def seal(key: str, data: bytes) -> bytes:
-    """A cache entry for a sample whose key names where it lives: a digest of its bytes,
-    keyed by the sample's key and taken at first read, then the bytes."""
+    """A cache entry for a sample whose key names where it lives: a digest of its bytes
+    (XXH3-128 seeded by the sample's key: 30 times BLAKE2b's speed; the key is no secret
+    either way, so it tells an entry of another sample or a damaged one, not a forgery
+    by someone who may write to the store) taken at first read, then the bytes."""
     return _tag(key, data) + data
 
 

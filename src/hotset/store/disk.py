@@ -125,12 +125,15 @@ class DiskTier:
             self._nowait = hasattr(os, "RWF_NOWAIT")
             self._hot: set[bytes] = set()  # read since their bits were last written
             self._put_lock = threading.Lock()
-            self._evictions = -1  # the tier's evictions when the handles were last checked
+            self._evictions: bytes | None = b"-"  # the tier's evictions at the last look
 
     def _fd(self, seg: int) -> int:
         fd = self._fds.get(seg)
         if fd is None:
             fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+            # samples are read in a random order: the kernel's read-ahead would read
+            # (and a RWF_NOWAIT probe start reading) pages no hit asked for
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             if len(self._fds) >= 256:  # close the oldest handle
                 os.close(self._fds.pop(next(iter(self._fds))))
             self._fds[seg] = fd
@@ -139,16 +142,18 @@ class DiskTier:
     # -- reads -------------------------------------------------------------------------
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Each key's bytes, checked against their digest, or None."""
-        self._here()
         if not keys:
             return []
         kbs = [k.encode() for k in keys]
         try:
-            with self._ix.env.begin() as txn:
-                self._drop_stale_handles(txn)
-                found = [txn.get(k, db=self._ix.entries) for k in kbs]
+            ix = self._ix
+            with ix.env.begin() as txn:
+                self._drop_stale_handles(txn, ix)
+                get = txn.get
+                found = [get(k, db=ix.entries) for k in kbs]
+                hot = self._hot
                 cold = [k for k, f in zip(kbs, found, strict=True)
-                        if f is not None and txn.get(k, db=self._ix.hot) is None]  # fmt: skip
+                        if f is not None and k not in hot and get(k, db=ix.hot) is None]
         except lmdb.Error as exc:
             self.failures += 1
             log.debug("disk tier %s: %s", self.path, exc)
@@ -167,38 +172,39 @@ class DiskTier:
             self._write_txn(lambda txn: self._mark(txn, bad))
         return out
 
-    def _drop_stale_handles(self, txn) -> None:
+    def _drop_stale_handles(self, txn, ix: _Index) -> None:
         """Close the handles of segments evicted since the last look (an unlinked file
         keeps its blocks while a handle is open)."""
-        evictions = int(txn.get(_EVICTIONS, db=self._ix.meta) or 0)
+        evictions = txn.get(_EVICTIONS, db=ix.meta)
         if evictions != self._evictions:
             self._evictions = evictions
-            for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=self._ix.segs) is None]:
+            for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
                 os.close(self._fds.pop(seg))
 
     def _read(self, entries: list[tuple]) -> Iterable[tuple[int, bytes | None]]:
         """``(n, bytes or None)`` for each entry: those in the page cache read here
-        (``RWF_NOWAIT``), the rest on threads (a cold disk answers several at once)."""
-        later = []
+        (``RWF_NOWAIT``), the rest on threads (a cold disk answers several at once); one
+        entry, or those after the first that was not cached, read as they come."""
+        later, probe = [], self._nowait and len(entries) > 1
         for n, (seg, off, length, dig) in enumerate(entries):
             try:
                 fd = self._fd(seg)
             except OSError:  # its segment was evicted since the index was read
                 yield n, None
                 continue
-            if self._nowait:
+            if probe:
                 buf = bytearray(length)
                 try:
                     if os.preadv(fd, [buf], off, os.RWF_NOWAIT) == length:
                         yield n, self._checked(bytes(buf), dig)
                         continue
                 except BlockingIOError:
-                    pass
+                    probe = False  # (a cold disk: the rest go to threads unprobed)
                 except OSError as exc:
                     if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                         yield n, None
                         continue
-                    self._nowait = False  # (a filesystem without it: threads for all)
+                    self._nowait = probe = False  # (a filesystem without it)
             later.append((n, fd, off, length, dig))
         if len(later) <= 1:  # (one read: no hand-off to a thread)
             yield from ((t[0], self._pread(*t[1:])) for t in later)
