@@ -269,7 +269,8 @@ def test_the_first_streamed_batch_comes_before_the_last_shard_lands(
     shards, monkeypatch, tmp_path
 ):
     """Behind a 1 MB/s link the four shards take ~0.5 s to cross; the first batch waits
-    for the first shard alone. A state taken then starts the epoch again."""
+    for the first shard alone. A state taken then starts the epoch again; another
+    dataset's loader refuses it, naming it."""
     _fresh_index(monkeypatch, tmp_path)
     server = FaultyHTTPServer(shards / "ok", faulty=0.0)
     wire = DelayProxy(int(server.url.rsplit(":", 1)[1]), 20.0, 1.0)
@@ -285,6 +286,13 @@ def test_the_first_streamed_batch_comes_before_the_last_shard_lands(
         resumed.load_state_dict(state)
         assert sum(ids.numel() for _, _, ids in resumed) == SHARDS * PER_SHARD
         resumed.close()
+        for other in (make_loader(str(shards / "ok"), batch_size=16, cache_fraction=0.2,
+                                  size=(12, 12), num_workers=0, store="memory"),
+                      _streamed(f"{wire.url}/shard-{{000..002}}.tar", num_workers=0,
+                                store="memory")):  # fmt: skip
+            with pytest.raises(ConfigError, match="streamed first epoch of other tar shards"):
+                other.load_state_dict(state)
+            other.close()
     finally:
         wire.stop()
         server.stop()

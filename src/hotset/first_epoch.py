@@ -37,7 +37,15 @@ from hotset.checkpoint import to_safe
 from hotset.codecs import encode_record
 from hotset.errors import SkipLimitError
 from hotset.feedback import ArrayLike, IdsLike, as_numpy, checked_shape
-from hotset.loader import STREAMED, Batch, CachedDataset, HotsetLoader, _pass_through
+from hotset.loader import (
+    STREAMED,
+    Batch,
+    CachedDataset,
+    HotsetLoader,
+    _pass_through,
+    check_streamed,
+    shards_id,
+)
 from hotset.plan import COUNTERS
 from hotset.progress import progress
 from hotset.stats import EpochStats, LoaderStats
@@ -384,9 +392,11 @@ class StreamedStart(HotsetLoader):
     def state_dict(self, trained: int | None = None) -> dict[str, Any]:
         if self._inner is not None or self._epoch != 0:
             return self.loader().state_dict(trained)
-        return to_safe({STREAMED: True})
+        return to_safe({STREAMED: True, "shards": shards_id(self._spool.urls)})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get(STREAMED):
+            check_streamed(state, self._spool.urls)
         if state.get(STREAMED) and self._inner is None:
             log.warning("a state taken during the streamed first epoch: it starts again")
             self._streamed = False

@@ -9,11 +9,12 @@ PyTorch hands whatever a ``batch_sampler`` yields to ``Dataset.__getitems__``, s
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from typing import Any, NamedTuple
 
@@ -59,6 +60,23 @@ class Batch(NamedTuple):
 
 #: the key of a state taken during a streamed first epoch (``first_epoch.py``)
 STREAMED = "streamed_first_epoch"
+
+
+def shards_id(urls: Sequence[str]) -> str:
+    """What names a tar set in a state taken during its streamed first epoch."""
+    return hashlib.blake2b("\n".join(urls).encode(), digest_size=8).hexdigest()
+
+
+def check_streamed(state: dict, urls: Sequence[str]) -> None:
+    """Refuse a state taken during another dataset's streamed first epoch, by name."""
+    if state.get("shards") != shards_id(urls):
+        raise ConfigError(
+            "this state was taken during the streamed first epoch of other tar shards "
+            f"(dataset: saved {state.get('shards')!r}, this loader {shards_id(urls)!r}): "
+            "load it into a loader of the saved run's shards"
+        )
+
+
 #: ``counters()``'s keys at the top (the rest are under ``"internal"``)
 USER_COUNTERS = (
     "batches", "samples", "accesses", "hits", "exact_hits", "substitute_hits", "misses",
@@ -768,6 +786,7 @@ class HotsetLoader:
             raise ConfigError(f"this state cannot be loaded ({type(exc).__name__}: {exc})") from exc
         self._feedback.flush()  # (the saved plan replaces what it changed)
         if state.get(STREAMED):  # taken during a streamed first epoch: it starts again
+            check_streamed(state, self.dataset.storage.sources)
             log.warning("a state taken during the streamed first epoch: epoch 0 starts again")
             self.set_epoch(0)
             return

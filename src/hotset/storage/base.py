@@ -144,6 +144,12 @@ class Storage(ABC):
     index_retries: int = 0
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        """The objects the samples are read from, where they name the dataset (a tar
+        set's shards); empty elsewhere."""
+        return ()
+
+    @property
     def disk_counts(self) -> tuple[int, int, int]:
         """This process's samples read from the node's disk tier instead of the source,
         their bytes, and the tier's failures (writes the full disk refused, I/O errors):

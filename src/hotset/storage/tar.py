@@ -370,6 +370,10 @@ class TarStorage(FsspecStorage):
     def extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self._shard, self._start, self._end
 
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(self.urls)
+
     def describe(self, i: int) -> str:
         return f"{self.urls[self._shard[i]]}#{self.manifest.paths[i].split('#', 1)[1]}"
 

@@ -75,5 +75,9 @@ class StorageWrapper(Storage):
         return self.inner.disk_counts
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        return self.inner.sources
+
+    @property
     def requests(self) -> int | None:
         return self.inner.requests
