@@ -476,6 +476,7 @@ def test_a_call_made_on_one_rank_only_is_a_rank_error_naming_it(fmnist_dir, tmp_
                                "rank 0 called report_accuracy"), ended[0]  # fmt: skip
     assert ended[1].startswith("RankError: hotset's collectives differ"), ended[1]
     assert "report_accuracy" in ended[1] and "feedback sync" in ended[1]
+    assert "distributed=False" in ended[0]  # what a loader one rank makes alone takes
 
 
 def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: str) -> None:

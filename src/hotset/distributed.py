@@ -45,6 +45,11 @@ def user_timeout(dist) -> timedelta | None:
     return None
 
 
+#: what a RankError says of a loader that one rank makes alone
+ALONE = ("a loader that one rank makes alone, a validation loader on rank 0, takes "
+         "make_loader(..., distributed=False)")
+
+
 class RankGroup:
     """The ranks of an initialised ``torch.distributed`` job, for the control plane."""
 
@@ -82,7 +87,7 @@ class RankGroup:
                 f"hotset's {name} across {self.world} ranks failed on rank {self.rank} "
                 f"(time-out {self.timeout}): a rank hung, died, or did not make the same "
                 f"call (every rank iterates the loader, calls feedback, report_accuracy and "
-                f"close alike). {str(exc).splitlines()[0] if str(exc) else ''}"
+                f"close alike; {ALONE}). {str(exc).splitlines()[0] if str(exc) else ''}"
             ) from exc
 
     def all_gather(self, obj, call: str = "all_gather") -> list:
@@ -110,8 +115,8 @@ class RankGroup:
         raise RankError(
             f"hotset's collectives differ across {self.world} ranks: rank {self.rank} called "
             f"{mine}, {theirs}. Every rank must make the same hotset calls in the same "
-            "order (iterate the loader, feedback, report_accuracy, close): one made on "
-            "some ranks only stops here"
+            f"order (iterate the loader, feedback, report_accuracy, close): one made on "
+            f"some ranks only stops here; {ALONE}"
         )
 
     def barrier(self) -> None:
