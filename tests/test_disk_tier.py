@@ -343,3 +343,35 @@ def test_a_streamed_first_epoch_fills_the_disk_tier(tmp_path, s3, monkeypatch):
     finally:
         wire.stop()
     assert data <= moved[0] <= 1.05 * data and moved[1] < 0.02 * data, moved
+
+
+STRESS = """
+import sys, time
+import numpy as np
+from hotset.store.disk import DiskTier
+tier = DiskTier(sys.argv[1], int(sys.argv[2]))
+rng, wrong, deadline = np.random.default_rng(int(sys.argv[3])), 0, time.monotonic() + 3
+def value(k):
+    return np.random.default_rng(k).bytes(20_000 + k * 37)
+while time.monotonic() < deadline:
+    ks = rng.integers(0, 400, 16).tolist()
+    got = tier.get_many([f"k{k}" for k in ks])
+    wrong += sum(g is not None and g != value(k) for g, k in zip(got, ks))
+    tier.put({f"k{k}": value(k) for k, g in zip(ks, got) if g is None})
+print(wrong, tier.hits, tier.evicted, flush=True)
+"""
+
+
+def test_processes_that_fill_evict_and_read_at_once_never_see_wrong_bytes(tmp_path):
+    """Four processes read and fill one small tier at once for 3 s (every put past its
+    budget evicts segments others may be reading): no read is ever another key's bytes
+    or torn, and the budget holds."""
+    capacity = 4 * SEGMENT_MIN
+    procs = [subprocess.Popen([sys.executable, "-c", STRESS, str(tmp_path), str(capacity),
+                               str(seed)], stdout=subprocess.PIPE, text=True)
+             for seed in range(4)]  # fmt: skip
+    results = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(int(r[0]) for r in results) == 0  # no wrong bytes
+    assert sum(int(r[1]) for r in results) > 0 and sum(int(r[2]) for r in results) > 0
+    assert DiskTier(tmp_path, capacity).used_bytes <= capacity
