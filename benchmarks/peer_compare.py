@@ -33,6 +33,10 @@ bytes of every epoch; ``cpu_s`` is the CPU seconds per epoch of the loader's pro
 the object store's, on the same cores: each request costs them CPU). ``mb`` beside
 ``shard_mb`` (the shards' bytes, what one read of each costs): bytes on the wire per epoch.
 
+``--disk F``: a local-disk cache of ``F`` of the data beside the memory: hotset's disk
+tier (``make_loader(disk_dir=)``, a fresh one each run, its budget counting its index)
+and Streaming's ``cache_limit`` of ``F`` (its ``local`` directory, on the same disk).
+
 No model trains: SHADE (``--systems shade``) learns from a fixed log-normal loss per
 sample, so its rows show the I/O of its importance sampling, not its accuracy.
 
@@ -45,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,11 +125,15 @@ def run_hotset(
     # no model trains here: SHADE learns from a fixed loss per sample (log-normal, so a
     # few samples matter most, as a trained model's losses spread)
     losses = np.random.default_rng(0).lognormal(0.0, 1.0, len(storage))
+    disk = {}
+    if args.disk:  # a fresh disk tier for each run, on the disk Streaming's local dir is on
+        disk = {"disk_dir": tempfile.mkdtemp(prefix="hotset-disk-"),
+                "disk_bytes": int(args.disk * storage.manifest.total_bytes * 1.5) + (8 << 20)}
     with make_loader(
         storage, batch_size=args.batch_size, **SYSTEMS[system],
         capacity_bytes=memory - readahead, readahead_bytes=readahead,
         order=order, block_size=args.shuffle_block,
-        num_workers=args.workers, seed=0, persistent_workers=True,
+        num_workers=args.workers, seed=0, persistent_workers=True, **disk,
     ) as loader:  # fmt: skip
         capacity = loader.planner.policy.capacity_bytes
         for epoch in range(args.epochs):
@@ -143,8 +152,11 @@ def run_hotset(
             nbytes.append(d["bytes_down"])
             distinct.append(len(seen))
         c = loader.counters()
+    if disk:
+        shutil.rmtree(disk["disk_dir"], ignore_errors=True)
     name = (f"hotset {system} {order}, read-ahead {share:.0%}"
-            + ("" if node else ", a slot per worker"))  # fmt: skip
+            + ("" if node else ", a slot per worker")
+            + (f", disk tier {args.disk:.0%}" if disk else ""))  # fmt: skip
     row = _row(name, latency, times, requests, gets, nbytes, distinct,
                capacity, c["hit_ratio"], cpu, served)  # fmt: skip
     shards = int(storage.extents[0].max()) + 1
@@ -171,7 +183,7 @@ def _run_streaming(
     args, wire: DelayProxy, s3: S3Server, latency: float, mds: tuple, local: str
 ) -> dict:
     mds_bytes, shards = mds
-    capacity = int(args.memory * mds_bytes)
+    capacity = int((args.disk or args.memory) * mds_bytes)
     env = {
         **os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_ACCESS_KEY_ID": "hotset",
         "AWS_SECRET_ACCESS_KEY": "hotset-secret", "AWS_DEFAULT_REGION": "eu-west-1",
@@ -258,6 +270,10 @@ def main() -> None:
     ap.add_argument("--shuffle-block", type=int, default=2048)
     ap.add_argument("--predownload", type=int, default=128)
     ap.add_argument("--peer-python", default=".venv-peers/bin/python")
+    ap.add_argument("--disk", type=float, default=0.0,
+                    help="a local-disk cache of this share of the dataset's bytes: hotset's "
+                    "disk tier (disk_dir, each run's fresh) and Streaming's cache_limit (its "
+                    "local dir on the same disk); 0: none (memory alone)")
     ap.add_argument("--name", default="peer_compare")
     args = ap.parse_args()
     if not Path(args.peer_python).exists():
