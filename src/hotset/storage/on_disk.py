@@ -52,9 +52,3 @@ class DiskTierStorage(StorageWrapper):
                 got[n] = data
             self.tier.put({keys[n]: got[n] for n in missed})
         return got  # type: ignore[return-value]
-
-    def __getattr__(self, name: str):
-        # what a format offers beyond Storage (a tar set's shards and fields, ...)
-        if name.startswith("__") or name in ("inner", "tier"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
