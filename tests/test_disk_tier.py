@@ -375,3 +375,24 @@ def test_processes_that_fill_evict_and_read_at_once_never_see_wrong_bytes(tmp_pa
     assert sum(int(r[0]) for r in results) == 0  # no wrong bytes
     assert sum(int(r[1]) for r in results) > 0 and sum(int(r[2]) for r in results) > 0
     assert DiskTier(tmp_path, capacity).used_bytes <= capacity
+
+
+def test_what_the_ram_tier_evicts_outlives_on_disk_what_it_never_admitted(tmp_path):
+    """The RAM tier's victims (``Storage.demoted``: the next by the system's measure) get
+    the disk tier's second chance; samples the policy never admitted do not: when their
+    segment is evicted, the first stay and the others go."""
+    from hotset.storage.on_disk import DiskTierStorage
+
+    write_shards(tmp_path / "shards")
+    tier = DiskTier(tmp_path / "nvme", 4 * SEGMENT_MIN)
+    storage = DiskTierStorage(hotset.open_storage(str(tmp_path / "shards")), tier)
+    demoted = {f"d{i}": bytes([i]) * 100_000 for i in range(4)}
+    never = {f"n{i}": bytes([i]) * 100_000 for i in range(4)}
+    tier.put({**demoted, **never})  # one segment
+    storage.demoted(list(demoted))
+    rounds = 0
+    while not tier.evicted:  # until that first segment is evicted
+        tier.put({f"r{rounds}-{i}": bytes([rounds % 256]) * 100_000 for i in range(4)})
+        rounds += 1
+    assert tier.get_many(list(demoted)) == list(demoted.values())
+    assert tier.get_many(list(never)) == [None] * len(never)

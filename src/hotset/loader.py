@@ -300,7 +300,9 @@ class CachedDataset(Dataset):
         storage); returns those ids the store does not hold afterwards."""
         keys = self.keys
         if plan.evicted.size:
-            self.store.delete_many([keys[i] for i in plan.evicted.tolist()])
+            evicted = [keys[i] for i in plan.evicted.tolist()]
+            self.store.delete_many(evicted)
+            self.storage.demoted(evicted)  # the next by the policy's measure: on disk
         if plan.evict_keys:
             self.store.delete_store_keys(list(plan.evict_keys))
         wanted = list(dict.fromkeys(plan.admitted.tolist() + list(fetched)))

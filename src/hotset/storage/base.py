@@ -181,6 +181,10 @@ class Storage(ABC):
         read it unthrottled)."""
         return None
 
+    def demoted(self, keys: Sequence[str]) -> None:  # noqa: B027 - optional hook
+        """The cache's policy evicted these samples from memory: the disk tier keeps
+        them before those it never admitted (``storage/on_disk.py``)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what this process holds open for reading (the disk tier's files)."""
 

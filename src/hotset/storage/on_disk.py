@@ -37,6 +37,12 @@ class DiskTierStorage(StorageWrapper):
         self.tier.close()
         self.inner.close()
 
+    def demoted(self, keys: Sequence[str]) -> None:
+        """The RAM tier's victims are the next by the system's measure (SHADE's lowest
+        score in memory, LRU's least recent, ...): they get the disk tier's second chance,
+        which the samples the policy never admitted do not."""
+        self.tier.touch(keys)
+
     def read(self, i: int) -> bytes:
         return self.read_many([i])[0]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,6 +54,9 @@ class StorageWrapper(Storage):
 
     def close(self) -> None:
         self.inner.close()
+
+    def demoted(self, keys: Sequence[str]) -> None:
+        self.inner.demoted(keys)
 
     def with_wire(self, wire) -> Storage | None:
         inner = self.inner.with_wire(wire)

@@ -242,6 +242,13 @@ class DiskTier:
             txn.delete(_seg_key(_ENTRY.unpack(entry)[0], key), db=self._ix.members)
         txn.delete(key, db=self._ix.hot)
 
+    def touch(self, keys: Sequence[str]) -> None:
+        """Give ``keys`` their second chance (set their hit bits, a batch at a time)."""
+        self._here()
+        self._hot.update(k.encode() for k in keys)
+        if len(self._hot) >= HOT_BATCH:
+            self._write_txn(self._mark)
+
     def contains(self, key: str) -> bool:
         self._here()
         with self._ix.env.begin() as txn:
