@@ -227,6 +227,17 @@ def test_a_state_resumed_on_a_cold_store_serves_the_same_samples(fmnist_dir, nam
         assert rest[e] == ref[e]
 
 
+def saved_with_workers(fmnist_dir, name: str, cut: tuple) -> tuple:
+    """The storage, the cache's capacity and a state saved at ``cut`` by a loader with two
+    workers (whose prefetched plans the state holds)."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    capacity = int(0.2 * storage.manifest.total_bytes)
+    loader = _loader(storage, name, 2, store=SharedStore(capacity))
+    _, state = run(loader, range(EPOCHS), cut=cut)
+    loader.close()
+    return storage, capacity, state
+
+
 def test_a_state_carries_no_sample_bytes_and_forged_ones_are_never_served(fmnist_dir):
     """A state's saved plans hold no package bytes (a resumed worker reads those samples
     from the source); a crafted state that carries some (it loads with
@@ -237,11 +248,7 @@ def test_a_state_carries_no_sample_bytes_and_forged_ones_are_never_served(fmnist
 
     from hotset.checkpoint import from_safe, to_safe
 
-    storage = FileStorage(str(fmnist_dir / "train"))
-    capacity = int(0.2 * storage.manifest.total_bytes)
-    loader = _loader(storage, "icache", 2, store=SharedStore(capacity))
-    _, state = run(loader, range(EPOCHS), cut=(1, 18))
-    loader.close()
+    storage, capacity, state = saved_with_workers(fmnist_dir, "icache", (1, 18))
     plain = from_safe(state)
     made = plain["planner"]["made"]
     assert made and any(p["loads"].size for p in made)  # (plans that load packages)
@@ -268,11 +275,7 @@ def test_an_edited_state_is_refused_by_name(fmnist_dir):
 
     from hotset.checkpoint import from_safe, to_safe
 
-    storage = FileStorage(str(fmnist_dir / "train"))
-    capacity = int(0.2 * storage.manifest.total_bytes)
-    loader = _loader(storage, "lru", 2, store=SharedStore(capacity))
-    _, state = run(loader, range(EPOCHS), cut=(1, 7))
-    loader.close()
+    storage, capacity, state = saved_with_workers(fmnist_dir, "lru", (1, 7))
     plain = from_safe(state)
     assert plain["planner"]["made"]  # (the workers' prefetched plans)
 

@@ -23,7 +23,6 @@ shared cache keeps. No sockets here: the server feeds it requests, tests call it
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from hotset.service.jobs import DatasetShare, IdQueue, Job
 from hotset.service.modes import ALLOCATION, SAMPLING
 from hotset.service.partitions import PartitionedPolicy
 from hotset.storage.columns import DigestColumn, concat, key_column
+from hotset.store.lease import alive
 
 
 class JobCoordinator:
@@ -335,7 +335,7 @@ class JobCoordinator:
         here = socket.gethostname()
         dead = []
         for job_id, job in list(self.jobs.items()):
-            gone = job.pid is not None and job.host == here and not _alive(job.pid)
+            gone = job.pid is not None and job.host == here and not alive(job.pid)
             if gone or now - job.last_seen > self.job_timeout_s:
                 self.leave(job_id, "process gone" if gone else "timed out")
                 dead.append(job_id)
@@ -364,18 +364,3 @@ class JobCoordinator:
             "planning_s": self.planning_s,
             "phantoms": self.phantoms,
         }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (killed, not yet reaped by its parent) is gone for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True

@@ -361,22 +361,22 @@ class DiskTier:
         room = self.capacity_bytes - index
         victims = txn.cursor(db=self._ix.segs)
         victims.first()
-        while used + nbytes + sum(map(len, survivors.values())) > room:
-            if not victims.key():
-                break
+        kept = evicted = 0  # the survivors' bytes; segments evicted
+        while used + nbytes + kept > room and victims.key():
             victim = _SEG.unpack(victims.key())[0]
             if victim == seg or self._busy(victim):
                 victims.next()
                 continue
             used -= int(victims.value())
             victims.delete()  # (moves to the next)
-            self._evict(txn, victim, survivors)
-            evictions = int(txn.get(_EVICTIONS, db=self._ix.meta) or 0) + 1
+            kept += self._evict(txn, victim, survivors)
+            evicted += 1
+        if evicted:
+            evictions = int(txn.get(_EVICTIONS, db=self._ix.meta) or 0) + evicted
             txn.put(_EVICTIONS, str(evictions).encode(), db=self._ix.meta)
-        keep = room - used - nbytes
-        while survivors and sum(map(len, survivors.values())) > keep:
-            survivors.popitem()  # no room for every second chance: the rest go
-        total = nbytes + sum(map(len, survivors.values()))
+        while survivors and used + nbytes + kept > room:
+            kept -= len(survivors.popitem()[1])  # no room for every second chance
+        total = nbytes + kept
         if used + total > room:
             txn.put(_SEG_BYTES, str(used).encode(), db=self._ix.meta)
             return False
@@ -400,9 +400,9 @@ class DiskTier:
         finally:
             os.close(fd)
 
-    def _evict(self, txn, seg: int, survivors: dict[bytes, bytes]) -> None:
+    def _evict(self, txn, seg: int, survivors: dict[bytes, bytes]) -> int:
         """Drop segment ``seg``'s entries, reading those with their hit bit into
-        ``survivors`` (bit cleared), and remove its file."""
+        ``survivors`` (bit cleared), and remove its file; returns the bytes they keep."""
         prefix = _SEG.pack(seg)
         cursor = txn.cursor(db=self._ix.members)
         keys = []
@@ -411,16 +411,17 @@ class DiskTier:
                 if not k.startswith(prefix):
                     break
                 keys.append(bytes(k[len(prefix) :]))
+        kept = 0
         for k in keys:
             entry = txn.get(k, db=self._ix.entries)
             if entry is not None and txn.get(k, db=self._ix.hot) is not None:
-                victim, off, length, dig = _ENTRY.unpack(entry)
                 try:
-                    data = self._pread(self._fd(victim), off, length, dig)
-                except OSError:
+                    data = self._pread(self._fd(seg), *_ENTRY.unpack(entry)[1:])
+                except OSError:  # (its file gone: nothing to keep)
                     data = None
                 if data is not None:
                     survivors[k] = data
+                    kept += len(data)
             self._drop(txn, k)
         self.evicted += len(keys)
         fd = self._fds.pop(seg, None)
@@ -428,6 +429,7 @@ class DiskTier:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.path, f"seg-{seg}"))
+        return kept
 
     def _index(self, txn, seg: int, entries: list[tuple[bytes, bytes]]) -> int:
         """Record the entries written to ``seg`` (those another process indexed meanwhile

@@ -218,14 +218,20 @@ def orphans(path: str, prefix: str) -> list[tuple[str, bytes, int]]:
 DYING_WAIT_S = 30.0
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` lives on this machine (a zombie, killed and not yet reaped
+    by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def claim(path: str, namespace: str) -> Callable[[], None]:
@@ -242,7 +248,7 @@ def claim(path: str, namespace: str) -> Callable[[], None]:
                 holder = int(f.read(32) or b"0")
         except (OSError, ValueError):
             holder = 0
-        if holder and _alive(holder):
+        if holder and alive(holder):
             break  # a live job: refused at once
         time.sleep(0.1)  # its job is gone: its workers are exiting
         fd = hold(path, name, me)
