@@ -166,16 +166,25 @@ def test_a_full_disk_degrades_to_the_source(tmp_path):
 
 
 def test_make_loader_works_with_no_cache_argument(tmp_path, monkeypatch):
+    """No cache argument: the RAM tier takes the data, at most a quarter of /dev/shm's
+    size; ``$HOTSET_DISK_DIR`` names the disk tier, of three quarters of its free space;
+    every epoch serves every sample."""
     monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "index-cache"))
     monkeypatch.setenv("HOTSET_DISK_DIR", str(tmp_path / "nvme"))
     write_shards(tmp_path / "shards")
+    shm = os.statvfs("/dev/shm")
+    free = os.statvfs(tmp_path)
     with hotset.make_loader(str(tmp_path / "shards"), batch_size=16, num_workers=0,
                             input_field="npy", target_field="cls") as loader:  # fmt: skip
-        assert loader.budget["capacity_bytes"] > 0
+        total = loader.dataset.storage.manifest.total_bytes
+        assert loader.budget["capacity_bytes"] == min(total, int(0.25 * shm.f_blocks
+                                                                 * shm.f_frsize))  # fmt: skip
+        tier = loader.dataset.storage.tier
+        assert tier.capacity_bytes == pytest.approx(0.75 * free.f_bavail * free.f_frsize,
+                                                    rel=0.01)  # fmt: skip
         for epoch in range(2):
             loader.set_epoch(epoch)
-            assert sum(len(ids) for _, _, ids in loader) == N
-        assert loader.counters()["disk_hits"] > 0 or loader.counters()["hits"] == 2 * N - N
+            assert sorted(i for _, _, ids in loader for i in ids.tolist()) == list(range(N))
     assert os.path.isdir(tmp_path / "nvme" / SUBDIR)  # found by $HOTSET_DISK_DIR
 
 
@@ -375,6 +384,9 @@ def test_processes_that_fill_evict_and_read_at_once_never_see_wrong_bytes(tmp_pa
     assert sum(int(r[0]) for r in results) == 0  # no wrong bytes
     assert sum(int(r[1]) for r in results) > 0 and sum(int(r[2]) for r in results) > 0
     assert DiskTier(tmp_path, capacity).used_bytes <= capacity
+    on_disk = sum(p.stat().st_blocks * 512 for p in (tmp_path / SUBDIR).rglob("*")
+                  if p.is_file())  # fmt: skip
+    assert on_disk <= capacity + (1 << 20)  # what the files take (LMDB's lock file aside)
 
 
 def test_what_the_ram_tier_evicts_outlives_on_disk_what_it_never_admitted(tmp_path):
