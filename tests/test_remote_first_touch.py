@@ -253,6 +253,10 @@ def test_a_streamed_first_epoch_serves_each_sample_once_under_the_indexed_ids(
         assert np.array_equal(learnt, np.arange(len(local)))
         loader.set_epoch(1)
         assert sum(ids.numel() for _, _, ids in loader) == len(local)
+        # each epoch's counters, the streamed one first, and the run's sum over them
+        assert [e.epoch for e in loader.epoch_stats] == [0, 1]
+        assert loader.epoch_stats[1].samples == len(local)
+        assert loader.stats.samples == 2 * len(local)
         loader.close()
         again = _streamed(url, system="shade")  # indexed now: no epoch streamed
         assert type(again).__name__ == "HotsetLoader"

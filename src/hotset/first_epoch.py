@@ -247,7 +247,7 @@ class StreamedStart(HotsetLoader):
         self._inner: HotsetLoader | None = None
         self._streamed = self._closed = self._epochs_set = False
         self.with_ids, self.progress = with_ids, progress
-        self.stats, self.epoch_stats = LoaderStats(), []
+        self._first_stats, self._first_epochs = LoaderStats(), []
         self.last_ids: torch.Tensor | None = None
         self._epoch = 0
         self._losses: list[tuple[np.ndarray, np.ndarray]] = []
@@ -264,6 +264,16 @@ class StreamedStart(HotsetLoader):
         return getattr(inner, name)
 
     @property
+    def stats(self) -> LoaderStats:
+        """The run's counters: the streamed epoch's, then the loader's (which adds them)."""
+        return self._first_stats if self._inner is None else self._inner.stats
+
+    @property
+    def epoch_stats(self) -> list[EpochStats]:
+        """Each epoch's counters, the streamed one first (``HotsetLoader.epoch_stats``)."""
+        return self._first_epochs if self._inner is None else self._inner.epoch_stats
+
+    @property
     def epoch(self) -> int:
         return self._inner.epoch if self._inner is not None else self._epoch
 
@@ -278,8 +288,8 @@ class StreamedStart(HotsetLoader):
             self._check_open()
             self._spool.close()
             inner = self._make()
-            inner.stats.add(asdict(self.stats))
-            inner.epoch_stats[:0] = self.epoch_stats
+            inner.stats.add(asdict(self._first_stats))
+            inner.epoch_stats[:0] = self._first_epochs
             for ids, losses in self._losses:  # the first epoch's, in their order
                 inner.planner.feedback(ids, losses)
             for accuracy in self._accuracies:
@@ -400,8 +410,8 @@ class StreamedStart(HotsetLoader):
         if state.get(STREAMED) and self._inner is None:
             log.warning("a state taken during the streamed first epoch: it starts again")
             self._streamed = False
-            self.stats = LoaderStats()
-            self.epoch_stats, self._losses, self._accuracies = [], [], []
+            self._first_stats = LoaderStats()
+            self._first_epochs, self._losses, self._accuracies = [], [], []
             return
         self.loader().load_state_dict(state)
 
