@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,3 +229,28 @@ def test_the_simulator_imports_neither_torch_nor_zmq_nor_lmdb():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_loader_reads_of_its_planner_only_what_plan_source_declares():
+    """docs/design.md: nothing probes for attributes. Every ``self.planner.X`` the loader
+    reads is declared on ``PlanSource``, and each planner (in process, in a process of its
+    own, the service's) has it."""
+    import inspect
+    import re
+    import typing
+
+    from hotset import loader
+    from hotset.plan_process import PlannerProcess
+    from hotset.service.client import RemotePlanner
+
+    text = Path(loader.__file__).read_text()
+    used = set(re.findall(r"self\.planner\.([a-z_]+)", text))
+    declared = set(typing.get_type_hints(PlanSource)) | {
+        k for k in vars(PlanSource) if not k.startswith("_")}  # fmt: skip
+    assert used and used <= declared, used - declared
+    assert "getattr(self.planner" not in text
+    for kind in (Planner, PlannerProcess, RemotePlanner):
+        source = inspect.getsource(kind)
+        missing = {k for k in declared if not hasattr(kind, k)
+                   and not re.search(rf"self\.{k}(: [^=]+)? = |self\.{k}, ", source)}  # fmt: skip
+        assert not missing, (kind.__name__, missing)

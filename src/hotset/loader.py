@@ -578,7 +578,7 @@ class HotsetLoader:
         all of them: a state saved with ``count_from_epoch_start``)."""
         n = len(self.planner)
         if self._count_from_start:
-            n += getattr(self.planner, "resumed_batches", lambda: 0)()
+            n += self.planner.resumed_batches()
         return n
 
     def __iter__(self) -> Iterator[Batch]:
@@ -589,7 +589,7 @@ class HotsetLoader:
         self._iterated = True
         if not self._synced:  # a store an earlier job left: adopt what the plan holds
             self.sync_with_store()
-        if getattr(self.planner, "readahead", None) is not None:
+        if self.planner.readahead is not None:
             self._drop_staged()
         batches = iter(self.dataloader)
         before, start = self.counters(), time.perf_counter()
@@ -655,7 +655,7 @@ class HotsetLoader:
         self.planner.flush()  # the ranks' last reports: the policy's picture, then the store's
         if not self.planner.owns_cache:
             return
-        ranks = getattr(self.planner, "ranks", None)
+        ranks = self.planner.ranks
         if ranks is not None:
             ranks.barrier()  # every rank's writes of the epoch have landed
         listed = self.planner.reconcile_store(self.dataset)

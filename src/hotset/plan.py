@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -173,8 +173,17 @@ class PlanSource(Protocol):
     #: whether it alone decides what this loader's store namespace holds (then the loader
     #: has it reconcile with the store's contents at epoch boundaries, ``reconcile_store``)
     owns_cache: bool
+    #: the job's ranks (``distributed.Ranks``; the loader waits on their barrier before it
+    #: reconciles the store), or None for one process
+    ranks: Any
+    #: the read-ahead of later batches' misses, or None (the loader then has no staged
+    #: bytes to drop at an epoch's start)
+    readahead: Any
 
     def set_epoch(self, epoch: int) -> None: ...
+
+    def resumed_batches(self) -> int:
+        """The batches of the current epoch consumed before a mid-epoch resume (0: none)."""
 
     def __iter__(self) -> Iterator[BatchPlan]: ...
 

@@ -192,6 +192,7 @@ class RemotePlanner:
 
     wants_embeddings = False  # the service samples by losses alone
     owns_cache = False  # the service decides what the shared store holds
+    readahead = None  # the service's plans stage nothing
 
     def __init__(
         self,
@@ -429,6 +430,9 @@ class RemotePlanner:
         """The epoch to resume at and the control plane's timers and failures (a job of
         the service resumes at an epoch's start: ``trained`` changes nothing)."""
         return {"epoch": self.epoch, **self.counters()}
+
+    def resumed_batches(self) -> int:
+        return 0  # (a job of the service resumes at an epoch's start)
 
     def load_state_dict(self, state: dict) -> None:
         self.set_epoch(int(state["epoch"]))
