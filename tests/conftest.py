@@ -33,14 +33,17 @@ def fmnist_dir(tmp_path_factory) -> Path:
     return out
 
 
-def make_imagefolder(root: Path, classes=("cat", "dog", "eel"), per_class=5, seed=0) -> Path:
-    """A small ImageFolder tree of random PNG images (different sizes)."""
+def make_imagefolder(
+    root: Path, classes=("cat", "dog", "eel"), per_class=5, seed=0, side: int | None = None
+) -> Path:
+    """A small ImageFolder tree of random RGB PNG images (of different sizes, or ``side``
+    x ``side``)."""
     rng = np.random.default_rng(seed)
     for c in classes:
         (root / c).mkdir(parents=True, exist_ok=True)
         for k in range(per_class):
-            side = int(rng.integers(8, 20))
-            img = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+            n = side or int(rng.integers(8, 20))
+            img = rng.integers(0, 256, (n, n, 3), dtype=np.uint8)
             Image.fromarray(img).save(root / c / f"img{k}.png")
     return root
 

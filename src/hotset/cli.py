@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from hotset import __version__
-from hotset.errors import HotsetError
+from hotset.errors import ConfigError, HotsetError
 from hotset.service.modes import ALLOCATION, SAMPLING
 
 DEFAULT_DATA = os.environ.get("HOTSET_DATA", "data/fashion-mnist")
@@ -35,6 +35,13 @@ def _csv(cast):
             raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
 
     return parse
+
+
+def _size(text: str) -> tuple[int, int]:
+    size = _csv(int)(text)
+    if len(size) != 2 or min(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give W,H (two positive ints)")
+    return size[0], size[1]
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
@@ -110,6 +117,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.jobs:
         from hotset.compare_jobs import JobsConfig, compare_jobs
 
+        if args.size is not None:
+            raise ConfigError("--size: --jobs runs its scenario's Fashion-MNIST images at 28x28")
+
         jobs = JobsConfig(
             data=args.data, jobs=args.jobs,
             **_given(args, "scenario", "samples", "epochs", "batch_size", "num_workers",
@@ -132,8 +142,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         policy_options=parse_options(args.policy_option, "--policy-option"),
         peers=args.peers, peer_python=args.peer_python,
         **_given(args, "epochs", "batch_size", "num_workers", "latency_ms", "bandwidth_mb_s",
-                 "concurrency", "store", "seed", "device", "model", "val_fraction", "seeds",
-                 "target_accuracy"),
+                 "concurrency", "store", "seed", "device", "model", "size", "val_fraction",
+                 "seeds", "target_accuracy"),
     )  # fmt: skip
     run_compare(cfg, out_dir=args.out, json_path=args.json, verbose=args.verbose)
 
@@ -160,8 +170,8 @@ def cmd_record(args: argparse.Namespace) -> None:
 
     oracle = record_oracle(
         args.data, args.epochs, args.out,
-        **_given(args, "batch_size", "seed", "num_workers", "device", "model", "val_fraction",
-                 "embedding_dims"),
+        **_given(args, "batch_size", "seed", "num_workers", "device", "model", "size",
+                 "val_fraction", "embedding_dims"),
     )  # fmt: skip
     print(f"wrote {args.out}: losses of {oracle.num_samples} samples over {oracle.epochs} epochs")
 
@@ -222,7 +232,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto (default: cuda when available) | cpu | cuda")
-    p.add_argument("--model", choices=["tiny", "resnet18"], help="default: tiny")
+    p.add_argument("--model", help="tiny (default) | resnet18 | your own as module:callable "
+                   "(called with num_classes= and in_channels=, returns a torch Module)")
+    p.add_argument("--size", type=_size, metavar="W,H",
+                   help="resize images to W x H as they are decoded (default: as they are; "
+                   "images of several sizes need it)")  # fmt: skip
     p.add_argument("--val-fraction", type=float,
                    help="training samples held out for decisions (default 1/12)")  # fmt: skip
 

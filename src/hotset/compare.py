@@ -25,7 +25,7 @@ from hotset.collate import collate, split_sample
 from hotset.compare_peers import PEERS, check_peers, peer_note, peer_python, train_peer
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
-from hotset.models import MODELS, accuracy, make_model, resolve_device
+from hotset.models import accuracy, make_model, model_factory, resolve_device
 from hotset.policy import POLICIES
 from hotset.sampling import SAMPLERS
 from hotset.sim.oracle import LossOracle
@@ -38,7 +38,7 @@ from hotset.training import train_epoch
 
 log = logging.getLogger(__name__)
 
-IMAGE_SIZE = (28, 28)
+IMAGE_SIZE = (28, 28)  # Fashion-MNIST's: the job scenarios' and the benchmarks' images
 IN_MEMORY = "inmemory"  # the compute floor: torch's DataLoader over tensors in memory
 TARGET_GAP = 0.005  # the default target: the in-memory run's final accuracy less 0.5 pt
 
@@ -58,7 +58,8 @@ class CompareConfig:
     seed: int = 0
     progress: bool = True
     device: str = "auto"
-    model: str = "tiny"
+    model: str = "tiny"  # or a user's module:callable (models.make_model)
+    size: tuple[int, int] | None = None  # (width, height) images are resized to; None: as they are
     val_fraction: float = 1 / 12  # 5,000 of Fashion-MNIST's 60,000
     sampler_options: dict = field(default_factory=dict)
     policy_options: dict = field(default_factory=dict)
@@ -66,6 +67,10 @@ class CompareConfig:
     target_accuracy: float | None = None  # default: in-memory's final accuracy - TARGET_GAP
     peers: list[str] = field(default_factory=list)  # loaders beside hotset's rows (streaming)
     peer_python: str | None = None  # the Python that runs them (compare_peers.peer_python)
+
+    def decode(self) -> partial:
+        """How each sample is decoded: resized to ``size`` where it is given."""
+        return partial(decode_sample, size=self.size)
 
     def validate(self) -> None:
         if not self.policies:
@@ -83,8 +88,7 @@ class CompareConfig:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"--val-fraction: {self.val_fraction} is not in [0, 1)")
-        if self.model not in MODELS:
-            raise ConfigError(f"--model: unknown {self.model!r}; choose from {', '.join(MODELS)}")
+        model_factory(self.model)
         resolve_device(self.device)
         for flag, options, registry, part in (
             ("--sampler-option", self.sampler_options, SAMPLERS, "sampler"),
@@ -121,19 +125,37 @@ def load_split(data: str, split: str, decode) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _model_for(
-    train: Storage, seed: int, model: str = "tiny", device: str = "cpu", test=None
+    train: Storage, seed: int, model: str, device, test, decode
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A fresh model for ``train``'s classes (where its storage knows no labels before
-    reading, as tar shards, the test split's targets say how many)."""
+    reading, as tar shards, the test split's targets say how many) and its inputs'
+    channels."""
     torch.manual_seed(seed)
     n = max(len(train.classes), int(train.labels.max()) + 1)
     if n <= 0 and test is not None:
         n = int(test[1].max()) + 1
     if n <= 0:
         raise ConfigError("the training split names no classes and there is no test split")
-    net = make_model(model, num_classes=n)
+    net = make_model(model, num_classes=n, in_channels=input_channels(train, decode))
     net = net.to(resolve_device(device))
     return net, torch.optim.Adam(net.parameters(), lr=1e-3)
+
+
+def input_channels(storage: Storage, decode, probe: int = 8) -> int:
+    """The channels of the split's inputs (C x H x W; 1 for H x W), from its first
+    samples. Images of more than one size need ``--size``: nothing is resized unasked."""
+    ids = list(range(min(probe, len(storage))))
+    shapes = {
+        tuple(split_sample(storage, i, decode(b), storage.labels[i])[0].shape)
+        for i, b in zip(ids, storage.read_many(ids), strict=True)
+    }
+    if len(shapes) > 1:
+        raise ConfigError(
+            f"--data: its samples differ in shape ({', '.join(map(str, sorted(shapes)))}): "
+            "give --size W,H to resize images as they are decoded"
+        )
+    shape = shapes.pop() if shapes else (1,)
+    return int(shape[0]) if len(shape) == 3 else 1
 
 
 def split_train(data: str, val_fraction: float, seed: int = 0) -> tuple[Storage, np.ndarray]:
@@ -182,7 +204,7 @@ def system_arguments(cfg: CompareConfig, name: str) -> dict:
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     """Train from scratch with one system and cache size; returns the row of the table."""
     system = resolve_system(name)
-    decode = partial(decode_sample, size=IMAGE_SIZE)
+    decode = cfg.decode()
     train, val = _train_and_validation(cfg, decode)
     storage = ThrottledStorage(train, cfg.latency_ms, cfg.bandwidth_mb_s, cfg.concurrency)
     capacity = int(fraction * train.manifest.total_bytes)
@@ -198,7 +220,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
             progress=cfg.progress,
             persistent_workers=cfg.num_workers > 0, pin_memory=device.type == "cuda",
         )  # fmt: skip
-        model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
+        model, opt = _model_for(train, cfg.seed, cfg.model, device, test, decode)
         epoch_times, hit_ratios, accs, train_losses, reads, requests = [], [], [], [], [], []
         test_accs, waits = [], []
         for epoch in range(cfg.epochs):
@@ -260,12 +282,12 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
 
 def run_peer(cfg: CompareConfig, peer: str, fraction: float, test, python: str) -> dict:
     """``peer`` (``compare_peers``) over the same training split, model and link."""
-    decode = partial(decode_sample, size=IMAGE_SIZE)
+    decode = cfg.decode()
     train, val = _train_and_validation(cfg, decode)
-    model, _ = _model_for(train, cfg.seed, cfg.model, "cpu", test)
+    model, _ = _model_for(train, cfg.seed, cfg.model, "cpu", test, decode)
     # the same memory as hotset's row: its cache and its read-ahead
     memory = fraction + default_readahead_bytes(train) / max(1, train.manifest.total_bytes)
-    row = train_peer(cfg, peer, memory, train, model, val, test, IMAGE_SIZE, python)
+    row = train_peer(cfg, peer, memory, train, model, val, test, cfg.size, python)
     row["cache_fraction"] = fraction
     for epoch, seconds in enumerate(row["epoch_times_s"]):
         accs = row["test_accuracy_per_epoch"]
@@ -280,7 +302,7 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
     ``DataLoader`` over the training split decoded into memory (no storage, no cache)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    decode = partial(decode_sample, size=IMAGE_SIZE)
+    decode = cfg.decode()
     train, val = _train_and_validation(cfg, decode)
     x, y = load_ids(train, np.arange(len(train)), decode)
     device = resolve_device(cfg.device)
@@ -288,7 +310,7 @@ def train_in_memory(cfg: CompareConfig, test) -> dict:
         TensorDataset(x, y), batch_size=cfg.batch_size, shuffle=True,
         generator=torch.Generator().manual_seed(cfg.seed), pin_memory=device.type == "cuda",
     )  # fmt: skip
-    model, opt = _model_for(train, cfg.seed, cfg.model, device, test)
+    model, opt = _model_for(train, cfg.seed, cfg.model, device, test, decode)
     times, accs, test_accs = [], [], []
     for _ in range(cfg.epochs):
         start = time.perf_counter()
@@ -453,6 +475,7 @@ def record_oracle(
     device: str = "auto",
     val_fraction: float = 1 / 12,
     embedding_dims: int = 0,
+    size: tuple[int, int] | None = None,
 ) -> LossOracle:
     """Train with uniform shuffling (local storage, no cache) on the training split less
     its validation part (as ``compare``) and keep every sample's loss and embedding at
@@ -460,14 +483,15 @@ def record_oracle(
     ``embedding_dims`` > 0 keeps a fixed random projection of the embeddings to that many
     dimensions (distances preserved in expectation; a smaller file for a 512-d model)."""
     train, _ = split_train(data, val_fraction, seed)
+    decode = partial(decode_sample, size=size)
     dev = resolve_device(device)
     store = make_store("shared" if num_workers else "memory", 0)
     loader = make_loader(
         train, batch_size=batch_size, policy="minio", capacity_bytes=0, store=store,
-        seed=seed, num_workers=num_workers, decode=partial(decode_sample, size=IMAGE_SIZE),
-        progress=True, pin_memory=dev.type == "cuda",
+        seed=seed, num_workers=num_workers, decode=decode, progress=True,
+        pin_memory=dev.type == "cuda",
     )  # fmt: skip
-    net, opt = _model_for(train, seed, model, dev)
+    net, opt = _model_for(train, seed, model, dev, None, decode)
     dim = net.embedding_dim
     project = None
     if 0 < embedding_dims < dim:
@@ -639,8 +663,8 @@ def run_compare(
     verbose: bool = False,
 ) -> list[dict]:
     cfg.validate()
-    test = load_split(cfg.data, "test", partial(decode_sample, size=IMAGE_SIZE))
-    open_split(cfg.data, "train")  # fail early on a wrong --data
+    input_channels(open_split(cfg.data, "train"), cfg.decode())  # a wrong --data or --size
+    test = load_split(cfg.data, "test", cfg.decode())
     python = peer_python(cfg.peer_python) if cfg.peers else None
     rows = []
     for seed in cfg.seeds or [cfg.seed]:

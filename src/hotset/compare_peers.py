@@ -128,7 +128,7 @@ def _run(python: str, *args: str) -> list[dict]:
 def train_peer(
     cfg, peer: str, memory: float, train: Storage, model: torch.nn.Module,
     val: tuple[torch.Tensor, torch.Tensor] | None,
-    test: tuple[torch.Tensor, torch.Tensor] | None, image_size: tuple[int, int],
+    test: tuple[torch.Tensor, torch.Tensor] | None, image_size: tuple[int, int] | None,
     python: str,
 ) -> dict:  # fmt: skip
     """Train ``model`` (fresh, as hotset's rows start) through ``peer`` over ``train``
@@ -144,7 +144,14 @@ def train_peer(
         mds_bytes = sum(p.stat().st_size for p in shards)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice
-            torch.jit.save(torch.jit.script(model.cpu()), str(root / "model.pt"))
+            try:
+                scripted = torch.jit.script(model.cpu())
+            except Exception as exc:  # (TorchScript's errors have no common type)
+                raise ConfigError(
+                    f"--peers trains the model in the peer's own Python, as TorchScript, and "
+                    f"--model {cfg.model} does not script: {str(exc).splitlines()[0]}"
+                ) from exc
+            torch.jit.save(scripted, str(root / "model.pt"))
         evals = {f"{k}_{part}": t.numpy() for k, xy in (("val", val), ("test", test))
                  if xy is not None for part, t in zip("xy", xy, strict=True)}  # fmt: skip
         np.savez(root / "eval.npz", **evals)
@@ -157,8 +164,8 @@ def train_peer(
             "--workers", str(cfg.num_workers), "--batch-size", str(cfg.batch_size),
             "--shuffle-block", str(block), "--predownload", str(PREDOWNLOAD),
             "--seed", str(cfg.seed), "--model", str(root / "model.pt"),
-            "--eval", str(root / "eval.npz"), "--size", ",".join(map(str, image_size)),
-            "--device", str(device),
+            "--eval", str(root / "eval.npz"), "--device", str(device),
+            *(["--size", ",".join(map(str, image_size))] if image_size else []),
             "--link", f"{cfg.latency_ms},{cfg.bandwidth_mb_s},{cfg.concurrency}",
         )  # fmt: skip
     times = [e["seconds"] for e in epochs]

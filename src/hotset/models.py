@@ -1,7 +1,11 @@
 """The models of the compare job and the tests: ``tiny`` (CPU-friendly) and ``resnet18``
-(torchvision's layers), each with ``forward_with_embedding`` for graph importance."""
+(torchvision's layers), each with ``forward_with_embedding`` for graph importance, or a
+user's own (``module:callable``)."""
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -90,11 +94,30 @@ class ResNet18(nn.Module):
 MODELS = {"tiny": TinyCNN, "resnet18": ResNet18}
 
 
+def model_factory(name: str) -> Callable[..., nn.Module]:
+    """A model of ``MODELS`` by name, or a user's ``module:callable`` (imported)."""
+    if name in MODELS:
+        return MODELS[name]
+    module, colon, attr = name.partition(":")
+    if not colon:
+        raise ConfigError(f"--model: unknown model {name!r}; choose from: {', '.join(MODELS)}, "
+                          "or give your own as module:callable")  # fmt: skip
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--model {name}: cannot import it ({exc})") from exc
+    if not callable(factory):
+        raise ConfigError(f"--model {name}: {attr} is not callable")
+    return factory
+
+
 def make_model(name: str, num_classes: int, in_channels: int = 1) -> nn.Module:
-    """A model of ``MODELS`` by name."""
-    if name not in MODELS:
-        raise ConfigError(f"--model: unknown model {name!r}; choose from: {', '.join(MODELS)}")
-    return MODELS[name](num_classes=num_classes, in_channels=in_channels)
+    """A model by name (``model_factory``), called as ``factory(num_classes=,
+    in_channels=)``: a user's callable takes those two keywords and returns a module."""
+    net = model_factory(name)(num_classes=num_classes, in_channels=in_channels)
+    if not isinstance(net, nn.Module):
+        raise ConfigError(f"--model {name}: returned a {type(net).__name__}, not a torch Module")
+    return net
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
