@@ -102,6 +102,32 @@ def test_lru_equals_reference(seq, sizes, capacity):
     assert p.recency_order().tolist() == ref_cache
 
 
+@settings(max_examples=150, deadline=None)
+@given(seq=seqs, sizes=size_lists, capacity=st.integers(0, 300), data=st.data())
+def test_lru_decides_a_batch_as_its_accesses_one_by_one_while_plans_pin_residents(
+    seq, sizes, capacity, data
+):
+    """With residents pinned by plans in flight (never evicted), a batch's hits,
+    admissions, victims and recency are those of its accesses made one at a time."""
+    whole, single = make_policy("lru", capacity, sizes=sizes), make_policy("lru", capacity,
+                                                                            sizes=sizes)
+    at = 0
+    while at < len(seq):
+        batch = seq[at : at + data.draw(st.integers(1, 24))]
+        at += len(batch)
+        pins = sorted(data.draw(st.sets(st.integers(0, 19), max_size=20)))
+        for p in (whole, single):
+            p.pin(pins)
+        got = whole.access(batch)
+        one = [single.access([i]) for i in batch]
+        assert got.hits.tolist() == [bool(r.hits[0]) for r in one]
+        assert whole.recency_order().tolist() == single.recency_order().tolist()
+        assert whole.used == single.used <= capacity
+        assert not whole.pinned[got.evicted].any()
+        for p in (whole, single):
+            p.pin(pins, -1)
+
+
 @settings(max_examples=100, deadline=None)
 @given(seq=seqs, capacity=st.integers(0, 10))
 def test_fifo_ignores_hits_and_minio_never_evicts(seq, capacity):

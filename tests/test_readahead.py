@@ -52,20 +52,23 @@ def layouts(draw):
 @settings(max_examples=150, deadline=None)
 @given(layouts(), st.integers(0, 2000), st.integers(0, 6000), st.integers(1, 8),
        st.integers(1, 3), st.floats(0, 0.8), st.integers(0, 2**31 - 1),
-       st.integers(0, 2))  # fmt: skip
+       st.integers(0, 2), st.floats(0, 0.5))  # fmt: skip
 def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
-    layout, gap, budget, step, lead, cached_share, seed, prefetch
+    layout, gap, budget, step, lead, cached_share, seed, prefetch, disk_share
 ):
     """Without ``prefetch`` a plan's staged samples ride in the requests its misses make
     anyway; with it, at most ``prefetch`` requests more, each of an object a later batch
     needs. Either way the budget holds, each staged sample goes to the batches that ask
-    for it (its first among them) and its entry is deleted once, after the last."""
+    for it (its first among them) and its entry is deleted once, after the last. A sample
+    the node's disk tier served last time is read where it is, never staged."""
     extents, order = layout
     n = extents[0].size
     rng = np.random.default_rng(seed)
     sizes = extents[2] - extents[1] + 16
     cached = rng.random(n) < cached_share  # what the cache holds (never staged)
     ra = ReadAhead(extents, sizes, gap, budget, lead, prefetch)
+    on_disk = rng.random(n) < disk_share
+    ra.on_disk[on_disk] = True
     ra.start_epoch(order, step)
     batches = -(-order.size // step)
     first_use: dict[int, int] = {}  # staged id -> the first batch it is staged for
@@ -100,6 +103,7 @@ def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
             _requests(extents, stage[extents[0][stage] == o], gap) for o in ahead
         )
         assert not cached[stage].any()  # (a miss drawn again later may be staged for it)
+        assert not on_disk[stage].any()
         for i in stage.tolist():
             assert i not in in_store  # never staged again before its entry is deleted
             later = np.flatnonzero(order == i)
@@ -231,3 +235,21 @@ def test_readahead_is_off_where_samples_are_files(fmnist_dir):
         assert loader.planner.readahead is None
     with pytest.raises(hotset.ConfigError, match="readahead_bytes"):
         hotset.make_loader(fmnist_dir, batch_size=16, cache_fraction=0.2, readahead_bytes=-1)
+
+
+def test_what_the_disk_tier_served_is_not_staged_ahead():
+    """One shard of 8 samples read in order, two a batch: the first batch's request
+    would read the rest through for the later batches; those the node's disk tier served
+    last time are left to be read from it."""
+    starts = np.arange(8) * 100
+    ra = ReadAhead((np.zeros(8, np.int64), starts, starts + 100), np.full(8, 100), 1 << 20,
+                   1 << 20)  # fmt: skip
+    ra.start_epoch(np.arange(8), 2)
+    assert ra.plan(0, np.array([0, 1]), lambda a: np.zeros(a.size, bool), 0)[0].tolist() == [
+        2, 3, 4, 5, 6, 7]  # fmt: skip
+    ra = ReadAhead((np.zeros(8, np.int64), starts, starts + 100), np.full(8, 100), 1 << 20,
+                   1 << 20)  # fmt: skip
+    ra.on_disk[[1, 4, 5]] = True
+    ra.start_epoch(np.arange(8), 2)
+    stage, _ = ra.plan(0, np.array([0, 1]), lambda a: np.zeros(a.size, bool), 0)
+    assert stage.tolist() == [2, 3, 6, 7]

@@ -117,6 +117,9 @@ class ReadAhead:
         golden = np.modf((np.arange(n_obj) + 1) * _PHASE)[0]
         self._phase = FIRST_SHARE + (1 - FIRST_SHARE) * golden
         self._opened = np.zeros(n_obj, bool)  # objects read this epoch
+        # per id, whether the node's disk tier served its last read (the planner learns
+        # it from the reports): such a sample is read where it is, never staged ahead
+        self.on_disk = np.full(self.objects.size, False)
 
     def start_epoch(self, order: np.ndarray, step: int) -> None:
         """A new epoch's order (``step`` ids per global batch); nothing is staged."""
@@ -202,12 +205,15 @@ class ReadAhead:
         ``prefetch``, the plan also reads up to that many objects that no miss of its own
         touches, those the nearest later batches need first (``_upcoming``)."""
         misses = np.unique(np.asarray(misses, np.int64))
+        misses = misses[~self.on_disk[misses]]
         room = self.budget - self.outstanding
         if not self._order.size or not (misses.size or self.prefetch):
             return _NONE, _NONE
         if room <= 0:  # nothing more staged; what the requests read through is still free
             return _NONE, self._read_through(misses)
         after = (index + self.lead) * self._step
+        if not misses.size and not self._unstaged(after, room).size:
+            return _NONE, _NONE  # (the disk tier serves what comes next)
         width = self._window(after, resident)
         extra = self._upcoming(after, misses, resident, room, width)
         objs = np.union1d(np.unique(self.objects[misses]), extra)
@@ -222,7 +228,7 @@ class ReadAhead:
         cand, cand_pos = cand[keep], pos[first[keep]]
         cand, cand_pos = self._anchored(misses, extra, cand, cand_pos)
         if cand.size:
-            keep = ~resident(cand)
+            keep = ~resident(cand) & ~self.on_disk[cand]
             cand, cand_pos = cand[keep], cand_pos[keep]
             nearest = np.argsort(cand_pos, kind="stable")
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room
@@ -261,11 +267,7 @@ class ReadAhead:
         on first need them, holding an id that is neither staged, cached, nor in an object
         ``misses`` already read: as far on as ``room`` could stage (``width``: a
         window)."""
-        if not self.prefetch:
-            return _NONE
-        span = max(self._step, int(room / self._mean_size))
-        ids = self._order[after : after + span]
-        ids = ids[self._free(ids)]
+        ids = self._unstaged(after, room)
         if not ids.size:
             return _NONE
         objs = self.objects[ids[~resident(ids)]]
@@ -278,6 +280,14 @@ class ReadAhead:
                            np.int64)  # fmt: skip
         fits = np.cumsum(pending) <= room // 2
         return np.sort(found[fits][: self.prefetch])
+
+    def _unstaged(self, after: int, room: int) -> np.ndarray:
+        """The ids of the order from position ``after`` on, as far as ``room`` could
+        stage, that ``prefetch`` may read ahead: neither staged nor on the node's disk."""
+        if not self.prefetch:
+            return _NONE
+        ids = self._order[after : after + max(self._step, int(room / self._mean_size))]
+        return ids[self._free(ids) & ~self.on_disk[ids]]
 
     def _pending_bytes(self, obj: int, after: int, width: int) -> int:
         """The bytes of ``obj``'s samples in its window from ``after`` on that nobody

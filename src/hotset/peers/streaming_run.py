@@ -6,13 +6,15 @@ it imports numpy, torch, PIL and streaming, never hotset.
     python streaming_run.py epochs REMOTE --local DIR --cache-limit BYTES [--epochs 3]
         [--workers 8] [--batch-size 128] [--shuffle-block 2048] [--predownload 128]
         [--link LATENCY_MS,BANDWIDTH_MB_S,CONCURRENCY]
-        [--model MODEL.pt --eval EVAL.npz --size 28,28 --seed 0 --device cpu]
+        [--model MODEL.pt --eval EVAL.npz --size 28,28 --seed 0 --device cpu] [--head N]
 
 ``write``: samples (image or ``.npy`` bytes and labels, as ``hotset compare --peers`` and
 ``benchmarks/peer_compare.py`` dump them) as MDS shards. ``epochs``: a
 ``StreamingDataset`` over ``REMOTE`` (a directory, or ``s3://`` through
 ``S3_ENDPOINT_URL``) in a DataLoader, each sample decoded as hotset's loader decodes it;
 one JSON line per epoch (seconds, samples, distinct samples, shard reads and bytes).
+``--head N``: a sample is its first ``N`` bytes, not decoded (``head``: the data path
+alone measured, as ``benchmarks/disk_peers.py`` measures it).
 
 ``--link``: a remote directory sits behind the link model of hotset's
 ``ThrottledStorage``: each shard download waits for one of ``CONCURRENCY`` slots (across
@@ -99,6 +101,15 @@ def decode(data: bytes, size: tuple[int, int] | None) -> np.ndarray:
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
+def head(data: bytes, n: int) -> np.ndarray:
+    """A sample's first ``n`` bytes (zero-padded), as ``benchmarks/disk_peers.py`` serves
+    it to every loader: the data path measured without a decoder's CPU."""
+    out = np.zeros(n, np.uint8)
+    view = np.frombuffer(data[:n], np.uint8)
+    out[: view.size] = view
+    return out
+
+
 class Link:
     """``ThrottledStorage``'s link for Streaming's downloads from a local directory:
     ``concurrency`` slots, ``latency_ms`` a download, one ``bandwidth_mb_s`` shared by all
@@ -173,7 +184,10 @@ def epochs(args) -> None:
     class Decoded(StreamingDataset):
         def __getitem__(self, i):
             row = super().__getitem__(i)
-            x = torch.from_numpy(np.array(decode(row["image"], size), copy=True))
+            data = row["image"]
+            x = torch.from_numpy(
+                head(data, args.head) if args.head else np.array(decode(data, size), copy=True)
+            )
             return (x.float().div_(255.0) if x.dtype == torch.uint8 else x), row["label"], i
 
     ds = Decoded(
@@ -244,6 +258,7 @@ def main() -> None:
     e.add_argument("--eval")
     e.add_argument("--size", type=_ints)
     e.add_argument("--device", default="cpu")
+    e.add_argument("--head", type=int, default=0)
     args = ap.parse_args()
     (write if args.cmd == "write" else epochs)(args)
 

@@ -96,6 +96,14 @@ class LRUPolicy(Policy):
             pos, chunk = hi, chunk * 2
         return None
 
+    def _stuck(self, sizes: np.ndarray) -> bool:
+        """No admission of ``sizes`` fits without an eviction and no resident can be
+        evicted (each pinned): every access of the batch in turn is read, not admitted."""
+        if sizes.size == 0 or self.used + int(sizes.min()) <= self.capacity_bytes:
+            return False
+        ids = self._q_id[self._head : self._tail]
+        return not (self._live(self._head, self._tail) & (self.pinned[ids] == 0)).any()
+
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Evict the least recently used residents until they fit ``capacity_bytes``."""
         self.capacity_bytes = int(capacity_bytes)
@@ -139,10 +147,10 @@ class LRUPolicy(Policy):
         victims, head = _EMPTY, self._head
         found = self._oldest(need) if need > 0 else None
         if need > 0 and found is None:
-            if ids.size > 1:
+            if ids.size > 1 and not self._stuck(self._size[admitted]):
                 return None
-            # one access, and what it would displace is pinned by plans in flight:
-            # it is read without being admitted
+            # one access, or none of the batch's could be admitted in turn (no room, and
+            # what they would displace is pinned by plans in flight): read, not admitted
             admit[:] = False
             admitted, add = admitted[:0], 0
         elif need > 0:

@@ -28,6 +28,8 @@ class DiskTierStorage(StorageWrapper):
         super().__init__(inner)
         self.tier = tier
         self.manifest = inner.manifest
+        self._on_disk: list[int] = []
+        self._off_disk: list[int] = []
 
     @property
     def disk_counts(self) -> tuple[int, int, int]:
@@ -36,6 +38,11 @@ class DiskTierStorage(StorageWrapper):
     def close(self) -> None:
         self.tier.close()
         self.inner.close()
+
+    def disk_reads(self) -> tuple[list[int], list[int]]:
+        out = self._on_disk, self._off_disk
+        self._on_disk, self._off_disk = [], []
+        return out
 
     def demoted(self, keys: Sequence[str]) -> None:
         """The RAM tier's victims are the next by the system's measure (SHADE's lowest
@@ -52,6 +59,8 @@ class DiskTierStorage(StorageWrapper):
         keys = list(self.manifest.keys.take(ids))
         got = self.tier.get_many(keys)
         missed = [n for n, v in enumerate(got) if v is None]
+        self._off_disk += [ids[n] for n in missed]
+        self._on_disk += [i for i, v in zip(ids, got, strict=True) if v is not None]
         if missed:
             for n, data in zip(missed, self.inner.read_many([ids[n] for n in missed]),
                                strict=True):  # fmt: skip

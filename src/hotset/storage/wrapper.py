@@ -58,6 +58,9 @@ class StorageWrapper(Storage):
     def demoted(self, keys: Sequence[str]) -> None:
         self.inner.demoted(keys)
 
+    def disk_reads(self) -> tuple[list[int], list[int]]:
+        return self.inner.disk_reads()
+
     def with_wire(self, wire) -> Storage | None:
         inner = self.inner.with_wire(wire)
         if inner is None:

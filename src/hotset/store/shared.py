@@ -223,11 +223,12 @@ class SharedStore(Store):
             )  # fmt: skip
         raise StoreReplaced(f"shared store {self.path} is not the one this job opened")
 
-    def _txn(self, fn, fallback, write: bool = False):
-        """``fn(txn)`` in a transaction; an LMDB error (map full, no space left, the store
+    def _txn(self, fn, fallback, write: bool = False, buffers: bool = False):
+        """``fn(txn)`` in a transaction (``buffers``: its gets return views into the map,
+        valid within it, not copies); an LMDB error (map full, no space left, the store
         removed under this process) is counted and ``fallback`` returned."""
         try:
-            with self._open().begin(write=write) as txn:
+            with self._open().begin(write=write, buffers=buffers) as txn:
                 return fn(txn)
         except lmdb.Error as exc:
             self.failures += 1
@@ -256,7 +257,7 @@ class SharedStore(Store):
 
         def write(txn):
             stored, out = 0, []
-            used = int(txn.get(_USED, db=self._meta))
+            used = int(bytes(txn.get(_USED, db=self._meta)))
             for k, v in items.items():
                 kb = k.encode()
                 if txn.get(kb, db=self._data) is not None:
@@ -270,7 +271,7 @@ class SharedStore(Store):
             txn.put(_USED, str(used).encode(), db=self._meta)
             return stored, out
 
-        stored, out = self._txn(write, (0, None), write=True)
+        stored, out = self._txn(write, (0, None), write=True, buffers=True)
         if out is None:  # the transaction stored nothing
             return 0, list(items)
         self.refused += len(out)
@@ -303,7 +304,7 @@ class SharedStore(Store):
 
     def delete_many(self, keys: Sequence[str]) -> None:
         def delete(txn):
-            used = int(txn.get(_USED, db=self._meta))
+            used = int(bytes(txn.get(_USED, db=self._meta)))
             for k in keys:
                 kb = k.encode()
                 v = txn.get(kb, db=self._data)
@@ -312,7 +313,8 @@ class SharedStore(Store):
                     used -= len(v)
             txn.put(_USED, str(used).encode(), db=self._meta)
 
-        self._txn(delete, None, write=True)  # failed: the planner reconciles at epoch end
+        # (views: a value's length is read, never its bytes copied)
+        self._txn(delete, None, write=True, buffers=True)  # failed: reconciled at epoch end
 
     def contains(self, key: str) -> bool:
         return self._txn(lambda txn: txn.get(key.encode(), db=self._data) is not None, False)
