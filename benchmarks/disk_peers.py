@@ -15,10 +15,11 @@ not decoded: the data path is what is measured (a JPEG decode costs the same in 
 Each repetition runs, in turn:
 
 * with a disk budget that holds the data (``--fits`` x its bytes): hotset (uniform + LRU,
-  a RAM tier of 5% of the data, a fresh disk tier), a second hotset run over the kept
-  tier, Streaming (``cache_limit`` = the budget, a fresh ``local``), LitData
-  (``max_cache_size`` = the budget, a fresh ``cache_dir``), and a plain DataLoader
-  reading the same samples as files on that disk;
+  a RAM tier of 5% of the data, a fresh disk tier), then over the kept tier uniform +
+  MinIO (CoorDL's RAM tier: filled once, never evicted) and a second LRU run; Streaming
+  (``cache_limit`` = the budget, a fresh ``local``), LitData (``max_cache_size`` = the
+  budget, a fresh ``cache_dir``), and a plain DataLoader reading the same samples as
+  files on that disk;
 * with a disk budget of 30% of the data: SHADE (its paper's sampler, a fixed skewed loss
   per sample as importance; in its own order, and read by blocks, ``order="blocks"``) and
   uniform + LRU over both tiers, and Streaming.
@@ -29,7 +30,8 @@ hotset's with what opening the loader took (its tar index reads whole shards and
 them), the peers' with their downloads; ``later_source``: the later epochs' bytes;
 ``both_tiers``: hotset's steady hit ratio over RAM and disk; ``ratio_streaming`` /
 ``ratio_litdata`` / ``ratio_files``: a row's steady epoch over theirs in the same
-repetition (their row at the same disk budget).
+repetition (their row at the same disk budget); ``server_cpu_s``: the object store's and
+the wire's CPU seconds in a steady epoch (they share the loaders' cores).
 
     make peers && python benchmarks/disk_peers.py [--reps 2] [--samples 20000]
 """
@@ -54,6 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hotset  # noqa: E402
+from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from disk_tier import losses_of  # noqa: E402
 from hotset.compare_peers import RUNNER as STREAMING_RUN  # noqa: E402
@@ -128,9 +131,15 @@ def source_bytes(wire: DelayProxy) -> int:
     return wire.stats().get("bytes_down", 0)
 
 
+def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
+    """CPU seconds of the object store and the wire: on 2 cores they share the loaders'
+    cores, and each request costs them CPU."""
+    return cpu_seconds(s3.proc.pid) + cpu_seconds(wire.proc.pid)
+
+
 def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: str,
                disk_dir: Path, disk_bytes: int, order: str = "paper") -> list[dict]:  # fmt: skip
-    opened, start = source_bytes(wire), time.perf_counter()
+    opened, start, opened_cpu = source_bytes(wire), time.perf_counter(), server_cpu(s3, wire)
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
     out = []
@@ -144,13 +153,15 @@ def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: s
             loader.set_epoch(epoch)
             before = opened if epoch == 0 else source_bytes(wire)
             t = start if epoch == 0 else time.perf_counter()  # (opening read the index)
+            cpu = opened_cpu if epoch == 0 else server_cpu(s3, wire)
             for _, _, ids in loader:
                 loader.feedback(ids, losses_of(ids))
             s = time.perf_counter() - t
             e = loader.epoch_stats[-1]
             out.append({"epoch": epoch, "seconds": s, "samples": e.samples,
                         "both_tiers": (e.hits + e.disk_hits) / max(1, e.samples),
-                        "source": (source_bytes(wire) - before) / data})  # fmt: skip
+                        "source": (source_bytes(wire) - before) / data,
+                        "server_cpu_s": server_cpu(s3, wire) - cpu})  # fmt: skip
     return out
 
 
@@ -159,13 +170,14 @@ def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[
     env = {**os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_DEFAULT_REGION": "eu-west-1",
            "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
            "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}  # fmt: skip
-    out, before = [], source_bytes(wire)
+    out, before, cpu = [], source_bytes(wire), server_cpu(s3, wire)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("{"):
-                epoch, after = json.loads(line), source_bytes(wire)
-                out.append({**epoch, "source": (after - before) / data})
-                before = after
+                epoch, after, cpu_now = json.loads(line), source_bytes(wire), server_cpu(s3, wire)
+                out.append({**epoch, "source": (after - before) / data,
+                            "server_cpu_s": cpu_now - cpu})  # fmt: skip
+                before, cpu = after, cpu_now
     if proc.returncode:
         raise SystemExit(f"peer run failed ({proc.returncode}): {' '.join(cmd)}")
     return out
@@ -179,7 +191,7 @@ def run_plain(root: Path, epochs: int) -> list[dict]:
         t = time.perf_counter()
         n = sum(len(y) for _, y in loader)
         out.append({"epoch": epoch, "seconds": time.perf_counter() - t, "samples": n,
-                    "source": 0.0})  # fmt: skip
+                    "source": 0.0, "server_cpu_s": 0.0})  # fmt: skip
     return out
 
 
@@ -241,6 +253,8 @@ def main() -> None:
             variants = {
                 ("fits", "hotset lru"): lambda: run_hotset(
                     s3, wire, data, args.epochs, "lru", work / "nvme", fits),
+                ("fits", "hotset minio"): lambda: run_hotset(
+                    s3, wire, data, args.epochs, "minio", work / "nvme", fits),
                 ("fits", "hotset lru, a second run"): lambda: run_hotset(
                     s3, wire, data, 2, "lru", work / "nvme", fits),
                 ("fits", "streaming"): lambda: streaming(fits),
@@ -264,6 +278,8 @@ def main() -> None:
                     "epoch_s": float(np.mean(steady)), "first_epoch_s": epochs[0]["seconds"],
                     "first_source": epochs[0]["source"],
                     "later_source": float(sum(e["source"] for e in epochs[1:])),
+                    "server_cpu_s": float(np.mean([e["server_cpu_s"] for e in epochs[1:]]
+                                                  or [epochs[0]["server_cpu_s"]])),
                     "both_tiers": float(np.mean([e.get("both_tiers", np.nan)
                                                  for e in epochs[1:]] or [np.nan])),
                     "samples": epochs[-1]["samples"],
@@ -283,7 +299,7 @@ def main() -> None:
         ("disk", "s"), ("loader", "s"), ("rep", "d"), ("epoch_s", ".2f"),
         ("ratio_streaming", ".2f"), ("ratio_litdata", ".2f"), ("ratio_files", ".2f"),
         ("first_epoch_s", ".2f"), ("first_source", ".3f"), ("later_source", ".3f"),
-        ("both_tiers", ".3f"), ("samples", "d"),
+        ("both_tiers", ".3f"), ("server_cpu_s", ".1f"), ("samples", "d"),
     ], meta={"args": vars(args), "data_bytes": data})  # fmt: skip
 
 

@@ -40,6 +40,7 @@ class LRUPolicy(Policy):
         self._head = self._tail = self._clock = 0
         self._count = 0
         self._scratch = np.full(self.num_samples, 0, np.int64)  # per-batch marks
+        self._evictable = self._split = 0  # (what a failed batch leaves to its split)
 
     def set_sizes(self, ids, sizes) -> None:
         super().set_sizes(ids, sizes)
@@ -94,15 +95,15 @@ class LRUPolicy(Policy):
                 parts.append(ids)
                 freed = int(cum[-1])
             pos, chunk = hi, chunk * 2
+        self._evictable = freed  # all there is: less than ``need``
         return None
 
     def _stuck(self, sizes: np.ndarray) -> bool:
-        """No admission of ``sizes`` fits without an eviction and no resident can be
-        evicted (each pinned): every access of the batch in turn is read, not admitted."""
-        if sizes.size == 0 or self.used + int(sizes.min()) <= self.capacity_bytes:
-            return False
-        ids = self._q_id[self._head : self._tail]
-        return not (self._live(self._head, self._tail) & (self.pinned[ids] == 0)).any()
+        """After ``_oldest`` failed: no admission of ``sizes`` fits without an eviction
+        and no resident can be evicted (each pinned): every access of the batch in turn
+        is read, not admitted."""
+        return (self._evictable == 0 and sizes.size > 0
+                and self.used + int(sizes.min()) > self.capacity_bytes)  # fmt: skip
 
     def shrink_to(self, capacity_bytes: int) -> list[int]:
         """Evict the least recently used residents until they fit ``capacity_bytes``."""
@@ -148,6 +149,12 @@ class LRUPolicy(Policy):
         found = self._oldest(need) if need > 0 else None
         if need > 0 and found is None:
             if ids.size > 1 and not self._stuck(self._size[admitted]):
+                # split where the admissions stop fitting in the room there is to make
+                sizes = np.zeros(ids.size, np.int64)
+                sizes[first[admit]] = self._size[uniq[admit]]
+                room = self.capacity_bytes - self.used + self._evictable
+                fit = int(np.searchsorted(np.cumsum(sizes), room, side="right"))
+                self._split = min(max(fit, 1), ids.size - 1)
                 return None
             # one access, or none of the batch's could be admitted in turn (no room, and
             # what they would displace is pinned by plans in flight): read, not admitted
@@ -175,9 +182,10 @@ class LRUPolicy(Policy):
         return hits, admitted, victims
 
     def _run(self, ids: np.ndarray, hits: list, admitted: list, evicted: list) -> None:
+        self._split = ids.size // 2  # (a victim accessed in the batch: halves)
         done = self._try_batch(ids)
         if done is None:
-            mid = ids.size // 2
+            mid = self._split
             self._run(ids[:mid], hits, admitted, evicted)
             self._run(ids[mid:], hits, admitted, evicted)
             return
