@@ -382,6 +382,7 @@ def test_wrong_combinations_are_named():
         make_sampler("shade", 10).feedback(np.array([1, 2]), np.array([0.1]))
 
 
+@pytest.mark.slow
 def test_shade_trains_with_two_workers_and_caches_what_it_repeats(fmnist_dir):
     from hotset.models import TinyCNN
 
