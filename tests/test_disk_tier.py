@@ -109,6 +109,31 @@ def test_a_second_run_reads_only_metadata_from_the_source(tmp_path, s3):
     assert after - mid < 0.05 * data, f"the second run moved {after - mid} bytes"
 
 
+def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path, s3):
+    """The index is the user's (cached), the disk tier the node's: a job on a node whose
+    tier is empty reads each shard whole once at opening, as with the index cold, and its
+    epochs read nothing more from the source."""
+    write_shards(tmp_path / "shards")
+    data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
+    url = "s3://disk-tier/fresh"
+    s3.upload(tmp_path / "shards", url)
+    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
+    options = {**s3.storage_options, "client_kwargs": {
+        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    try:
+        finished(job(tmp_path, url=url, storage_options=options, epochs=1))  # the index
+        before = wire.stats()["bytes_down"]
+        other = finished(job(tmp_path, url=url, storage_options=options,
+                             disk_dir=str(tmp_path / "other-node")))  # fmt: skip
+        moved = wire.stats()["bytes_down"] - before
+    finally:
+        wire.stop()
+    each_once(other)
+    for epoch in other["epochs"]:
+        assert epoch["storage_bytes"] == 0 and epoch["disk_hits"] >= N - epoch["hits"]
+    assert data <= moved <= 1.05 * data, f"the fresh tier's job moved {moved} of {data}"
+
+
 def test_a_job_killed_mid_fill_and_restarted_at_once_reuses_what_was_complete(tmp_path):
     write_shards(tmp_path / "shards")
     progress = tmp_path / "progress"

@@ -257,7 +257,8 @@ def make_loader(
             return streamed
     tier = open_disk_tier(disk_dir, disk_bytes)
     fields = {"input_field": input_field, "target_field": target_field,
-              "keep": None if tier is None else tier.put}  # fmt: skip
+              "keep": None if tier is None else tier.put,
+              "kept": None if tier is None else tier.contains}  # fmt: skip
     storage = open_storage(storage, format, storage_options,
                            **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
     if tier is not None:

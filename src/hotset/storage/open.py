@@ -99,6 +99,7 @@ def open_storage(
             options["storage_options"] = storage_options
         if fmt != "tar":
             options.pop("keep", None)  # (only a tar set reads whole shards to index them)
+            options.pop("kept", None)
         return storage_class(fmt)(url, **options)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         from hotset.storage.torch_dataset import DatasetStorage

@@ -253,7 +253,9 @@ class TarStorage(FsspecStorage):
     requests in flight per process (default: 32 on an object store, 8 on local files);
     ``node_concurrency``: in flight across the processes (``FsspecStorage``). ``keep``:
     called with the records (by key) of each remote shard read whole to index it (the
-    disk tier keeps them, so they are not read again)."""
+    disk tier keeps them, so they are not read again); ``kept``: whether a key is kept
+    already: a remote shard whose index is cached but whose first sample is not kept is
+    read whole too (a fresh disk tier fills as it would with the index cold)."""
 
     content_keyed = False
 
@@ -270,9 +272,10 @@ class TarStorage(FsspecStorage):
         input_field: str | Sequence[str] | None = None,
         target_field: str | Sequence[str] | None = None,
         keep: Callable[[dict[str, bytes]], object] | None = None,
+        kept: Callable[[str], bool] | None = None,
     ) -> None:
         self.storage_options = dict(storage_options or {})
-        self._keep = keep
+        self._keep, self._kept = keep, kept
         self.retry = retry or Retry()
         fs, self.urls, self._paths = locate_shards(url, self.storage_options, self.retry)
         self.concurrency = concurrency_for(fs, concurrency)
@@ -335,17 +338,24 @@ class TarStorage(FsspecStorage):
         info = self._call(url, lambda: self._fs.info(path))
         size = info.get("size")
 
+        whole = remote and (size or 0) <= WHOLE_SHARD_BYTES
+
+        def read_whole() -> bytes:
+            data = self._call(url, lambda: self._fs.cat_file(path))
+            if size is not None and len(data) != size:
+                raise ShardError(url, "cut off", f"{len(data)} of {size} bytes came")
+            return data
+
         def build() -> bytes:
             if not remote:
                 with open(path, "rb") as f:
                     samples = index_shard(f, url)
-            elif (size or 0) <= WHOLE_SHARD_BYTES:  # one request, not one a header
-                data = self._call(url, lambda: self._fs.cat_file(path))
-                if size is not None and len(data) != size:
-                    raise ShardError(url, "cut off", f"{len(data)} of {size} bytes came")
+            elif whole:  # one request, not one a header
+                data = read_whole()
                 samples = index_shard(io.BytesIO(data), url)
                 if self._keep is not None:  # its samples, read already: not read again
                     self._keep(shard_records(data, shard_arrays(url, samples, version)))
+                    built.append(url)
             else:  # large blocks, read ahead: a few requests a shard
 
                 def blocks() -> list[list]:
@@ -358,7 +368,13 @@ class TarStorage(FsspecStorage):
 
         version = fingerprint(info)
         self._versions[url] = version
-        return load_index(cached_index(INDEX_KIND, url, version, build))
+        built: list[str] = []
+        arrays = load_index(cached_index(INDEX_KIND, url, version, build))
+        keys = arrays["keys"]
+        if (whole and not built and self._keep is not None and self._kept is not None
+                and keys.size and not self._kept(str(keys[0]))):  # fmt: skip
+            self._keep(shard_records(read_whole(), arrays))  # the index cached, not the bytes
+        return arrays
 
     def _call(self, url: str, call: Callable[[], T]) -> T:
         return remote_call(self._fs, url, call, self.retry, self._count_retry)
