@@ -81,18 +81,25 @@ def s3():
     server.stop()
 
 
+def on_s3_behind_a_wire(tmp_path: Path, s3, name: str):
+    """The shards on the S3 server under ``name``, and a wire in front of it that counts
+    its bytes: (the shards' bytes, their URL, the wire, the storage options through it)."""
+    write_shards(tmp_path / "shards")
+    data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
+    url = f"s3://disk-tier/{name}"
+    s3.upload(tmp_path / "shards", url)
+    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
+    options = {**s3.storage_options, "client_kwargs": {
+        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    return data, url, wire, options
+
+
 def test_a_second_run_reads_only_metadata_from_the_source(tmp_path, s3):
     """Two runs in two processes over shards on an S3 server, behind a wire that counts
     the server's bytes: the first reads the data once (each shard read whole to index
     it fills the disk tier; its epochs read nothing more), the second run reads nothing
     but the listing and the shards' metadata; every sample exact, each once an epoch."""
-    write_shards(tmp_path / "shards")
-    data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
-    url = "s3://disk-tier/shards"
-    s3.upload(tmp_path / "shards", url)
-    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
-    options = {**s3.storage_options, "client_kwargs": {
-        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    data, url, wire, options = on_s3_behind_a_wire(tmp_path, s3, "shards")
     try:
         first = finished(job(tmp_path, url=url, storage_options=options))
         mid = wire.stats()["bytes_down"]
@@ -113,13 +120,7 @@ def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path,
     """The index is the user's (cached), the disk tier the node's: a job on a node whose
     tier is empty reads each shard whole once at opening, as with the index cold, and its
     epochs read nothing more from the source."""
-    write_shards(tmp_path / "shards")
-    data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
-    url = "s3://disk-tier/fresh"
-    s3.upload(tmp_path / "shards", url)
-    wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), latency_ms=0.5, bandwidth_mb_s=0)
-    options = {**s3.storage_options, "client_kwargs": {
-        **s3.storage_options["client_kwargs"], "endpoint_url": wire.url}}  # fmt: skip
+    data, url, wire, options = on_s3_behind_a_wire(tmp_path, s3, "fresh")
     try:
         finished(job(tmp_path, url=url, storage_options=options, epochs=1))  # the index
         before = wire.stats()["bytes_down"]
