@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hotset  # noqa: E402
 from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
-from disk_tier import losses_of  # noqa: E402
+from disk_tier import LocalFiles, losses_of  # noqa: E402
 from hotset.compare_peers import RUNNER as STREAMING_RUN  # noqa: E402
 from hotset.peers.streaming_run import head  # noqa: E402
 from hotset.testing import DelayProxy, S3Server  # noqa: E402
@@ -113,18 +113,9 @@ def make_data(root: Path, n: int, distinct: int, shard_bytes: int) -> int:
     return int(offsets[-1])
 
 
-class LocalFiles(torch.utils.data.Dataset):
-    """The plain baseline: the same samples as files on the local disk."""
-
-    def __init__(self, root: Path) -> None:
-        self.paths = sorted(root.glob("*.jpg"))
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        x = torch.from_numpy(head_of(self.paths[i].read_bytes())).float().div_(255)
-        return x, i % 10
+def head_of_file(path: Path) -> np.ndarray:
+    """The plain baseline's sample: a file's first bytes, as every loader serves it."""
+    return head_of(path.read_bytes())
 
 
 def source_bytes(wire: DelayProxy) -> int:
@@ -184,8 +175,8 @@ def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[
 
 
 def run_plain(root: Path, epochs: int) -> list[dict]:
-    loader = torch.utils.data.DataLoader(LocalFiles(root), batch_size=64, shuffle=True,
-                                         num_workers=8)  # fmt: skip
+    files = LocalFiles(root, ".jpg", head_of_file)
+    loader = torch.utils.data.DataLoader(files, batch_size=64, shuffle=True, num_workers=8)
     out = []
     for epoch in range(epochs):
         t = time.perf_counter()

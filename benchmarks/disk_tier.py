@@ -155,16 +155,17 @@ def make_shards(root: Path, n: int, per_shard: int = 100) -> int:
 
 
 class LocalFiles(torch.utils.data.Dataset):
-    """The plain baseline: the same samples as .npy files on the local disk."""
+    """The plain baseline: the same samples as files (``*suffix``) on the local disk, each
+    an array by ``load`` (a path -> uint8 array)."""
 
-    def __init__(self, root: Path) -> None:
-        self.paths = sorted(root.glob("*.npy"))
+    def __init__(self, root: Path, suffix: str = ".npy", load=np.load) -> None:
+        self.paths, self.load = sorted(root.glob("*" + suffix)), load
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int):
-        return torch.from_numpy(np.load(self.paths[i])).float().div_(255), i % 10
+        return torch.from_numpy(self.load(self.paths[i])).float().div_(255), i % 10
 
 
 def losses_of(ids: torch.Tensor) -> torch.Tensor:
