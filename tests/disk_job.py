@@ -57,8 +57,10 @@ def main(cfg: dict) -> dict:
                 if progress is not None:
                     progress.write_text(str(batches))
             e = loader.epoch_stats[-1]
+            staged = loader.counters()["internal"].get("readahead_staged", 0)
             out["epochs"].append({"served": seen, "storage_bytes": e.storage_bytes,
-                                  "disk_hits": e.disk_hits, "hits": e.hits})  # fmt: skip
+                                  "disk_hits": e.disk_hits, "hits": e.hits,
+                                  "staged": staged})  # fmt: skip  (the run's, so far)
         out["counters"] = {k: v for k, v in loader.counters().items() if k != "internal"}
         out["samples"] = len(paths)
     return out

@@ -135,6 +135,18 @@ def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path,
     assert data <= moved <= 1.05 * data, f"the fresh tier's job moved {moved} of {data}"
 
 
+def test_what_the_disk_tier_served_is_read_from_it_not_staged_ahead(tmp_path):
+    """Read-ahead stages later batches' samples with a batch's range requests while they
+    come from the source; once the disk tier served a sample, it is read from there: the
+    third epoch stages nothing more, every sample exact."""
+    write_shards(tmp_path / "shards")
+    run = finished(job(tmp_path, epochs=3))
+    each_once(run)
+    staged = [e["staged"] for e in run["epochs"]]  # the run's, after each epoch
+    assert 0 < staged[0] < staged[1] == staged[2], staged
+    assert run["epochs"][2]["storage_bytes"] == 0
+
+
 def test_a_job_killed_mid_fill_and_restarted_at_once_reuses_what_was_complete(tmp_path):
     write_shards(tmp_path / "shards")
     progress = tmp_path / "progress"
