@@ -93,13 +93,15 @@ def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
             assert not stage.size and not free.size
             ra.consumed(b)
             continue
-        # read with this batch's misses, the staged samples cost no request (one may
-        # even bridge two), or one for each object read ahead
-        together = np.concatenate([reads, stage])
-        own = set(extents[0][reads].tolist())
+        # read with this batch's misses from the source (the disk tier's are read
+        # there), the staged samples cost no request (one may even bridge two), or one
+        # for each object read ahead
+        remote = reads[~on_disk[reads]]
+        together = np.concatenate([remote, stage])
+        own = set(extents[0][remote].tolist())
         ahead = set(extents[0][stage].tolist()) - own
         assert len(ahead) <= prefetch
-        assert _requests(extents, together, gap) <= _requests(extents, reads, gap) + sum(
+        assert _requests(extents, together, gap) <= _requests(extents, remote, gap) + sum(
             _requests(extents, stage[extents[0][stage] == o], gap) for o in ahead
         )
         assert not cached[stage].any()  # (a miss drawn again later may be staged for it)
