@@ -74,8 +74,8 @@ from hotset.systems import resolve_system  # noqa: E402
 #: "issue": issue 13's table (60,000 samples; the code before calibration and repetition);
 #: "h100-ec118e8": that commit's `hotset compare ... --model resnet18 --device cuda`,
 #: 55,000 samples, epochs 3-5 (hit ratio: epochs 2-5), the systems' older defaults;
-#: "h100-020cc2e": the same on that commit (the papers' defaults), means of the seeds in
-#: benchmarks/reference/h100-020cc2e.json (usable as ``--accuracy``)
+#: "h100-compare": the same on that commit (the papers' defaults), means of the seeds in
+#: benchmarks/reference/h100-compare.json (usable as ``--accuracy``)
 GPU_REFERENCE = {
     "issue": {
         ("lru", 0.2): (15.66, 0.022), ("minio", 0.2): (12.87, 0.200),
@@ -90,7 +90,7 @@ GPU_REFERENCE = {
         ("lru", 0.1): (14.68, 0.005), ("shade", 0.1): (11.61, 0.220),
         ("spider", 0.1): (11.95, 0.221),
     },
-    "h100-020cc2e": {
+    "h100-compare": {
         ("lru", 0.2): (14.22, 0.022), ("minio", 0.2): (11.68, 0.200),
         ("shade", 0.2): (8.38, 0.612), ("icache", 0.2): (8.20, 0.417),
         ("spider", 0.2): (13.14, 0.199),
@@ -290,7 +290,7 @@ def main() -> None:
                     help="for the systems whose sampler takes it (repeat)")  # fmt: skip
     ap.add_argument("--policy-option", action="append", metavar="KEY=VALUE")
     ap.add_argument("--name", default="io_bound_epoch", help="results/NAME.json")
-    ap.add_argument("--reference", choices=list(GPU_REFERENCE), default="h100-020cc2e",
+    ap.add_argument("--reference", choices=list(GPU_REFERENCE), default="h100-compare",
                     help="the GPU run to compare with")  # fmt: skip
     ap.add_argument("--rows", help="only recompute the table of this results JSON")
     ap.add_argument("--accuracy", metavar="COMPARE.json",

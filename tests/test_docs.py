@@ -1,6 +1,7 @@
-"""The docs a user reads: links that land, no history (issue numbers, commit hashes,
-dates) outside the benchmarks' "Measured on" statements, a benchmarks page short enough
-to read, and every command-line option with its help and default."""
+"""The docs a user reads: links that land, no history (no commit hashes; issue numbers
+and dates only in the benchmarks' "Measured on" statements and the CHANGELOG's release
+headings), a benchmarks page short enough to read, and every command-line option with
+its help and default."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "CHANG
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 ISSUE = re.compile(r"\bissues? ?#?\d+|(?<![\w&])#\d+\b", re.IGNORECASE)
+RELEASE = re.compile(r"## \d+\.\d+\.\d+ - 20\d\d-\d\d-\d\d$")
 LINK = re.compile(r"\]\(([\w./-]*\.md)?#([\w-]+)\)")
 
 
@@ -27,15 +29,16 @@ def _slug(heading: str) -> str:
 
 
 def _history(path: Path) -> list[str]:
-    """Lines that carry history outside a "Measured on" statement (which runs to the end
-    of its sentence)."""
+    """Lines that carry history: a commit hash anywhere, a date or an issue outside a
+    "Measured on" statement (which runs to the end of its sentence) or a release's
+    heading (``## 0.2.0 - 2026-12-06``)."""
     found, measured = [], False
     for n, line in enumerate(path.read_text().splitlines(), 1):
         measured = measured or "Measured on" in line
-        if not measured:
-            for pattern in (DATE, HASH, ISSUE):
-                if m := pattern.search(line):
-                    found.append(f"{path.name}:{n}: {m.group(0)!r} in {line.strip()[:80]}")
+        release = RELEASE.match(line) is not None
+        for pattern in (HASH,) if measured or release else (DATE, HASH, ISSUE):
+            if m := pattern.search(line):
+                found.append(f"{path.name}:{n}: {m.group(0)!r} in {line.strip()[:80]}")
         if measured and line.rstrip().endswith((".", ":", ")")):
             measured = False
     return found
@@ -49,9 +52,10 @@ def test_docs_hold_no_history(path):
 def test_the_history_check_finds_history(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("Fixed in issue 12 (commit 1fe1972, 2026-12-05).\n"
-                   "Measured on: 2026-12-05, 2 cores, commit 1fe1972.\n")  # fmt: skip
+                   "Measured on: 2026-12-05, 2 cores, commit 1fe1972.\n"
+                   "## 0.2.0 - 2026-12-05\n")  # fmt: skip
     found = _history(doc)
-    assert len(found) == 3 and all(f.startswith("doc.md:1:") for f in found)
+    assert len(found) == 4 and [f.split(":")[1] for f in found] == ["1", "1", "1", "2"]
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
