@@ -9,7 +9,8 @@ format (hotset: WebDataset tar; Streaming: MDS; LitData: its chunks), all on one
 S3-compatible server (moto's) behind ``DelayProxy``: ``--latency-ms`` a
 request, ``--bandwidth`` MB/s shared, each loader's requests in flight as its defaults
 have them (hotset reads ``make_loader("s3://...")`` as a user would). Every loader runs 8
-workers and batches of 64, and serves a sample as its first 1 KB (``streaming_run.head``),
+workers (persistent, as Streaming's runner has them) and batches of 64, and serves a
+sample as its first 1 KB (``streaming_run.head``),
 not decoded: the data path is what is measured (a JPEG decode costs the same in each).
 
 Each repetition runs, in turn:
@@ -30,7 +31,8 @@ hotset's with what opening the loader took (its tar index reads whole shards and
 them), the peers' with their downloads; ``later_source``: the later epochs' bytes;
 ``both_tiers``: hotset's steady hit ratio over RAM and disk; ``ratio_streaming`` /
 ``ratio_litdata`` / ``ratio_files``: a row's steady epoch over theirs in the same
-repetition (their row at the same disk budget); ``server_cpu_s``: the object store's and
+repetition (their row at the same disk budget); ``gets``: the GET requests a steady
+epoch sent over the wire; ``server_cpu_s``: the object store's and
 the wire's CPU seconds in a steady epoch (they share the loaders' cores).
 
     make peers && python benchmarks/disk_peers.py [--reps 2] [--samples 20000]
@@ -122,6 +124,10 @@ def source_bytes(wire: DelayProxy) -> int:
     return wire.stats().get("bytes_down", 0)
 
 
+def source_gets(wire: DelayProxy) -> int:
+    return wire.stats().get("gets", 0)
+
+
 def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
     """CPU seconds of the object store and the wire: on 2 cores they share the loaders'
     cores, and each request costs them CPU."""
@@ -131,6 +137,7 @@ def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
 def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: str,
                disk_dir: Path, disk_bytes: int, order: str = "paper") -> list[dict]:  # fmt: skip
     opened, start, opened_cpu = source_bytes(wire), time.perf_counter(), server_cpu(s3, wire)
+    opened_gets = source_gets(wire)
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
     out = []
@@ -138,11 +145,12 @@ def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: s
         "s3://bench/tar", storage_options=options, batch_size=64, system=system,
         cache_fraction=0.05, num_workers=8, input_field="jpg", target_field="cls",
         decode=head_of, epochs=epochs, seed=0, order=order,
-        disk_dir=disk_dir, disk_bytes=disk_bytes,
+        disk_dir=disk_dir, disk_bytes=disk_bytes, persistent_workers=True,
     ) as loader:  # fmt: skip
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             before = opened if epoch == 0 else source_bytes(wire)
+            gets = opened_gets if epoch == 0 else source_gets(wire)
             t = start if epoch == 0 else time.perf_counter()  # (opening read the index)
             cpu = opened_cpu if epoch == 0 else server_cpu(s3, wire)
             for _, _, ids in loader:
@@ -152,6 +160,7 @@ def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: s
             out.append({"epoch": epoch, "seconds": s, "samples": e.samples,
                         "both_tiers": (e.hits + e.disk_hits) / max(1, e.samples),
                         "source": (source_bytes(wire) - before) / data,
+                        "gets": source_gets(wire) - gets,
                         "server_cpu_s": server_cpu(s3, wire) - cpu})  # fmt: skip
     return out
 
@@ -161,14 +170,15 @@ def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[
     env = {**os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_DEFAULT_REGION": "eu-west-1",
            "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
            "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}  # fmt: skip
-    out, before, cpu = [], source_bytes(wire), server_cpu(s3, wire)
+    out, before, cpu, gets = [], source_bytes(wire), server_cpu(s3, wire), source_gets(wire)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("{"):
                 epoch, after, cpu_now = json.loads(line), source_bytes(wire), server_cpu(s3, wire)
+                gets_now = source_gets(wire)
                 out.append({**epoch, "source": (after - before) / data,
-                            "server_cpu_s": cpu_now - cpu})  # fmt: skip
-                before, cpu = after, cpu_now
+                            "gets": gets_now - gets, "server_cpu_s": cpu_now - cpu})  # fmt: skip
+                before, cpu, gets = after, cpu_now, gets_now
     if proc.returncode:
         raise SystemExit(f"peer run failed ({proc.returncode}): {' '.join(cmd)}")
     return out
@@ -176,13 +186,14 @@ def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[
 
 def run_plain(root: Path, epochs: int) -> list[dict]:
     files = LocalFiles(root, ".jpg", head_of_file)
-    loader = torch.utils.data.DataLoader(files, batch_size=64, shuffle=True, num_workers=8)
+    loader = torch.utils.data.DataLoader(files, batch_size=64, shuffle=True, num_workers=8,
+                                         persistent_workers=True)  # fmt: skip
     out = []
     for epoch in range(epochs):
         t = time.perf_counter()
         n = sum(len(y) for _, y in loader)
         out.append({"epoch": epoch, "seconds": time.perf_counter() - t, "samples": n,
-                    "source": 0.0, "server_cpu_s": 0.0})  # fmt: skip
+                    "source": 0.0, "gets": 0, "server_cpu_s": 0.0})  # fmt: skip
     return out
 
 
@@ -200,6 +211,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=100.0, help="MB/s")
     ap.add_argument("--peer-python", default=".venv-peers/bin/python")
     ap.add_argument("--dir", help="a directory on the disk to measure (default: a temp dir)")
+    ap.add_argument("--only", help="run the rows whose 'disk: loader' contains this")
     args = ap.parse_args()
     if not Path(args.peer_python).exists():
         raise SystemExit(f"{args.peer_python} missing: run `make peers` first")
@@ -260,6 +272,8 @@ def main() -> None:
                 ("30%", "streaming"): lambda: streaming(small),
             }  # fmt: skip
             for (disk, name), run in variants.items():
+                if args.only and args.only not in f"{disk}: {name}":
+                    continue
                 epochs = run()
                 for e in epochs:
                     print(json.dumps({"disk": disk, "loader": name, "rep": rep, **e}), flush=True)
@@ -269,6 +283,7 @@ def main() -> None:
                     "epoch_s": float(np.mean(steady)), "first_epoch_s": epochs[0]["seconds"],
                     "first_source": epochs[0]["source"],
                     "later_source": float(sum(e["source"] for e in epochs[1:])),
+                    "gets": float(np.mean([e["gets"] for e in epochs[1:]] or [epochs[0]["gets"]])),
                     "server_cpu_s": float(np.mean([e["server_cpu_s"] for e in epochs[1:]]
                                                   or [epochs[0]["server_cpu_s"]])),
                     "both_tiers": float(np.mean([e.get("both_tiers", np.nan)
@@ -290,7 +305,7 @@ def main() -> None:
         ("disk", "s"), ("loader", "s"), ("rep", "d"), ("epoch_s", ".2f"),
         ("ratio_streaming", ".2f"), ("ratio_litdata", ".2f"), ("ratio_files", ".2f"),
         ("first_epoch_s", ".2f"), ("first_source", ".3f"), ("later_source", ".3f"),
-        ("both_tiers", ".3f"), ("server_cpu_s", ".1f"), ("samples", "d"),
+        ("both_tiers", ".3f"), ("gets", ".0f"), ("server_cpu_s", ".1f"), ("samples", "d"),
     ], meta={"args": vars(args), "data_bytes": data})  # fmt: skip
 
 

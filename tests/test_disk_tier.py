@@ -135,16 +135,17 @@ def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path,
     assert data <= moved <= 1.05 * data, f"the fresh tier's job moved {moved} of {data}"
 
 
-def test_what_the_disk_tier_served_is_read_from_it_not_staged_ahead(tmp_path):
+def test_what_the_disk_tier_holds_is_read_from_it_not_staged_ahead(tmp_path):
     """Read-ahead stages later batches' samples with a batch's range requests while they
-    come from the source; once the disk tier served a sample, it is read from there: the
-    third epoch stages nothing more, every sample exact."""
+    come from the source; once the disk tier holds a sample, it is read from there (the
+    planner asks the tier's index): the later epochs stage nothing more, every sample
+    exact."""
     write_shards(tmp_path / "shards")
     run = finished(job(tmp_path, epochs=3))
     each_once(run)
     staged = [e["staged"] for e in run["epochs"]]  # the run's, after each epoch
-    assert 0 < staged[0] < staged[1] == staged[2], staged
-    assert run["epochs"][2]["storage_bytes"] == 0
+    assert 0 < staged[0] == staged[1] == staged[2], staged
+    assert run["epochs"][1]["storage_bytes"] == run["epochs"][2]["storage_bytes"] == 0
 
 
 def test_a_job_killed_mid_fill_and_restarted_at_once_reuses_what_was_complete(tmp_path):
@@ -446,3 +447,25 @@ def test_what_the_ram_tier_evicts_outlives_on_disk_what_it_never_admitted(tmp_pa
         rounds += 1
     assert tier.get_many(list(demoted)) == list(demoted.values())
     assert tier.get_many(list(never)) == [None] * len(never)
+
+
+def test_what_read_ahead_is_told_the_tier_holds_is_what_it_holds_as_it_evicts(tmp_path):
+    """``Storage.on_disk`` (read-ahead leaves those ids to the tier) answers what the
+    tier holds at each call: a sample put is held at once, and one whose segment the tier
+    evicted since is not, though it was held when last asked."""
+    from hotset.storage.on_disk import DiskTierStorage
+
+    write_shards(tmp_path / "shards")
+    source = hotset.open_storage(str(tmp_path / "shards"))
+    tier = DiskTier(tmp_path / "nvme", 4 * SEGMENT_MIN)
+    storage = DiskTierStorage(source, tier)
+    ids = np.arange(len(storage))
+    assert not storage.on_disk(ids).any()
+    storage.read_many([0, 1, 2])  # read from the source, then kept
+    assert np.flatnonzero(storage.on_disk(ids)).tolist() == [0, 1, 2]
+    rounds, key = 0, storage.manifest.keys[0]
+    while tier.contains(key):  # until evicted (contains marks no read: no second chance)
+        tier.put({f"r{rounds}-{i}": bytes([rounds % 256]) * 100_000 for i in range(8)})
+        rounds += 1
+    held = [tier.contains(k) for k in storage.manifest.keys.take(ids)]
+    assert storage.on_disk(ids).tolist() == held and not held[0]

@@ -60,15 +60,14 @@ def test_readahead_adds_no_request_keeps_its_budget_and_serves_each_stage_once(
     anyway; with it, at most ``prefetch`` requests more, each of an object a later batch
     needs. Either way the budget holds, each staged sample goes to the batches that ask
     for it (its first among them) and its entry is deleted once, after the last. A sample
-    the node's disk tier served last time is read where it is, never staged."""
+    the node's disk tier holds is read where it is, never staged."""
     extents, order = layout
     n = extents[0].size
     rng = np.random.default_rng(seed)
     sizes = extents[2] - extents[1] + 16
     cached = rng.random(n) < cached_share  # what the cache holds (never staged)
-    ra = ReadAhead(extents, sizes, gap, budget, lead, prefetch)
     on_disk = rng.random(n) < disk_share
-    ra.on_disk[on_disk] = True
+    ra = ReadAhead(extents, sizes, gap, budget, lead, prefetch, on_disk=lambda a: on_disk[a])
     ra.start_epoch(order, step)
     batches = -(-order.size // step)
     first_use: dict[int, int] = {}  # staged id -> the first batch it is staged for
@@ -250,8 +249,7 @@ def test_what_the_disk_tier_served_is_not_staged_ahead():
     assert ra.plan(0, np.array([0, 1]), lambda a: np.zeros(a.size, bool), 0)[0].tolist() == [
         2, 3, 4, 5, 6, 7]  # fmt: skip
     ra = ReadAhead((np.zeros(8, np.int64), starts, starts + 100), np.full(8, 100), 1 << 20,
-                   1 << 20)  # fmt: skip
-    ra.on_disk[[1, 4, 5]] = True
+                   1 << 20, on_disk=lambda a: np.isin(a, [1, 4, 5]))  # fmt: skip
     ra.start_epoch(np.arange(8), 2)
     stage, _ = ra.plan(0, np.array([0, 1]), lambda a: np.zeros(a.size, bool), 0)
     assert stage.tolist() == [2, 3, 6, 7]

@@ -424,7 +424,6 @@ class CachedDataset(Dataset):
             )
         served_ids = np.array(served, dtype=np.int64)
         stats.batches, stats.samples = 1, int(served_ids.size)
-        on_disk, off_disk = self.storage.disk_reads()
         report = PlanReport(
             stored=np.array([i for i in dict.fromkeys([*admitted, *fetched, *plan.loads.tolist()])
                              if i not in lost], np.int64),
@@ -432,7 +431,6 @@ class CachedDataset(Dataset):
             absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
             causes=causes[:3], requests=stats.storage_requests, wire_bytes=stats.wire_bytes,
             storage_s=stats.storage_wait_s, in_flight_s=stats.in_flight_s,
-            on_disk=np.array(on_disk, np.int64), off_disk=np.array(off_disk, np.int64),
         )  # fmt: skip
         # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
         # id and label arrays are pickled inline and become tensors in the loader.

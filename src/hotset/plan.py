@@ -149,9 +149,8 @@ class PlanReport:
     unreadable); ``absent`` — planned hits the store did not hold (or held wrong bytes);
     ``causes`` — why samples were skipped; ``requests``, ``wire_bytes``, ``storage_s`` —
     the storage requests it made, the bytes they moved and the seconds it waited for them
-    (``in_flight_s``: the requests' own seconds, summed, where the storage measures them);
-    ``on_disk`` / ``off_disk`` — the ids the node's disk tier served, and those read from
-    the source (``Storage.disk_reads``). Reports come back in the plans' order."""
+    (``in_flight_s``: the requests' own seconds, summed, where the storage measures them).
+    Reports come back in the plans' order."""
 
     stored: np.ndarray = field(default_factory=_empty)
     lost: np.ndarray = field(default_factory=_empty)
@@ -161,8 +160,6 @@ class PlanReport:
     wire_bytes: int = 0
     storage_s: float = 0.0
     in_flight_s: float = 0.0
-    on_disk: np.ndarray = field(default_factory=_empty)
-    off_disk: np.ndarray = field(default_factory=_empty)
 
 
 @runtime_checkable
@@ -392,7 +389,7 @@ class Planner:
         if extents is not None and readahead_bytes and ranks is None:
             self.readahead = ReadAhead(
                 extents, storage.sizes, storage.merge_gap, readahead_bytes,
-                prefetch=storage.concurrency,
+                prefetch=storage.concurrency, on_disk=storage.on_disk,
             )
 
     @property
@@ -484,9 +481,6 @@ class Planner:
             self.readahead.consumed(self._consumed - 1)
         if report is None:
             return
-        if self.readahead is not None:  # the disk tier's samples are read where they are
-            self.readahead.on_disk[report.on_disk] = True
-            self.readahead.on_disk[report.off_disk] = False
         if self.latency is not None:
             self.latency.observe(report.requests, report.wire_bytes, report.storage_s,
                                  report.in_flight_s)  # fmt: skip

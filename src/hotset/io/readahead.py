@@ -74,7 +74,9 @@ class ReadAhead:
     ``extents``: per sample its object, start and end byte; ``sizes``: the bytes each
     staged sample holds in the store; ``gap``: the largest gap a request reads through;
     ``lead``: the nearest batch (after the one planned) that a plan stages for;
-    ``prefetch``: objects a plan may read for later batches beside its own misses'."""
+    ``prefetch``: objects a plan may read for later batches beside its own misses';
+    ``on_disk``: which of some ids the node's disk tier holds (``Storage.on_disk``):
+    those are read where they are, never staged."""
 
     def __init__(
         self,
@@ -84,6 +86,7 @@ class ReadAhead:
         budget_bytes: int,
         lead: int = 1,
         prefetch: int = 0,
+        on_disk: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.objects, self.starts, self.ends = (np.asarray(a, np.int64) for a in extents)
         self.sizes = np.asarray(sizes, np.int64)
@@ -117,9 +120,7 @@ class ReadAhead:
         golden = np.modf((np.arange(n_obj) + 1) * _PHASE)[0]
         self._phase = FIRST_SHARE + (1 - FIRST_SHARE) * golden
         self._opened = np.zeros(n_obj, bool)  # objects read this epoch
-        # per id, whether the node's disk tier served its last read (the planner learns
-        # it from the reports): such a sample is read where it is, never staged ahead
-        self.on_disk = np.full(self.objects.size, False)
+        self._on_disk = on_disk or (lambda ids: np.zeros(len(ids), bool))
 
     def start_epoch(self, order: np.ndarray, step: int) -> None:
         """A new epoch's order (``step`` ids per global batch); nothing is staged."""
@@ -205,7 +206,8 @@ class ReadAhead:
         ``prefetch``, the plan also reads up to that many objects that no miss of its own
         touches, those the nearest later batches need first (``_upcoming``)."""
         misses = np.unique(np.asarray(misses, np.int64))
-        misses = misses[~self.on_disk[misses]]
+        if misses.size:
+            misses = misses[~self._on_disk(misses)]
         room = self.budget - self.outstanding
         if not self._order.size or not (misses.size or self.prefetch):
             return _NONE, _NONE
@@ -228,7 +230,9 @@ class ReadAhead:
         cand, cand_pos = cand[keep], pos[first[keep]]
         cand, cand_pos = self._anchored(misses, extra, cand, cand_pos)
         if cand.size:
-            keep = ~resident(cand) & ~self.on_disk[cand]
+            keep = ~resident(cand)
+            cand, cand_pos = cand[keep], cand_pos[keep]
+            keep = ~self._on_disk(cand) if cand.size else keep[:0]
             cand, cand_pos = cand[keep], cand_pos[keep]
             nearest = np.argsort(cand_pos, kind="stable")
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room
@@ -287,7 +291,8 @@ class ReadAhead:
         if not self.prefetch:
             return _NONE
         ids = self._order[after : after + max(self._step, int(room / self._mean_size))]
-        return ids[self._free(ids) & ~self.on_disk[ids]]
+        ids = ids[self._free(ids)]
+        return ids[~self._on_disk(ids)] if ids.size else ids
 
     def _pending_bytes(self, obj: int, after: int, width: int) -> int:
         """The bytes of ``obj``'s samples in its window from ``after`` on that nobody

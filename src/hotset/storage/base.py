@@ -181,11 +181,10 @@ class Storage(ABC):
         read it unthrottled)."""
         return None
 
-    def disk_reads(self) -> tuple[list[int], list[int]]:
-        """The ids this process read since the last call from the node's disk tier, and
-        those it read from the source (``storage/on_disk.py``; none without a tier): the
-        planner stages ahead only what the disk tier did not serve last time."""
-        return [], []
+    def on_disk(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` the node's disk tier holds now (``storage/on_disk.py``; none
+        without a tier): read-ahead leaves those to be read where they are."""
+        return np.zeros(len(ids), bool)
 
     def demoted(self, keys: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """The cache's policy evicted these samples from memory: the disk tier keeps

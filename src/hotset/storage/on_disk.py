@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from hotset.errors import ConfigError
 from hotset.storage.base import Storage
 from hotset.storage.torch_dataset import DatasetStorage
@@ -28,8 +30,8 @@ class DiskTierStorage(StorageWrapper):
         super().__init__(inner)
         self.tier = tier
         self.manifest = inner.manifest
-        self._on_disk: list[int] = []
-        self._off_disk: list[int] = []
+        self._held: np.ndarray | None = None  # per id, known held (``on_disk``)
+        self._evictions: bytes | None = None  # the tier's evictions when it was known
 
     @property
     def disk_counts(self) -> tuple[int, int, int]:
@@ -39,10 +41,23 @@ class DiskTierStorage(StorageWrapper):
         self.tier.close()
         self.inner.close()
 
-    def disk_reads(self) -> tuple[list[int], list[int]]:
-        out = self._on_disk, self._off_disk
-        self._on_disk, self._off_disk = [], []
-        return out
+    def on_disk(self, ids: np.ndarray) -> np.ndarray:
+        """Asks the tier's index for the ids not known held; what it holds is known until
+        the tier evicts (a wrong "held" would only leave a sample to be read from the
+        source when the tier lacks it, never serve other bytes)."""
+        ids = np.asarray(ids, np.int64)
+        if self._held is None:
+            self._held = np.zeros(len(self.manifest), bool)
+        ask = ids[~self._held[ids]]
+        held, evictions = self.tier.contains_many(list(self.manifest.keys.take(ask)))
+        if evictions != self._evictions:  # the known ones may have left: ask again
+            self._held[:] = False
+            if ask.size < ids.size:
+                ask = ids
+                held, evictions = self.tier.contains_many(list(self.manifest.keys.take(ask)))
+            self._evictions = evictions
+        self._held[ask[held]] = True
+        return self._held[ids]
 
     def demoted(self, keys: Sequence[str]) -> None:
         """The RAM tier's victims are the next by the system's measure (SHADE's lowest
@@ -59,8 +74,6 @@ class DiskTierStorage(StorageWrapper):
         keys = list(self.manifest.keys.take(ids))
         got = self.tier.get_many(keys)
         missed = [n for n, v in enumerate(got) if v is None]
-        self._off_disk += [ids[n] for n in missed]
-        self._on_disk += [i for i, v in zip(ids, got, strict=True) if v is not None]
         if missed:
             for n, data in zip(missed, self.inner.read_many([ids[n] for n in missed]),
                                strict=True):  # fmt: skip

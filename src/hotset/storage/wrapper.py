@@ -58,8 +58,8 @@ class StorageWrapper(Storage):
     def demoted(self, keys: Sequence[str]) -> None:
         self.inner.demoted(keys)
 
-    def disk_reads(self) -> tuple[list[int], list[int]]:
-        return self.inner.disk_reads()
+    def on_disk(self, ids: np.ndarray) -> np.ndarray:
+        return self.inner.on_disk(ids)
 
     def with_wire(self, wire) -> Storage | None:
         inner = self.inner.with_wire(wire)

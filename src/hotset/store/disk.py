@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import lmdb
+import numpy as np
 import xxhash
 
 from hotset.errors import ConfigError
@@ -250,9 +251,22 @@ class DiskTier:
             self._write_txn(self._mark)
 
     def contains(self, key: str) -> bool:
+        return bool(self.contains_many([key])[0][0])
+
+    def contains_many(self, keys: Sequence[str]) -> tuple[np.ndarray, bytes | None]:
+        """Which of ``keys`` the tier holds now (none where its index cannot be read),
+        and its count of evictions so far: entries leave the tier only by eviction (a
+        corrupt one aside), so a key held stays held while the count stays."""
         self._here()
-        with self._ix.env.begin() as txn:
-            return txn.get(key.encode(), db=self._ix.entries) is not None
+        try:
+            with self._ix.env.begin() as txn:
+                get, db = txn.get, self._ix.entries
+                held = np.array([get(k.encode(), db=db) is not None for k in keys], bool)
+                return held, get(_EVICTIONS, db=self._ix.meta)
+        except lmdb.Error as exc:
+            self.failures += 1
+            log.debug("disk tier %s: %s", self.path, exc)
+            return np.zeros(len(keys), bool), None
 
     # -- writes ------------------------------------------------------------------------
     def put(self, items: Mapping[str, bytes]) -> int:
