@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # name -> the module that defines it, imported on first use (PEP 562), so that the
 # control plane alone (``hotset simulate``) does not import torch, zmq or lmdb
