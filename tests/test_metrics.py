@@ -7,6 +7,7 @@ import re
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,26 @@ def test_service_exports_figures_per_job(fmnist_dir, tmp_path):
     assert got[("hotset_accesses", "sweep-a")] == 2 * len(storage)
     assert got[("hotset_hits", "sweep-a")] > 0
     assert got[("hotset_jobs", "all")] == 1.0 and got[("hotset_cached", "all")] > 0
+
+
+def test_the_monitoring_guides_examples_run_as_written(fmnist_dir, tmp_path, monkeypatch):
+    """docs/monitoring.md's TensorBoard and Prometheus blocks, run on a trained loader:
+    the event file holds a point per epoch, the endpoint serves the loader's counters."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "monitoring.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
+    tensorboard = next(b for b in blocks if "SummaryWriter" in b)
+    prometheus = next(b for b in blocks if "serve_prometheus" in b)
+    monkeypatch.chdir(tmp_path)
+    loader = trained_loader(fmnist_dir, 0)
+    exec(tensorboard, {"loader": loader, "epochs": 2})  # noqa: S102 - our own docs
+    events = EventAccumulator(str(tmp_path / "runs" / "shade"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("hotset/hit_ratio")] == [0, 1]
+    port = free_port()
+    scope = {"loader": loader}
+    exec(prometheus.replace("9100", str(port)).replace("...\n", "got = scrape(PORT)\n"),  # noqa: S102
+         {**scope, "scrape": scrape, "PORT": port}, scope)  # fmt: skip
+    loader.close()
+    assert scope["got"][("hotset_hits", "train")] == loader.counters()["hits"] > 0
