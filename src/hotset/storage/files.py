@@ -15,6 +15,7 @@ from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, S
 from hotset.ids import ids_within
 from hotset.io.reader import Retry, read_failure
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
+from hotset.storage.formats import FALLBACK, Format, register_format
 from hotset.storage.index_cache import cached_path
 from hotset.storage.manifest import (
     COLUMNS_MAGIC,
@@ -190,3 +191,7 @@ def mapped_manifest(fs: fsspec.AbstractFileSystem, mpath: str, info: dict) -> Ma
         return Manifest.from_json(fs.cat_file(mpath).decode(), mpath).to_columns()
 
     return _mapped("manifest", fs.unstrip_protocol(mpath), fingerprint, build, mpath)
+
+
+register_format(Format("files", FileStorage, marker=frozenset({MANIFEST_NAME})))
+register_format(Format(FALLBACK, FileStorage))  # class sub-folders of image files

@@ -1,5 +1,5 @@
-"""A path, URL or torch Dataset -> the Storage that reads it (``format=`` names one, else
-it is detected from what is there)."""
+"""A path, URL or torch Dataset -> the Storage that reads it (``format=`` names one of the
+registered formats, ``storage/formats.py``; else it is detected from what is there)."""
 
 from __future__ import annotations
 
@@ -14,35 +14,17 @@ import fsspec
 from hotset.errors import ConfigError, ShardError
 from hotset.io.reader import Retry, remote_call
 from hotset.storage.base import Storage
-from hotset.storage.manifest import MANIFEST_NAME
-
-FORMATS = ("files", "imagefolder", "tar", "parquet", "hf")
-
-
-def storage_class(fmt: str) -> type[Storage]:
-    if fmt in ("files", "imagefolder"):
-        from hotset.storage.files import FileStorage as cls
-    elif fmt == "tar":
-        from hotset.storage.tar import TarStorage as cls
-    elif fmt == "parquet":
-        from hotset.storage.parquet import ParquetStorage as cls
-    elif fmt == "hf":
-        from hotset.storage.parquet import ArrowStorage as cls
-    else:
-        raise ConfigError(f"format={fmt!r}: one of {FORMATS}")
-    return cls
+from hotset.storage.formats import by_suffix, formats, in_directory
 
 
 def detect_format(url: str | Sequence[str], storage_options: dict | None = None) -> str:
-    """What lies at ``url``: ``files`` (a ``manifest.json``), ``hf`` (``save_to_disk``),
-    ``tar`` / ``parquet`` (such files, or a directory or glob of them), else
-    ``imagefolder``."""
+    """The format of what lies at ``url``, by its name or the names in it
+    (``storage/formats.py``)."""
     if not isinstance(url, str):
         url = str(url[0])
-    name = url.rstrip("/").lower()
-    for ext, fmt in ((".tar", "tar"), (".parquet", "parquet")):
-        if name.endswith(ext) or name.endswith(ext + "}"):
-            return fmt
+    named = by_suffix(url)
+    if named is not None:
+        return named
     one_slash = re.match(r"^([a-z][a-z0-9+.-]+):/(?!/)", url)
     if one_slash:
         scheme = one_slash.group(1)
@@ -56,16 +38,10 @@ def detect_format(url: str | Sequence[str], storage_options: dict | None = None)
             raise ConfigError(f"{url}: {_missing(fs, url, root)}") from exc
         raise
     if not fs.isdir(root):
-        raise ConfigError(f"{url}: a file hotset cannot read; name its format= ({FORMATS})")
-    names = {posixpath.basename(p.rstrip("/")) for p in listing}
-    if MANIFEST_NAME in names:
-        return "files"
-    if "state.json" in names and "dataset_info.json" in names:
-        return "hf"
-    for ext, fmt in ((".tar", "tar"), (".parquet", "parquet")):
-        if any(n.endswith(ext) for n in names):
-            return fmt
-    return "imagefolder"
+        raise ConfigError(
+            f"{url}: a file hotset cannot read; name its format= ({', '.join(formats())})"
+        )
+    return in_directory(posixpath.basename(p.rstrip("/")) for p in listing)
 
 
 def _missing(fs: fsspec.AbstractFileSystem, url: str, root: str) -> str:
@@ -97,10 +73,11 @@ def open_storage(
         fmt = format or detect_format(url, storage_options)
         if storage_options:
             options["storage_options"] = storage_options
-        if fmt != "tar":
-            options.pop("keep", None)  # (only a tar set reads whole shards to index them)
+        known = formats().lookup(fmt)
+        if not known.indexes_whole:
+            options.pop("keep", None)
             options.pop("kept", None)
-        return storage_class(fmt)(url, **options)
+        return known.opens(url, **options)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         from hotset.storage.torch_dataset import DatasetStorage
 

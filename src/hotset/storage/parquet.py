@@ -32,6 +32,7 @@ from hotset.ids import ids_within
 from hotset.io.reader import Retry, transient
 from hotset.storage.base import TAG, Storage
 from hotset.storage.files import _version
+from hotset.storage.formats import Format, register_format
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
 from hotset.storage.records import check_fields, encode_record
 
@@ -325,3 +326,7 @@ class ArrowStorage(TableStorage):
         state = super().__getstate__()
         state["_batches"] = []
         return state
+
+
+register_format(Format("parquet", ParquetStorage, suffix=".parquet"))
+register_format(Format("hf", ArrowStorage, marker=frozenset({"state.json", "dataset_info.json"})))

@@ -41,6 +41,7 @@ from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.files import _version
+from hotset.storage.formats import Format, register_format
 from hotset.storage.index_cache import cached_index, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
 from hotset.storage.records import check_fields, encode_record, record_size
@@ -447,3 +448,6 @@ class TarStorage(FsspecStorage):
             raise MissingSampleError(i, self.describe(i), "shard not found", self.keys[i]) from exc
         why = read_failure(exc, self.retry)
         raise StorageError(i, self.describe(i), why, self.keys[i]) from exc
+
+
+register_format(Format("tar", TarStorage, suffix=".tar", indexes_whole=True))
