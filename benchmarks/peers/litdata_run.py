@@ -59,7 +59,8 @@ def epochs(args) -> None:
                "region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")}  # fmt: skip
     ds = Decoded(Dir(path=args.cache_dir, url=args.remote), shuffle=True, seed=args.seed,
                  max_cache_size=args.max_cache_size, storage_options=options)  # fmt: skip
-    loader = StreamingDataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
+    loader = StreamingDataLoader(ds, batch_size=args.batch_size, num_workers=args.workers,
+                                 persistent_workers=args.workers > 0)  # fmt: skip
     for epoch in range(args.epochs):
         start, seen, n = time.perf_counter(), set(), 0
         for _, _, idx in loader:
