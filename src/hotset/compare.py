@@ -1,8 +1,10 @@
 """`hotset compare`: the main job. Trains a model (a small CNN, or ResNet-18 on a GPU)
 through hotset for each system and cache fraction, reading the dataset from emulated
 remote storage, and reports hit ratio, storage reads, epoch time and test accuracy side by
-side (table, JSON, PNG). Decisions that watch accuracy (SHADE's bias guard, SpiderCache's
-accuracy monitor) see a validation split held out of the training set, never the test set."""
+side (table, JSON, PNG). The systems run interleaved, an epoch of each in turn, so that
+the machine's load falls on all alike. Decisions that watch accuracy (SHADE's bias guard,
+SpiderCache's accuracy monitor) see a validation split held out of the training set,
+never the test set."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import posixpath
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -203,6 +206,31 @@ def system_arguments(cfg: CompareConfig, name: str) -> dict:
 
 def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
     """Train from scratch with one system and cache size; returns the row of the table."""
+    return interleaved([train_epochs(cfg, name, fraction, test)])[0]
+
+
+def interleaved(runs: list[Generator[None, None, dict]]) -> list[dict]:
+    """Run ``runs`` an epoch at a time in turn, each round starting one further along,
+    so that the machine's load (a noisy neighbour, a busy core) falls on each alike and
+    not on whichever runs last; their rows, in order."""
+    rows: list[dict | None] = [None] * len(runs)
+    live = list(range(len(runs)))
+    turn = 0
+    while live:
+        for k in live[turn % len(live) :] + live[: turn % len(live)]:
+            try:
+                next(runs[k])
+            except StopIteration as done:
+                rows[k] = done.value
+        live = [k for k in live if rows[k] is None]
+        turn += 1
+    return rows  # type: ignore[return-value]
+
+
+def train_epochs(
+    cfg: CompareConfig, name: str, fraction: float, test
+) -> Generator[None, None, dict]:
+    """``train_one`` a step at a time: yields after each epoch, returns the row."""
     system = resolve_system(name)
     decode = cfg.decode()
     train, val = _train_and_validation(cfg, decode)
@@ -243,6 +271,7 @@ def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
                 test_accs.append(accuracy(model, *test))
             epoch_line(cfg, f"{name} {fraction:.0%}", epoch, epoch_times[-1],
                        hit_ratios[-1], reads[-1], test_accs[-1] if test_accs else None)  # fmt: skip
+            yield
         loader.planner.drain()  # graph importance: let the worker finish
         c = loader.counters()
         test_acc = test_accs[-1] if test_accs else None
@@ -668,14 +697,14 @@ def run_compare(
     python = peer_python(cfg.peer_python) if cfg.peers else None
     rows = []
     for seed in cfg.seeds or [cfg.seed]:
-        run = replace(cfg, seed=seed)
+        run, runs = replace(cfg, seed=seed), []
         for policy in cfg.policies:
             if policy == IN_MEMORY:
-                rows.append(train_in_memory(run, test))
+                runs.append(train_in_memory(run, test))
                 continue
-            for fraction in cfg.cache_fractions:
-                rows.append(train_one(run, policy, fraction, test))
-                log.info("%s at %.0f%%: %s", policy, 100 * fraction, rows[-1]["hit_ratio"])
+            runs += [train_epochs(run, policy, fraction, test) for fraction in cfg.cache_fractions]
+        systems = interleaved([r for r in runs if not isinstance(r, dict)])  # an epoch each
+        rows += [r if isinstance(r, dict) else systems.pop(0) for r in runs]
         for peer in cfg.peers:
             for fraction in cfg.cache_fractions:
                 rows.append(run_peer(run, peer, fraction, test, python))
