@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import hotset
+from hotset.io.readahead import STAGE
 
 
 def expected(shards: str) -> dict[str, tuple[np.ndarray, int]]:
@@ -34,7 +35,7 @@ def expected(shards: str) -> dict[str, tuple[np.ndarray, int]]:
 def main(cfg: dict) -> dict:
     truth = expected(cfg["shards"])
     progress = Path(cfg["progress"]) if cfg.get("progress") else None
-    batches, out = 0, {"epochs": []}
+    batches, out, in_ram = 0, {"epochs": []}, 0
     with hotset.make_loader(
         cfg["url"], batch_size=8, system=cfg.get("system", "lru"),
         cache_fraction=cfg.get("cache_fraction", 0.1), num_workers=2, seed=cfg.get("seed", 0),
@@ -52,17 +53,22 @@ def main(cfg: dict) -> dict:
                     assert torch.equal(x[k], torch.from_numpy(array)), f"sample {i}: wrong bytes"
                     assert int(y[k]) == label, f"sample {i}: wrong label"
                 seen += ids.tolist()
+                in_ram = max(in_ram, len(loader.dataset.store.list_keys(STAGE)))
                 loader.feedback(ids, torch.rand(len(ids)))
                 batches += 1
                 if progress is not None:
                     progress.write_text(str(batches))
             e = loader.epoch_stats[-1]
-            staged = loader.counters()["internal"].get("readahead_staged", 0)
+            internal = loader.counters()["internal"]  # (the run's, so far)
             out["epochs"].append({"served": seen, "storage_bytes": e.storage_bytes,
                                   "disk_hits": e.disk_hits, "hits": e.hits,
-                                  "staged": staged})  # fmt: skip  (the run's, so far)
+                                  "staged": internal.get("readahead_staged", 0),
+                                  "taken": internal.get("readahead_served", 0),
+                                  "staged_in_ram": in_ram})  # fmt: skip
         out["counters"] = {k: v for k, v in loader.counters().items() if k != "internal"}
         out["samples"] = len(paths)
+        out["ram_bytes"] = loader.dataset.store.capacity_bytes
+        out["cache_bytes"] = loader.budget["capacity_bytes"]
     return out
 
 

@@ -137,14 +137,18 @@ def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path,
 
 def test_what_the_disk_tier_holds_is_read_from_it_not_staged_ahead(tmp_path):
     """Read-ahead stages later batches' samples with a batch's range requests while they
-    come from the source; once the disk tier holds a sample, it is read from there (the
-    planner asks the tier's index): the later epochs stage nothing more, every sample
-    exact."""
+    come from the source, on the disk tier (the read put them there; none in the RAM
+    store, which holds the cache alone), and their batches take them from it; once the
+    tier holds a sample, it is read from there (the planner asks the tier's index): the
+    later epochs stage nothing more, every sample exact."""
     write_shards(tmp_path / "shards")
     run = finished(job(tmp_path, epochs=3))
     each_once(run)
     staged = [e["staged"] for e in run["epochs"]]  # the run's, after each epoch
     assert 0 < staged[0] == staged[1] == staged[2], staged
+    assert run["epochs"][0]["taken"] == staged[0]  # every staged sample taken, from disk
+    assert all(e["staged_in_ram"] == 0 for e in run["epochs"])
+    assert run["ram_bytes"] == run["cache_bytes"]  # no read-ahead beside the cache
     assert run["epochs"][1]["storage_bytes"] == run["epochs"][2]["storage_bytes"] == 0
 
 

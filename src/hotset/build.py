@@ -177,6 +177,8 @@ def make_loader(
             bytes at once, beside the cache's capacity (``io/readahead.py``; hotset's,
             not a paper's). Default: ``DEFAULT_READAHEAD`` of the dataset's bytes, at
             most 64 MiB (and what a given ``store`` holds beyond the capacity); 0: off.
+            With ``disk_dir`` the staged samples wait on the disk tier instead (the
+            read put them there), at most a quarter of ``disk_bytes`` by default.
             Not with ranks (``distributed``).
         cache_decoded: the cache holds samples decoded (arrays), not their encoded
             bytes: a hit costs no image decode, but each sample takes its decoded size
@@ -282,7 +284,7 @@ def make_loader(
             "initialise torch.distributed so that the ranks plan together"
         )
     owns_store = isinstance(store, str)
-    store = _sized_store(store, capacity, readahead, ranks)
+    store = _sized_store(store, capacity, 0 if storage.disk_capacity else readahead, ranks)
     # one dataset's entries: another job's planner on the same store never touches them
     namespace = dataset_namespace(storage.keys)
     store = NamespacedStore(store, namespace)
@@ -501,6 +503,8 @@ def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_
 
 #: the default read-ahead budget, as a share of the dataset's bytes (at most 64 MiB)
 DEFAULT_READAHEAD = 0.1
+#: with a disk tier, read-ahead stages on it: at most this share of its budget
+DISK_READAHEAD = 0.25
 
 
 def default_readahead_bytes(storage: Storage) -> int:
@@ -516,7 +520,8 @@ def _readahead_bytes(
     storage: Storage, given: int | None, ranks: RankGroup | None, store, capacity: int
 ) -> int:
     """The read-ahead budget: 0 where the storage's samples are not ranges of larger
-    objects or ranks plan together; the default fitted to a given store's spare bytes."""
+    objects or ranks plan together; the default fitted to a given store's spare bytes,
+    or with a disk tier (which stages then), ``DISK_READAHEAD`` of the tier."""
     if given is not None and (not isinstance(given, int | np.integer) or given < 0):
         raise ConfigError(f"readahead_bytes must be an int >= 0, got {given!r}")
     if storage.extents is None or ranks is not None:
@@ -524,6 +529,8 @@ def _readahead_bytes(
     if given is not None:
         return int(given)
     auto = default_readahead_bytes(storage)
+    if storage.disk_capacity:
+        return max(auto, int(DISK_READAHEAD * storage.disk_capacity))
     if not isinstance(store, str):
         auto = min(auto, max(store.capacity_bytes - capacity, 0))
     return auto

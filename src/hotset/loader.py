@@ -221,7 +221,8 @@ class CachedDataset(Dataset):
         as a write of this loader's workers lands (``Arrivals``), looking again every
         ``poll_s`` for another job's (the service's co-operative misses; ``None``: the
         writers are this loader's workers).
-        ``prefix``: of the entries' keys (``STAGE``: samples staged by read-ahead).
+        ``prefix``: of the entries' keys (``STAGE``: samples staged by read-ahead, which
+        with a disk tier are read from the tier, ``Storage.kept``).
         ``until``: stop waiting once it holds (after one more look): the writers are done.
         Returns the ids whose entry was wrong."""
         t = time.perf_counter()
@@ -229,10 +230,16 @@ class CachedDataset(Dataset):
         wrong, unpack = [], self.storage.from_entry
         pending = [i for i in ids if i not in got]
         keys = dict(zip(pending, self.keys.take(pending), strict=True))  # one pass, not one a key
+        on_disk = prefix == STAGE and self.storage.disk_capacity > 0
         while pending:
             seen = self.arrivals.seen()  # before the look: a write after it wakes the wait
             over = until is not None and until()
-            values = self.store.get_many([prefix + keys[i] for i in pending])
+            if on_disk:  # (checked by the tier: a wrong extent is a miss)
+                got.update((i, v) for i, v in zip(pending, self.storage.kept(pending),
+                                                  strict=True) if v is not None)  # fmt: skip
+                values = [None] * len(pending)
+            else:
+                values = self.store.get_many([prefix + keys[i] for i in pending])
             for i, v in zip(pending, values, strict=True):
                 if v is None:
                     continue
@@ -284,10 +291,14 @@ class CachedDataset(Dataset):
         return lost
 
     def _stage(self, ids: list[int], have: dict[int, bytes], stats: LoaderStats) -> None:
-        """Put the samples read ahead for later batches into the staging area."""
+        """Put the samples read ahead for later batches into the staging area (with a
+        disk tier: the read has put them there)."""
         keys, pack = self.keys, self.storage.to_entry
-        items = {STAGE + keys[i]: pack(keys[i], have[i]) for i in ids if i in have}
-        _, refused = self.store.put(items) if items else (0, [])
+        if self.storage.disk_capacity:
+            items, refused = dict.fromkeys(i for i in ids if i in have), []
+        else:
+            items = {STAGE + keys[i]: pack(keys[i], have[i]) for i in ids if i in have}
+            _, refused = self.store.put(items) if items else (0, [])
         self.arrivals.landed()
         stats.readahead_staged = len(items) - len(refused)
 
@@ -389,7 +400,8 @@ class CachedDataset(Dataset):
             lost_staged = self._staged_late(plan, late, got, stats)
             if lost_staged:
                 got.update(self._read_storage(lost_staged, stats, causes))
-        if plan.unstage.size:  # staged entries this batch was the last one for
+        # staged entries this batch was the last one for (a disk tier keeps its own)
+        if plan.unstage.size and not self.storage.disk_capacity:
             self.store.delete_many([STAGE + self.keys[i] for i in plan.unstage.tolist()])
             self.arrivals.landed()  # room freed
         lost = self._store_changes(plan, got, fetched, stats, causes)

@@ -150,6 +150,18 @@ class Storage(ABC):
         return ()
 
     @property
+    def disk_capacity(self) -> int:
+        """The node's disk tier's byte budget (``storage/on_disk.py``); 0: none. With a
+        tier, read-ahead stages there: what a read puts in the tier is what a later
+        batch takes (``kept``), and the RAM store holds the cache alone."""
+        return 0
+
+    def kept(self, ids: Sequence[int]) -> list[bytes | None]:
+        """The samples of ``ids`` the node's disk tier holds, read from it (checked
+        against their digests), None for the others; never the source."""
+        return [None] * len(ids)
+
+    @property
     def disk_counts(self) -> tuple[int, int, int]:
         """This process's samples read from the node's disk tier instead of the source,
         their bytes, and the tier's failures (writes the full disk refused, I/O errors):

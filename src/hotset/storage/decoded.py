@@ -68,6 +68,11 @@ class DecodedStorage(StorageWrapper):
     def read(self, i: int) -> bytes:
         return self.read_many([i])[0]
 
+    def kept(self, ids: Sequence[int]) -> list[bytes | None]:
+        ids = [int(i) for i in ids]
+        return [None if b is None else self._decoded(i, b)
+                for i, b in zip(ids, self.inner.kept(ids), strict=True)]  # fmt: skip
+
 
 def _turned(keys, identity: str):
     """Each key turned by a digest of ``identity``: one-to-one, vectorised for digests."""

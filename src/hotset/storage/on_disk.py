@@ -37,6 +37,13 @@ class DiskTierStorage(StorageWrapper):
     def disk_counts(self) -> tuple[int, int, int]:
         return self.tier.hits, self.tier.hit_bytes, self.tier.failures
 
+    @property
+    def disk_capacity(self) -> int:
+        return self.tier.capacity_bytes
+
+    def kept(self, ids: Sequence[int]) -> list[bytes | None]:
+        return self.tier.get_many(list(self.manifest.keys.take([int(i) for i in ids])))
+
     def close(self) -> None:
         self.tier.close()
         self.inner.close()

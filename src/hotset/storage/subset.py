@@ -29,6 +29,12 @@ class SubsetStorage(StorageWrapper):
     def read_many(self, ids: Sequence[int]) -> list[bytes]:
         return self.inner.read_many(self.indices[np.asarray(ids, np.int64)].tolist())
 
+    def on_disk(self, ids: np.ndarray) -> np.ndarray:
+        return self.inner.on_disk(self.indices[np.asarray(ids, np.int64)])
+
+    def kept(self, ids: Sequence[int]) -> list[bytes | None]:
+        return self.inner.kept(self.indices[np.asarray(ids, np.int64)].tolist())
+
     def describe(self, i: int) -> str:
         return self.inner.describe(int(self.indices[i]))
 

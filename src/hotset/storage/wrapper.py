@@ -82,6 +82,13 @@ class StorageWrapper(Storage):
         return self.inner.disk_counts
 
     @property
+    def disk_capacity(self) -> int:
+        return self.inner.disk_capacity
+
+    def kept(self, ids: Sequence[int]) -> list[bytes | None]:
+        return self.inner.kept(ids)
+
+    @property
     def sources(self) -> tuple[str, ...]:
         return self.inner.sources
 
