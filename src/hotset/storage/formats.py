@@ -5,6 +5,7 @@ registry detects it from what the path holds."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +43,7 @@ def register_format(fmt: Format) -> Format:
 
 def formats() -> Registry:
     """Every format, each storage module imported (so each has registered its own)."""
-    import hotset.storage as package
-
-    import_submodules(package.__name__, package.__path__)
+    import_submodules(__name__.rpartition(".")[0], [os.path.dirname(__file__)])
     return FORMATS
 
 
