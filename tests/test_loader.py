@@ -94,26 +94,6 @@ def test_two_workers_see_each_others_writes(fmnist_dir):
         loader.dataset.store.close(destroy=True)
 
 
-def test_workers_outlive_an_epoch_unless_told_not_to(fmnist_dir):
-    """Workers are started once and serve every epoch (their store and disk tier handles
-    stay open); ``persistent_workers=False`` starts them each epoch, as DataLoader does."""
-    storage = FileStorage(str(fmnist_dir / "train"))
-    for persistent in (None, False):
-        kwargs = {} if persistent is None else {"persistent_workers": persistent}
-        with make_loader(storage, batch_size=200, cache_fraction=0.2, num_workers=2,
-                         **kwargs) as loader:  # fmt: skip
-            pids = []
-            for epoch in range(2):
-                loader.set_epoch(epoch)
-                run_epoch(loader)
-                it = loader.dataloader._iterator
-                pids.append(sorted(w.pid for w in it._workers) if it is not None else None)
-            if persistent is None:
-                assert pids[0] == pids[1] and pids[0] is not None
-            else:
-                assert not loader.dataloader.persistent_workers and pids == [None, None]
-
-
 def test_lru_with_workers_keeps_budget_and_bytes(fmnist_dir):
     storage = FileStorage(str(fmnist_dir / "train"))
     loader = make_loader(

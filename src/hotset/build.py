@@ -243,10 +243,8 @@ def make_loader(
         with_ids: yield ``(inputs, targets, ids)`` (default) or ``(inputs, targets)``
             with the ids in ``loader.last_ids`` (``feedback(losses=...)`` uses them).
         **dataloader_kwargs: passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
-            ``prefetch_factor``, ...); hotset sets the batch sampler and collation
-            itself. ``persistent_workers`` defaults to True where there are workers
-            (each holds its store's and disk tier's handles across epochs);
-            ``persistent_workers=False`` starts them each epoch, as DataLoader does.
+            ``persistent_workers``, ``prefetch_factor``, ...); hotset sets the batch
+            sampler and collation itself.
     """
     args = dict(locals())  # (as given: a streamed first epoch makes the loader with them)
     sampler, policy, sampler_options = _parts(system, sampler, policy, sampler_options)

@@ -551,9 +551,6 @@ class HotsetLoader:
                 stacklevel=3,
             )
             dataloader_kwargs["pin_memory"] = False
-        # workers outlive an epoch unless told not to: each holds its store's and the disk
-        # tier's handles, which a fresh worker opens again every epoch
-        dataloader_kwargs.setdefault("persistent_workers", num_workers > 0)
         self.dataloader = DataLoader(
             dataset,
             batch_sampler=planner,
