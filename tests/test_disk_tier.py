@@ -473,3 +473,24 @@ def test_what_read_ahead_is_told_the_tier_holds_is_what_it_holds_as_it_evicts(tm
         rounds += 1
     held = [tier.contains(k) for k in storage.manifest.keys.take(ids)]
     assert storage.on_disk(ids).tolist() == held and not held[0]
+
+
+def test_a_tier_removed_and_made_again_in_one_process_is_the_new_one(tmp_path):
+    """``rm -rf`` of the tier between two loaders of one process (a notebook, a benchmark
+    that starts each run fresh): the new tier does not write into the removed files, and
+    a worker forked from it (which opens the index anew) finds what it holds."""
+    import shutil
+
+    from hotset.store.disk import _close_before_fork
+
+    first = DiskTier(tmp_path / "nvme", 4 * SEGMENT_MIN)
+    first.put({"old": b"o" * 1000})
+    first.close()
+    shutil.rmtree(tmp_path / "nvme")
+    tier = DiskTier(tmp_path / "nvme", 4 * SEGMENT_MIN)
+    assert tier.get_many(["old"]) == [None]
+    assert tier.put({"new": b"n" * 1000}) == 1
+    _close_before_fork()  # as a fork does: the next use opens the index from its files
+    assert tier.put({"newer": b"m" * 1000}) == 1
+    assert DiskTier(tmp_path / "nvme", 4 * SEGMENT_MIN).get_many(["new", "newer"]) == [
+        b"n" * 1000, b"m" * 1000]  # fmt: skip

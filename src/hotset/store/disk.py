@@ -103,10 +103,7 @@ class DiskTier:
         self.hits = self.misses = self.corrupt = self.failures = self.refused = 0
         self.hit_bytes = self.written_bytes = self.evicted = 0
         self._pid = -1
-        with self._ix.env.begin(write=True) as txn:
-            if txn.get(_NEXT, db=self._ix.meta) is None:
-                txn.put(_NEXT, b"0", db=self._ix.meta)
-                txn.put(_SEG_BYTES, b"0", db=self._ix.meta)
+        _forget_if_replaced(self.path)  # (removed and made again since this process looked)
         self._remove_orphans()
 
     # -- handles (one set per process: LMDB's must not cross a fork) -------------------
@@ -562,6 +559,7 @@ class _Index(NamedTuple):
     segs: object  # segment -> its bytes reserved
     hot: object  # keys read since written (CLOCK's bit)
     meta: object
+    inode: int  # the index directory's, when opened
 
 
 #: this process's index of each tier directory (LMDB forbids opening one twice in a
@@ -594,8 +592,27 @@ def _index(path: str, map_size: int) -> _Index:
         lease.own_private_dir(index)
         env = open_env()
     dbs = [env.open_db(name) for name in (b"entries", b"members", b"segments", b"hot", b"meta")]
-    ix = _INDEXES[path] = _Index(env, *dbs)
+    ix = _INDEXES[path] = _Index(env, *dbs, os.stat(index).st_ino)
+    with env.begin(write=True) as txn:  # a new tier
+        if txn.get(_NEXT, db=ix.meta) is None:
+            txn.put(_NEXT, b"0", db=ix.meta)
+            txn.put(_SEG_BYTES, b"0", db=ix.meta)
     return ix
+
+
+def _forget_if_replaced(path: str) -> None:
+    """Close this process's index of ``path`` if the directory was removed and made
+    again since it was opened: it would write into the removed files."""
+    ix = _INDEXES.get(path)
+    if ix is None:
+        return
+    try:
+        same = os.stat(os.path.join(path, "index")).st_ino == ix.inode
+    except FileNotFoundError:
+        same = False
+    if not same:
+        ix.env.close()
+        del _INDEXES[path]
 
 
 def _close_before_fork() -> None:
