@@ -120,12 +120,10 @@ def head_of_file(path: Path) -> np.ndarray:
     return head_of(path.read_bytes())
 
 
-def source_bytes(wire: DelayProxy) -> int:
-    return wire.stats().get("bytes_down", 0)
-
-
-def source_gets(wire: DelayProxy) -> int:
-    return wire.stats().get("gets", 0)
+def source_reads(wire: DelayProxy) -> tuple[int, int]:
+    """The bytes and GET requests the wire has carried from the source so far."""
+    stats = wire.stats()
+    return stats.get("bytes_down", 0), stats.get("gets", 0)
 
 
 def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
@@ -136,8 +134,7 @@ def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
 
 def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: str,
                disk_dir: Path, disk_bytes: int, order: str = "paper") -> list[dict]:  # fmt: skip
-    opened, start, opened_cpu = source_bytes(wire), time.perf_counter(), server_cpu(s3, wire)
-    opened_gets = source_gets(wire)
+    opened, start, opened_cpu = source_reads(wire), time.perf_counter(), server_cpu(s3, wire)
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
     out = []
@@ -149,18 +146,17 @@ def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: s
     ) as loader:  # fmt: skip
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            before = opened if epoch == 0 else source_bytes(wire)
-            gets = opened_gets if epoch == 0 else source_gets(wire)
+            before = opened if epoch == 0 else source_reads(wire)
             t = start if epoch == 0 else time.perf_counter()  # (opening read the index)
             cpu = opened_cpu if epoch == 0 else server_cpu(s3, wire)
             for _, _, ids in loader:
                 loader.feedback(ids, losses_of(ids))
             s = time.perf_counter() - t
-            e = loader.epoch_stats[-1]
+            e, after = loader.epoch_stats[-1], source_reads(wire)
             out.append({"epoch": epoch, "seconds": s, "samples": e.samples,
                         "both_tiers": (e.hits + e.disk_hits) / max(1, e.samples),
-                        "source": (source_bytes(wire) - before) / data,
-                        "gets": source_gets(wire) - gets,
+                        "source": (after[0] - before[0]) / data,
+                        "gets": after[1] - before[1],
                         "server_cpu_s": server_cpu(s3, wire) - cpu})  # fmt: skip
     return out
 
@@ -170,15 +166,15 @@ def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[
     env = {**os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_DEFAULT_REGION": "eu-west-1",
            "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
            "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}  # fmt: skip
-    out, before, cpu, gets = [], source_bytes(wire), server_cpu(s3, wire), source_gets(wire)
+    out, before, cpu = [], source_reads(wire), server_cpu(s3, wire)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("{"):
-                epoch, after, cpu_now = json.loads(line), source_bytes(wire), server_cpu(s3, wire)
-                gets_now = source_gets(wire)
-                out.append({**epoch, "source": (after - before) / data,
-                            "gets": gets_now - gets, "server_cpu_s": cpu_now - cpu})  # fmt: skip
-                before, cpu, gets = after, cpu_now, gets_now
+                epoch, after, cpu_now = json.loads(line), source_reads(wire), server_cpu(s3, wire)
+                out.append({**epoch, "source": (after[0] - before[0]) / data,
+                            "gets": after[1] - before[1],
+                            "server_cpu_s": cpu_now - cpu})  # fmt: skip
+                before, cpu = after, cpu_now
     if proc.returncode:
         raise SystemExit(f"peer run failed ({proc.returncode}): {' '.join(cmd)}")
     return out

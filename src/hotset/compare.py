@@ -204,11 +204,6 @@ def system_arguments(cfg: CompareConfig, name: str) -> dict:
     }  # fmt: skip
 
 
-def train_one(cfg: CompareConfig, name: str, fraction: float, test) -> dict:
-    """Train from scratch with one system and cache size; returns the row of the table."""
-    return interleaved([train_epochs(cfg, name, fraction, test)])[0]
-
-
 def interleaved(runs: list[Generator[None, None, dict]]) -> list[dict]:
     """Run ``runs`` an epoch at a time in turn, each round starting one further along,
     so that the machine's load (a noisy neighbour, a busy core) falls on each alike and
@@ -230,7 +225,8 @@ def interleaved(runs: list[Generator[None, None, dict]]) -> list[dict]:
 def train_epochs(
     cfg: CompareConfig, name: str, fraction: float, test
 ) -> Generator[None, None, dict]:
-    """``train_one`` a step at a time: yields after each epoch, returns the row."""
+    """Train from scratch with one system and cache size, yielding after each epoch
+    (``interleaved`` runs several in turn); returns the row of the table."""
     system = resolve_system(name)
     decode = cfg.decode()
     train, val = _train_and_validation(cfg, decode)

@@ -232,7 +232,7 @@ class ReadAhead:
         if cand.size:
             keep = ~resident(cand)
             cand, cand_pos = cand[keep], cand_pos[keep]
-            keep = ~self._on_disk(cand) if cand.size else keep[:0]
+            keep = ~self._on_disk(cand)
             cand, cand_pos = cand[keep], cand_pos[keep]
             nearest = np.argsort(cand_pos, kind="stable")
             fits = np.cumsum(self.sizes[cand[nearest]]) <= room

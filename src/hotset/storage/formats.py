@@ -5,6 +5,7 @@ registry detects it from what the path holds."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,8 +44,13 @@ def register_format(fmt: Format) -> Format:
 
 def formats() -> Registry:
     """Every format, each storage module imported (so each has registered its own)."""
-    import_submodules(__name__.rpartition(".")[0], [os.path.dirname(__file__)])
+    _import_storage_modules()
     return FORMATS
+
+
+@functools.cache
+def _import_storage_modules() -> None:
+    import_submodules(__name__.rpartition(".")[0], [os.path.dirname(__file__)])
 
 
 def by_suffix(name: str) -> str | None:
