@@ -31,23 +31,24 @@ N, SHARDS, FLOATS = 48, 3, 2500  # 48 samples of 10 KB in 3 shards
 JOB = Path(__file__).with_name("disk_job.py")
 
 
-def write_shards(root: Path, seed: int = 0, only: int | None = None) -> int:
-    """``N`` samples (a float32 array and a label) in ``SHARDS`` tar shards; ``only``:
+def write_shards(root: Path, seed: int = 0, only: int | None = None, n: int = N,
+                 shards: int = SHARDS, floats: int = FLOATS) -> int:  # fmt: skip
+    """``n`` samples (``floats`` float32 and a label) in ``shards`` tar shards; ``only``:
     rewrite that shard alone. Returns the arrays' bytes."""
     root.mkdir(parents=True, exist_ok=True)
-    per = N // SHARDS
-    for s in range(SHARDS):
+    per = n // shards
+    for s in range(shards):
         if only is not None and s != only:
             continue
         with tarfile.open(root / f"shard-{s:03d}.tar", "w") as tf:
             for k in range(s * per, (s + 1) * per):
                 buf = io.BytesIO()
-                np.save(buf, np.random.default_rng([seed, k]).standard_normal(FLOATS, np.float32))
+                np.save(buf, np.random.default_rng([seed, k]).standard_normal(floats, np.float32))
                 for field, data in (("npy", buf.getvalue()), ("cls", str(k % 3).encode())):
                     info = tarfile.TarInfo(f"s{k:04d}.{field}")
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
-    return N * FLOATS * 4
+    return n * floats * 4
 
 
 def job(tmp_path: Path, **cfg) -> subprocess.Popen:
@@ -81,10 +82,11 @@ def s3():
     server.stop()
 
 
-def on_s3_behind_a_wire(tmp_path: Path, s3, name: str):
-    """The shards on the S3 server under ``name``, and a wire in front of it that counts
-    its bytes: (the shards' bytes, their URL, the wire, the storage options through it)."""
-    write_shards(tmp_path / "shards")
+def on_s3_behind_a_wire(tmp_path: Path, s3, name: str, **shards):
+    """The shards (``write_shards``'s ``shards``) on the S3 server under ``name``, and a
+    wire in front of it that counts its bytes: (the shards' bytes, their URL, the wire,
+    the storage options through it)."""
+    write_shards(tmp_path / "shards", **shards)
     data = sum(p.stat().st_size for p in (tmp_path / "shards").iterdir())
     url = f"s3://disk-tier/{name}"
     s3.upload(tmp_path / "shards", url)
@@ -133,6 +135,29 @@ def test_a_fresh_disk_tier_fills_at_opening_though_the_index_is_cached(tmp_path,
     for epoch in other["epochs"]:
         assert epoch["storage_bytes"] == 0 and epoch["disk_hits"] >= N - epoch["hits"]
     assert data <= moved <= 1.05 * data, f"the fresh tier's job moved {moved} of {data}"
+
+
+def test_a_tier_smaller_than_the_data_fills_at_opening_only_as_far_as_it_has_room(
+    tmp_path, s3
+):
+    """The index cached, a fresh tier of a third of the data: opening reads whole only
+    the shards the tier has room for (more would evict those kept before them, and the
+    first epoch would read them all again: 2x the data), so opening and the first epoch
+    together read the data about once (1.16x measured: the epoch's own reads fill the
+    tier, evicting some of what opening kept); every sample exact, once."""
+    data, url, wire, options = on_s3_behind_a_wire(
+        tmp_path, s3, "small-tier", n=96, shards=6, floats=25_000)  # 6 shards of 1.6 MB
+    try:
+        finished(job(tmp_path, url=url, storage_options=options, epochs=1))  # the index
+        before = wire.stats()["bytes_down"]
+        small = finished(job(tmp_path, url=url, storage_options=options, epochs=1,
+                             disk_dir=str(tmp_path / "small"), disk_bytes=data // 3))  # fmt: skip
+        moved = wire.stats()["bytes_down"] - before
+    finally:
+        wire.stop()
+    each_once(small)
+    assert small["epochs"][0]["disk_hits"] > 0  # (what opening kept was served from disk)
+    assert moved <= 1.3 * data, f"opening and an epoch moved {moved} bytes of {data}"
 
 
 def test_what_the_disk_tier_holds_is_read_from_it_not_staged_ahead(tmp_path):

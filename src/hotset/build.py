@@ -40,7 +40,7 @@ from hotset.storage.open import detect_format, open_storage
 from hotset.storage.tar_spool import ShardSpool
 from hotset.store import Store, make_store
 from hotset.store.base import NamespacedStore
-from hotset.store.disk import open_disk_tier
+from hotset.store.disk import OpeningFill, open_disk_tier
 from hotset.store.shared import SharedStore
 from hotset.store.tiered import PREFIX as TIERED
 from hotset.store.tiered import TieredStore
@@ -260,7 +260,7 @@ def make_loader(
     tier = open_disk_tier(disk_dir, disk_bytes)
     fields = {"input_field": input_field, "target_field": target_field,
               "keep": None if tier is None else tier.put,
-              "kept": None if tier is None else tier.contains}  # fmt: skip
+              "wants": None if tier is None else OpeningFill(tier)}  # fmt: skip
     storage = open_storage(storage, format, storage_options,
                            **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
     if tier is not None:

@@ -24,7 +24,7 @@ class Format:
     of ``open_storage``, ``storage_options`` among them). Detection: a path ending in
     ``suffix`` (a file, or a glob of them), or a directory holding such files, or one
     holding every name of ``marker`` (markers are tried first). ``indexes_whole``: it
-    takes ``keep=`` / ``kept=`` (it reads whole objects to index them: the node's disk
+    takes ``keep=`` / ``wants=`` (it reads whole objects to index them: the node's disk
     tier keeps those bytes)."""
 
     name: str

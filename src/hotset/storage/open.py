@@ -76,7 +76,7 @@ def open_storage(
         known = formats().lookup(fmt)
         if not known.indexes_whole:
             options.pop("keep", None)
-            options.pop("kept", None)
+            options.pop("wants", None)
         return known.opens(url, **options)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         from hotset.storage.torch_dataset import DatasetStorage

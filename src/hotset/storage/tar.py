@@ -253,10 +253,10 @@ class TarStorage(FsspecStorage):
     local, 100 MB/s shared by ``concurrency`` requests) its prior. ``concurrency``: range
     requests in flight per process (default: 32 on an object store, 8 on local files);
     ``node_concurrency``: in flight across the processes (``FsspecStorage``). ``keep``:
-    called with the records (by key) of each remote shard read whole to index it (the
-    disk tier keeps them, so they are not read again); ``kept``: whether a key is kept
-    already: a remote shard whose index is cached but whose first sample is not kept is
-    read whole too (a fresh disk tier fills as it would with the index cold)."""
+    called with the records (by key) of a remote shard read whole (the disk tier keeps
+    them, so they are not read again) where ``wants(first key, bytes)`` says so (the
+    tier lacks them and has room): a shard read whole to index it, and one whose index is
+    cached, read whole for it (a fresh disk tier fills as it would with the index cold)."""
 
     content_keyed = False
 
@@ -273,10 +273,10 @@ class TarStorage(FsspecStorage):
         input_field: str | Sequence[str] | None = None,
         target_field: str | Sequence[str] | None = None,
         keep: Callable[[dict[str, bytes]], object] | None = None,
-        kept: Callable[[str], bool] | None = None,
+        wants: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.storage_options = dict(storage_options or {})
-        self._keep, self._kept = keep, kept
+        self._keep, self._wants = keep, wants
         self.retry = retry or Retry()
         fs, self.urls, self._paths = locate_shards(url, self.storage_options, self.retry)
         self.concurrency = concurrency_for(fs, concurrency)
@@ -355,7 +355,9 @@ class TarStorage(FsspecStorage):
                 data = read_whole()
                 samples = index_shard(io.BytesIO(data), url)
                 if self._keep is not None:  # its samples, read already: not read again
-                    self._keep(shard_records(data, shard_arrays(url, samples, version)))
+                    arrays = shard_arrays(url, samples, version)
+                    if self._wanted(arrays["keys"], len(data)):
+                        self._keep(shard_records(data, arrays))
                     built.append(url)
             else:  # large blocks, read ahead: a few requests a shard
 
@@ -372,10 +374,13 @@ class TarStorage(FsspecStorage):
         built: list[str] = []
         arrays = load_index(cached_index(INDEX_KIND, url, version, build))
         keys = arrays["keys"]
-        if (whole and not built and self._keep is not None and self._kept is not None
-                and keys.size and not self._kept(str(keys[0]))):  # fmt: skip
+        if whole and not built and self._keep is not None and self._wanted(keys, size or 0):
             self._keep(shard_records(read_whole(), arrays))  # the index cached, not the bytes
         return arrays
+
+    def _wanted(self, keys: np.ndarray, nbytes: int) -> bool:
+        """Whether a shard of ``keys`` read whole (``nbytes``) is to be kept."""
+        return bool(keys.size) and (self._wants is None or self._wants(str(keys[0]), nbytes))
 
     def _call(self, url: str, call: Callable[[], T]) -> T:
         return remote_call(self._fs, url, call, self.retry, self._count_retry)

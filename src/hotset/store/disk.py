@@ -552,6 +552,30 @@ def open_disk_tier(
     return DiskTier(disk_dir, int(disk_bytes))
 
 
+class OpeningFill:
+    """Whether opening a loader reads a remote shard whole to keep it on ``tier`` (a tar
+    storage's ``wants``, asked with the shard's first key and its bytes): its samples not
+    held yet, and its bytes within the room the tier had free at the first ask. A shard
+    read whole past that room would only evict one kept before it, and the first epoch
+    would read both again."""
+
+    def __init__(self, tier: DiskTier) -> None:
+        self.tier = tier
+        self._room: int | None = None
+        self._lock = threading.Lock()  # (shards are indexed on threads)
+
+    def __call__(self, first_key: str, nbytes: int) -> bool:
+        if self.tier.contains(first_key):
+            return False
+        with self._lock:
+            if self._room is None:
+                self._room = self.tier.capacity_bytes - self.tier.used_bytes
+            if nbytes > self._room:
+                return False
+            self._room -= nbytes
+            return True
+
+
 class _Index(NamedTuple):
     env: lmdb.Environment
     entries: object  # key -> entry
