@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 install: $(VENV)/.installed
 
-# what the demo runs, alone (hotset without extras: requirements-runtime.lock)
+# what the demo runs, alone (hotset and its [plot] extra: requirements-runtime.lock)
 $(VENV)/.runtime: pyproject.toml requirements-runtime.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0

@@ -1,6 +1,6 @@
-"""The runtime lock: the packages ``pip install hotset`` (no extras) needs, at the versions
-of the tested lock (``requirements.lock``), found by walking the installed package's
-requirements. ``make demo`` installs it alone; ``make lock`` writes it.
+"""The runtime lock: the packages ``pip install 'hotset[plot]'`` needs (the demo draws its
+picture), at the versions of the tested lock (``requirements.lock``), found by walking the
+installed package's requirements. ``make demo`` installs it alone; ``make lock`` writes it.
 
     python scripts/runtime_lock.py > requirements-runtime.lock
 """
@@ -13,8 +13,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 from packaging.requirements import Requirement
 
 HEADER = """\
-# The runtime set: what `make demo` installs (hotset without extras), at the versions of
-# requirements.lock; torch is installed apart. Regenerate with `make lock`.
+# The runtime set: what `make demo` installs (hotset and its [plot] extra), at the versions
+# of requirements.lock; torch is installed apart. Regenerate with `make lock`.
 """
 
 
@@ -22,12 +22,13 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def closure(root: str) -> dict[str, str]:
-    """Every distribution ``root`` needs (markers evaluated here, no extras), by name."""
+def closure(root: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every distribution ``root`` (with its ``extras``) needs, by name: markers
+    evaluated here, no extras of the others."""
     seen: dict[str, str] = {}
-    todo = [root]
+    todo = [(root, extras)]
     while todo:
-        name = todo.pop()
+        name, wanted = todo.pop()
         try:
             dist = distribution(name)
         except PackageNotFoundError:
@@ -38,13 +39,15 @@ def closure(root: str) -> dict[str, str]:
         seen[key] = f"{dist.metadata['Name']}=={dist.version}"
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
+            if req.marker is None or any(
+                req.marker.evaluate({"extra": e}) for e in ("", *wanted)
+            ):
+                todo.append((req.name, ()))
     return seen
 
 
 def main() -> None:
-    pins = closure("hotset")
+    pins = closure("hotset", ("plot",))
     # hotset itself, torch (installed apart: its CPU build), and what `pip freeze` leaves
     # out of requirements.lock
     for name in ("hotset", "torch", "pip", "setuptools", "wheel"):

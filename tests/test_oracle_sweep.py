@@ -112,3 +112,27 @@ def test_cli_record_and_sweep(fmnist_dir, tmp_path):
         ).stdout
     )
     assert doc["policy"] == "app" and doc["dataset_size"] == 1000 - held_out
+
+
+def test_without_matplotlib_the_tables_are_written_and_the_picture_says_how(
+    tmp_path, monkeypatch, capsys
+):
+    """matplotlib is the ``[plot]`` extra: without it a sweep's rows are still returned
+    and written, its picture is left out with a line naming the extra, and hotset's
+    modules import without it."""
+    import subprocess
+    import sys
+
+    from hotset.plotting import written
+    from hotset.sim.sweep import plot_sweep
+
+    rows = sweep(synthetic_oracle(n=500, epochs=2), ["lru", "shade"], [0.2], epochs=2)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (its import then fails)
+    plot_sweep(rows, tmp_path / "sweep.png")
+    assert not (tmp_path / "sweep.png").exists()
+    assert "pip install 'hotset[plot]'" in capsys.readouterr().err
+    (tmp_path / "sweep.json").write_text(json.dumps(rows))
+    assert written(tmp_path, "sweep") == f"{tmp_path / 'sweep'}.json"
+    code = ("import sys, hotset, hotset.compare, hotset.cli, hotset.sim.sweep; "
+            "assert 'matplotlib' not in sys.modules")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)

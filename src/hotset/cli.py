@@ -13,6 +13,7 @@ import numpy as np
 
 from hotset import __version__
 from hotset.errors import ConfigError, HotsetError
+from hotset.plotting import written
 from hotset.service.modes import ALLOCATION, SAMPLING
 
 DEFAULT_DATA = os.environ.get("HOTSET_DATA", "data/fashion-mnist")
@@ -197,7 +198,7 @@ def _write_rows(rows: list[dict], table, plot, out_dir: str, name: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
     plot(rows, out / f"{name}.png")
-    print(f"wrote {out / (name + '.json')} and {out / (name + '.png')}")
+    print(f"wrote {written(out, name)}")
 
 
 def cmd_simulate_jobs(args: argparse.Namespace) -> None:

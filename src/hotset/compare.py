@@ -29,6 +29,7 @@ from hotset.compare_peers import PEERS, check_peers, peer_note, peer_python, tra
 from hotset.errors import ConfigError
 from hotset.feedback import per_sample_loss
 from hotset.models import accuracy, make_model, model_factory, resolve_device
+from hotset.plotting import pyplot, written
 from hotset.policy import POLICIES
 from hotset.sampling import SAMPLERS
 from hotset.sim.oracle import LossOracle
@@ -628,10 +629,9 @@ def plot(rows: list[dict], path: Path, cfg: CompareConfig | None = None) -> None
     """Hit ratio per epoch, steady epoch time and storage wait (from epoch 3) per system
     and cache size, and test accuracy against training time (one line per system and
     cache size, the seeds' mean), the setup as a subtitle."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     runs: dict[str, list[dict]] = {}
     for r in rows:
@@ -717,7 +717,7 @@ def run_compare(
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.json").write_text(json.dumps(rows, indent=2))
         plot(rows, out / "compare.png", cfg)
-        print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
+        print(f"wrote {written(out, 'compare')}")
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(rows, indent=2))

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.plotting import pyplot
 from hotset.policy.base import make_policy
 from hotset.sampling.dsa import DependentSampling
 
@@ -160,10 +161,9 @@ def format_jobs_table(rows: list[dict]) -> str:
 
 def plot_jobs(rows: list[dict], path) -> None:
     """Misses vs cache size, one panel per case, one line per sampler + policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     cases = list(dict.fromkeys(r["case"] for r in rows))
     cols = min(5, len(cases))

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.plotting import pyplot
 from hotset.sim.oracle import LossOracle
 from hotset.sim.simulate import simulate
 from hotset.storage import FileStorage
@@ -84,10 +85,9 @@ def format_sweep(rows: list[dict]) -> str:
 
 
 def plot_sweep(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot(path)
+    if plt is None:
+        return
 
     fractions = sorted({r["cache_fraction"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
