@@ -271,6 +271,7 @@ def make_loader(
     storage, decode, budget = _what_is_cached(
         storage, decode, size, mode, cache_decoded, capacity, readahead
     )
+    given_policy_options = policy_options  # (what a state is checked against)
     if ranks is not None:
         num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
         sampler_options, policy_options = _deterministic(
@@ -317,7 +318,7 @@ def make_loader(
             "hotset": _version(), "dataset": namespace, "samples": len(storage),
             "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
             "sampler": sampler, "sampler_options": _digest(sampler_options),
-            "policy": policy, "policy_options": _digest(policy_options),
+            "policy": policy, "policy_options": _digest(given_policy_options),
             "capacity_bytes": capacity, "cache_decoded": bool(cache_decoded),
             "order": order if order == "paper" else f"{order}/{block_size}",
             "world": ranks.world if ranks is not None else num_replicas,

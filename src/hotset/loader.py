@@ -795,9 +795,11 @@ class HotsetLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; one saved by a loader of other arguments (dataset,
-        batch size, system, options, world size, hotset version) is refused, naming them:
-        it would skip or repeat samples. A state that is not one (edited, forged, of another
-        program) is a ``ConfigError`` saying so."""
+        batch size, system, options, hotset version) is refused, naming them: it would skip
+        or repeat samples. A job of another number of ranks (torch.distributed, or one
+        process) loads it: the rest of the saved epoch is served once across its ranks
+        (``Planner._recut``; docs/reliability.md). A state that is not one (edited,
+        forged, of another program) is a ``ConfigError`` saying so."""
         try:
             state = from_safe(state)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -810,10 +812,12 @@ class HotsetLoader:
             return
         if self.fits is not None:
             saved = state.get("fits") or {}
+            # one global plan (ranks, or one process) carries over to any number of ranks
+            elastic = {"world", "rank"} if _global(saved) and _global(self.fits) else set()
             diff = [
                 f"{k}: saved {saved.get(k)!r}, this loader {v!r}"
                 for k, v in self.fits.items()
-                if saved.get(k) != v
+                if saved.get(k) != v and k not in elastic
             ]
             if diff:
                 raise ConfigError(
@@ -837,6 +841,13 @@ class HotsetLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+def _global(fits: dict) -> bool:
+    """Whether a loader of ``fits`` plans the job's global list: its ranks together
+    (torch.distributed), or one process alone; not one replica of several planning its
+    own part (``num_replicas`` without torch.distributed)."""
+    return fits.get("rank") is None or fits.get("world") == 1
+
 
 def _refuse_planner_args(kwargs: dict) -> None:
     """DataLoader arguments the plan decides: refused, naming the first given."""

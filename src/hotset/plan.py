@@ -113,17 +113,17 @@ def _plan_fields(plan: BatchPlan) -> dict:
 
 
 def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
-    """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (a
-    batch that does not divide evenly is padded by wrapping, as ``DistributedSampler``
-    pads an epoch). It writes the admissions and fetches it ``owners``, after applying
+    """Rank ``rank``'s part of a global plan: positions ``rank, rank + world, ...`` (an
+    epoch's order is padded to whole ranks, ``Planner._start_epoch``; the rest of one
+    resumed on another number of ranks may end in a batch whose first ranks take one
+    sample more). It writes the admissions and fetches it ``owners``, after applying
     all of the plan's deletions (every rank does: deleting is idempotent, and a rank's
     writes then never find the store full of what a slower rank has yet to delete, which
     would make what the cache holds depend on the ranks' timing); rank 0 puts the
     packages it loads. A hit on what another
     rank writes in this very plan is read from storage instead (that write may not have
     landed)."""
-    n = plan.ids.size
-    pos = np.arange(rank, -(-n // world) * world, world) % max(n, 1)
+    pos = np.arange(rank, plan.ids.size, world)
     ids = plan.ids[pos]
     written = np.concatenate([plan.admitted, plan.fetch])
     ours = owners(written, plan.ids, world) == rank
@@ -345,6 +345,7 @@ class Planner:
         self._order_epoch = -1  # which epoch that is
         self._consumed = 0  # its batches the loader handed to the training loop
         self._resume: tuple[int, np.ndarray, int] | None = None  # epoch, order, consumed
+        self._pad = 0  # ids the order of ``_order`` or ``_resume`` ends in that pad it
         self.phantoms = 0  # residents forgotten: the store lacked them, or never would hold them
         self.refilled = 0  # residents read back from the source after a state was loaded
         self._loaded = False  # a state was loaded: the next reconciliation refills
@@ -657,19 +658,22 @@ class Planner:
             if trained is not None:
                 consumed = min(consumed, int(trained))
             made = [p for p in self._made if p.index >= consumed]
+            pad = self._pad
             if self._resume is not None and self._resume[0] == epoch:
                 _, order, consumed = self._resume  # loaded, not yet served: as loaded
                 made = self._replay
             elif self._order_epoch != epoch:
-                order, consumed = _EMPTY, 0  # set_epoch moved on: the epoch has not begun
+                order, consumed, pad = _EMPTY, 0, 0  # set_epoch moved on: not begun
             elif consumed >= self._batches(order):
-                epoch, order, consumed = epoch + 1, _EMPTY, 0  # over: the next one is due
+                epoch, order, consumed, pad = epoch + 1, _EMPTY, 0, 0  # over: the next is due
             if not order.size or (made and made[0].index != consumed):
                 made = []  # (fetched ahead of ``trained`` further than kept: planned again)
             return {
                 "epoch": epoch,
                 "order": order.copy(),
                 "consumed": consumed,
+                "world": self.world,  # (the ranks it was cut for, and the ids that pad it)
+                "padded": pad,
                 # (a package's bytes stay out: a resumed worker reads them from the source)
                 "made": [{**_plan_fields(p), "package": ()} for p in made],
                 "sampler": self.sampler.state_dict(),
@@ -680,7 +684,7 @@ class Planner:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next ``__iter__`` serves exactly the rest of the
         saved epoch, in its order."""
-        order, consumed, replay = self._checked(state)
+        order, consumed, replay, pad = self._checked(state)
         with self.lock:
             self._release_all()
             self.sampler.load_state_dict(state["sampler"])
@@ -689,17 +693,18 @@ class Planner:
                 self.policy.attach_scores(self.sampler.board)
             for k, v in state["counters"].items():
                 setattr(self, k, v)
-            self._replay = replay
+            self._replay, self._pad = replay, pad
             if order.size:
                 self._resume = (int(state["epoch"]), order, consumed)
             self._loaded = True
 
-    def _checked(self, state: dict) -> tuple[np.ndarray, int, list[BatchPlan]]:
-        """The state's order, consumed batches and saved plans, checked against each
-        other and the dataset before any of it is used: an edited or forged state is a
-        ``ConfigError`` naming what does not fit, never samples skipped, repeated or out
+    def _checked(self, state: dict) -> tuple[np.ndarray, int, list[BatchPlan], int]:
+        """The state's order, consumed batches, saved plans and padding, checked against
+        each other and the dataset before any of it is used: an edited or forged state is
+        a ``ConfigError`` naming what does not fit, never samples skipped, repeated or out
         of range. The plans' package bytes are dropped (a resumed worker reads those
-        samples from the source)."""
+        samples from the source). A state of another number of ranks is re-cut
+        (``_recut``)."""
 
         def bad(what: str) -> ConfigError:
             return ConfigError(f"this state cannot be loaded: {what} (was it edited, or "
@@ -717,12 +722,20 @@ class Planner:
             return a
 
         order = ids_of(state["order"], "its order")
-        consumed = state["consumed"]
+        consumed, world, pad = state["consumed"], state["world"], state["padded"]
+        if not isinstance(world, int | np.integer) or world < 1:
+            raise bad(f"world={world!r} is not a number of ranks")
+        step = self.batch_size * int(world)
         if not isinstance(consumed, int | np.integer) or not (
-            0 <= consumed <= self._batches(order)
+            0 <= consumed <= -(-order.size // step)
         ):  # fmt: skip
             raise bad(f"consumed={consumed!r} is not a batch count of its order")
-        step, names, replay = self.batch_size * self.world, {f.name for f in fields(BatchPlan)}, []
+        if not isinstance(pad, int | np.integer) or not 0 <= pad < world or pad > order.size:
+            raise bad(f"padded={pad!r} is not a padding of its order for {world} ranks")
+        if world != self.world:
+            rest, pad = self._recut(order[int(consumed) * step : order.size - int(pad)])
+            return rest, 0, [], pad
+        names, replay = {f.name for f in fields(BatchPlan)}, []
         for k, saved in enumerate(state.get("made", ())):
             if not isinstance(saved, dict) or not set(saved) <= names:
                 raise bad(f"saved plan {k} is not a plan")
@@ -738,7 +751,23 @@ class Planner:
                     or not np.array_equal(drawn, order[at * step : (at + 1) * step])):  # fmt: skip
                 raise bad(f"saved plan {k} is not batch {at} of its order")
             replay.append(plan)
-        return order, int(consumed), replay
+        return order, int(consumed), replay, int(pad)
+
+    def _recut(self, rest: np.ndarray) -> tuple[np.ndarray, int]:
+        """What a job of other ranks had not served of its epoch (``rest``, in its order,
+        its padding left out), as this job's order from its first batch: served once
+        across these ranks (the last batch's first ranks may take one sample more,
+        ``shard``), cut to whole batches with ``drop_last``, and padded by wrapping only
+        where the last batch would leave a rank without a sample. The plans the other job
+        made ahead are made again (their decisions are in the policy's state: the store's
+        listing, at the epoch's start, corrects what they had not done). Returns the
+        order and the ids that pad it."""
+        step = self.batch_size * self.world
+        if self.drop_last:
+            return rest[: (rest.size // step) * step].copy(), 0
+        last = rest.size % step
+        short = self.world - last if 0 < last < self.world else 0
+        return np.concatenate([rest, np.resize(rest, short)]), short
 
     def _batches(self, order: np.ndarray) -> int:
         """Global batches in an epoch of ``order``."""
@@ -790,8 +819,9 @@ class Planner:
         step = self.batch_size * self.world  # a global batch: every rank's batch
         if self.drop_last:
             order = order[: (order.size // step) * step]  # a view: still shuffled as read
-        elif order.size % self.world:  # as DistributedSampler: pad by wrapping
-            order = np.concatenate([order, np.resize(order, self.world - order.size % self.world)])
+        self._pad = 0 if self.drop_last else -order.size % self.world
+        if self._pad:  # as DistributedSampler: pad by wrapping
+            order = np.concatenate([order, np.resize(order, self._pad)])
         if needs_future:
             # The future as far as it is planned: this epoch and the next one.
             ahead = self._arranged(self.sampler.epoch_order(epoch + 1), epoch + 1)
