@@ -63,7 +63,8 @@ test: install system-deps s3rver peers-venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(PY) scripts/api_docs.py site
 	PYTHON=$(PYTHON) bash scripts/wheel_smoke.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 -m "not serial"  # two at once: many wait on servers and ranks
+	$(PY) -m pytest -q -m serial
 
 # the API reference from the docstrings (pdoc), in site/
 docs: install

@@ -35,6 +35,8 @@ def epoch_checked(loader, epoch: int) -> int:
 
 
 def private_stores() -> set[str]:
+    """The user's stores now, those of killed jobs (other tests') removed first."""
+    remove_unused(private_base())
     return {n for n in os.listdir(private_base()) if n.startswith(STORE_PREFIX)}
 
 
@@ -238,6 +240,7 @@ def test_a_named_redis_namespace_outlives_close_but_not_the_jobs_entries(redis_s
     t.close()
 
 
+@pytest.mark.serial
 def test_a_capacity_the_backend_cannot_hold_is_refused_up_front(
     fmnist_dir, tmp_path, redis_server
 ):

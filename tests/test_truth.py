@@ -25,7 +25,7 @@ from hotset.packages import write_package
 from hotset.storage import FileStorage
 from hotset.store import RedisStore
 from hotset.store.base import NamespacedStore
-from hotset.store.lease import STORE_PREFIX, private_base
+from hotset.store.lease import STORE_PREFIX, private_base, remove_unused
 from hotset.systems import resolve_system
 
 SYSTEMS = ["lru", "minio", "belady", "shade", "icache", "spider"]
@@ -375,9 +375,13 @@ def test_a_full_tmpfs_is_absorbed(fmnist_dir, tmp_path):
 
 
 def shm_stores() -> set[str]:
+    """The user's stores now, those of killed jobs (other tests') removed first, as any
+    start removes them."""
+    remove_unused(private_base())
     return set(glob.glob(os.path.join(private_base(), STORE_PREFIX + "*")))
 
 
+@pytest.mark.serial
 def test_no_store_is_left_behind(fmnist_dir, tmp_path):
     storage = FileStorage(str(fmnist_dir / "train"))
     before = shm_stores()
