@@ -641,8 +641,9 @@ class Planner:
             self.ranks.close()
 
     def state_dict(self, trained: int | None = None) -> dict:
-        """Where training stands: the epoch, its order as drawn and how many of its
-        batches were consumed, the sampler's and the policy's state, the counters, and
+        """Where training stands: the epoch, its order as drawn (for how many ranks, and
+        the ids that pad it to them) and how many of its batches were consumed, the
+        sampler's and the policy's state, the counters, and
         the plans made for its later batches (DataLoader workers' prefetch): their
         decisions are in the policy's state, so after a restart they are served again as
         made, not planned a second time from what they admitted (their read-ahead left
