@@ -140,22 +140,13 @@ def _graph_of(sampler: dict) -> list | None:
     return None if g is None else [g.index is not None, int(g.indexed.sum()), sampler["scored"]]
 
 
-def _as_torchrun_starts(target, *args) -> None:
-    """``target(*args)`` in a rank spawned fresh, its DataLoader workers forked, as those
-    of a rank torchrun starts are (else they would be spawned too: torch imported again
-    in each worker, each epoch)."""
-    mp.set_start_method("fork", force=True)
-    target(*args)
-
-
 def run_ranks(world: int, data: str, system: dict, tmp: Path, target=None) -> list[dict]:
     ctx = mp.get_context("spawn")
     init = f"file://{tmp}/pg"
     procs = [
-        ctx.Process(target=_as_torchrun_starts,
-                    args=(target or _rank, r, world, init, data, system, str(tmp)))
+        ctx.Process(target=target or _rank, args=(r, world, init, data, system, str(tmp)))
         for r in range(world)
-    ]  # fmt: skip
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -369,8 +360,7 @@ def test_a_job_of_several_ranks_registers_once_with_the_service(fmnist_dir, tmp_
     ctx = mp.get_context("spawn")
     data = str(fmnist_dir / "train")
     init = f"file://{tmp_path}/pg"
-    procs = [ctx.Process(target=_as_torchrun_starts,
-                         args=(_service_rank, r, 2, init, address, data, str(tmp_path)))
+    procs = [ctx.Process(target=_service_rank, args=(r, 2, init, address, data, str(tmp_path)))
              for r in range(2)]  # fmt: skip
     try:
         for p in procs:
@@ -429,7 +419,7 @@ def _two_ranks(target, fmnist_dir, tmp_path, wait_for: list[int], timeout: float
     ``wait_for`` (up to ``timeout`` s each), kills what is left; the processes."""
     ctx = mp.get_context("spawn")
     init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
-    procs = [ctx.Process(target=_as_torchrun_starts, args=(target, r, 2, init, data, str(tmp_path)))
+    procs = [ctx.Process(target=target, args=(r, 2, init, data, str(tmp_path)))
              for r in range(2)]  # fmt: skip
     try:
         for p in procs:
