@@ -505,12 +505,18 @@ def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: 
             served[epoch] += i.tolist()
             if (epoch, n + 1) == tuple(run.get("cut") or ()):
                 torch.save(loader.state_dict(), f"{out}/state{rank}.pt")
-                Path(out, f"rank{rank}.json").write_text(json.dumps(served))
-                dist.barrier()
-                os._exit(0)  # killed: the store and its entries stay
+                killed(out, rank, served)
     Path(out, f"rank{rank}.json").write_text(json.dumps(served))
     loader.close()
     dist.destroy_process_group()
+
+
+def killed(out: str, rank: int, record) -> None:
+    """``record`` written as this rank's (``OUT/rankR.json``), then the process gone as a
+    killed job's once every rank is here: its store and entries stay."""
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    os._exit(0)
 
 
 RESUMED = {

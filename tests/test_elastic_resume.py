@@ -23,7 +23,7 @@ from hotset.checkpoint import from_safe
 from hotset.codecs import decode_sample
 from hotset.plan import Planner
 from hotset.storage import FileStorage
-from test_distributed import run_ranks
+from test_distributed import killed, run_ranks
 
 BATCH = 25
 
@@ -67,9 +67,7 @@ def _elastic_rank(rank: int, world: int, init: str, data: str, run: dict, out: s
             if (epoch, n + 1) == tuple(run.get("cut") or ()):
                 if rank == 0:
                     torch.save(loader.state_dict(), f"{out}/state.pt")
-                Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-                dist.barrier()
-                os._exit(0)  # killed: the store and its entries stay
+                killed(out, rank, record)
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     loader.close()
     dist.destroy_process_group()
