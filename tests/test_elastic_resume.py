@@ -29,17 +29,20 @@ BATCH = 25
 
 
 def _elastic_rank(rank: int, world: int, init: str, data: str, run: dict, out: str) -> None:
-    """Epochs 0-2 of ``run["system"]`` on the named store ``run["store"]``, every served
-    sample checked against its file; ``run["cut"] = (epoch, batches)``: the state saved
-    there (``state.pt``, rank 0's) and the process gone as a killed job's;
-    ``run["resume"]``: a state to load first (every rank loads the same one)."""
+    """Epochs 0-2 of ``run["system"]`` on the named store ``run["store"]`` (a URL), a
+    rank a node if ``run["nodes"]``, every served sample checked against its file;
+    ``run["cut"] = (epoch, batches)``: the state saved there (``state.pt``, rank 0's) and
+    the process gone as a killed job's; ``run["resume"]``: a state to load first (every
+    rank loads the same one); ``run["batch"]``: the per-rank batch (default ``BATCH``)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    if run.get("nodes"):  # as torchrun tells each node's agent
+        os.environ["GROUP_RANK"] = str(rank)
     storage = FileStorage(data)
     loader = hotset.make_loader(
-        storage, batch_size=BATCH, cache_fraction=0.2, seed=0, num_workers=0,
-        store=f"shared://{run['store']}", **run["system"],
+        storage, batch_size=run.get("batch", BATCH), cache_fraction=0.2, seed=0,
+        num_workers=0, store=run["store"], **run["system"],
     )  # fmt: skip
-    record: dict = {"served": {}, "len": {}, "batches": {}, "wrong": 0}
+    record: dict = {"served": {}, "len": {}, "batches": {}, "hits": {}, "wrong": 0}
     labels = torch.as_tensor(storage.labels)
     corners = torch.eye(int(labels.max()) + 1)  # (embeddings: a class's corner, a little apart)
     if run.get("resume"):
@@ -54,7 +57,8 @@ def _elastic_rank(rank: int, world: int, init: str, data: str, run: dict, out: s
     for epoch in range(loader.epoch, 3):
         loader.set_epoch(epoch)
         record["len"][epoch] = len(loader)
-        served = record["served"][epoch] = []
+        served = record["served"][epoch] = []  # (a list a batch)
+        hits = loader.counters()["hits"]
         for n, (x, y, ids) in enumerate(loader):
             for k, i in enumerate(ids.tolist()):
                 image = decode_sample(storage.read(i)).astype(np.float32) / 255
@@ -62,8 +66,9 @@ def _elastic_rank(rank: int, world: int, init: str, data: str, run: dict, out: s
                 record["wrong"] += int(y[k]) != int(storage.labels[i])
             spread = torch.as_tensor((ids.numpy() * 7919 % 1000) / 1000)
             loader.feedback(ids, spread + epoch, corners[labels[ids]] + spread[:, None] / 100)
-            served += ids.tolist()
+            served.append(ids.tolist())
             record["batches"][epoch] = n + 1
+            record["hits"][epoch] = loader.counters()["hits"] - hits
             if (epoch, n + 1) == tuple(run.get("cut") or ()):
                 if rank == 0:
                     torch.save(loader.state_dict(), f"{out}/state.pt")
@@ -91,47 +96,61 @@ def _same(a, b) -> bool:
 
 
 def _served(records: list[dict], epoch: int) -> list[int]:
-    return [i for r in records for i in r["served"].get(str(epoch), [])]
+    return [i for r in records for batch in r["served"].get(str(epoch), []) for i in batch]
 
 
-CASES = {  # name: (system, N, M)
-    "minio-2-to-3": ({"system": "minio"}, 2, 3),
-    "minio-2-to-1": ({"system": "minio"}, 2, 1),
-    "minio-3-to-2": ({"system": "minio"}, 3, 2),
-    "lru-2-to-3": ({"system": "lru"}, 2, 3),
-    "lru-3-to-2": ({"system": "lru"}, 3, 2),
-    "lru-2-to-1": ({"system": "lru"}, 2, 1),
-    "lru-1-to-2": ({"system": "lru"}, 1, 2),  # (one process, without ranks, and back up)
-    "shade-2-to-3": ({"system": "shade"}, 2, 3),
-    "icache-3-to-1": ({"system": "icache"}, 3, 1),
+CASES = {  # name: (system, N, M, options)
+    "minio-2-to-3": ({"system": "minio"}, 2, 3, {}),
+    "minio-2-to-1": ({"system": "minio"}, 2, 1, {}),
+    "minio-3-to-2": ({"system": "minio"}, 3, 2, {}),
+    "lru-2-to-3": ({"system": "lru"}, 2, 3, {}),
+    "lru-3-to-2": ({"system": "lru"}, 3, 2, {}),
+    "lru-2-to-1": ({"system": "lru"}, 2, 1, {}),
+    "lru-1-to-2": ({"system": "lru"}, 1, 2, {}),  # (one process, without ranks, and back up)
+    "shade-2-to-3": ({"system": "shade"}, 2, 3, {}),
+    "icache-3-to-1": ({"system": "icache"}, 3, 1, {}),
     "spider-2-to-3": ({"system": "spider", "epochs": 3, "sampler_options": {"background": False}},
-                      2, 3),
+                      2, 3, {}),
+    # the same global batch: the per-rank batch of each job (N's, M's)
+    "minio-2-to-1-same-global-batch": ({"system": "minio"}, 2, 1, {"batches": (BATCH, 2 * BATCH)}),
+    "shade-1-to-2-same-global-batch": ({"system": "shade"}, 1, 2, {"batches": (2 * BATCH, BATCH)}),
+    # a job whose ranks span two nodes (a node's copies over one Redis), resumed on one
+    "minio-2-nodes-to-1-redis": ({"system": "minio"}, 2, 1, {"redis": True}),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_state_of_n_ranks_resumes_on_m_ranks(fmnist_dir, tmp_path, name):
+def test_a_state_of_n_ranks_resumes_on_m_ranks(fmnist_dir, tmp_path, request, name):
     """Epoch 1 cut at a random batch on N ranks, resumed on M: every sample the saved
-    draw had left is served once across the M ranks (uniform systems: each sample of the
-    epoch exactly once over both jobs), each rank the same batch count (as ``len``
-    said), the bytes exact; the scores carry over as loaded; epoch 2 is a whole epoch
-    across the M ranks. SHADE's resume is made twice: both serve alike."""
-    system, n_ranks, m_ranks = CASES[name]
+    draw had left is served once across the M ranks, in the M job's global batches cut
+    from it in order (the saved job's own batches where the global batch is kept; uniform
+    systems: each sample of the epoch exactly once over both jobs), each rank the same
+    batch count (as ``len`` said), the bytes exact; the scores carry over as loaded, and
+    a never-evicting cache's residents (MinIO: its hits); epoch 2 is a whole epoch across
+    the M ranks. SHADE's resume is made twice: both serve alike."""
+    system, n_ranks, m_ranks, options = CASES[name]
+    batch_n, batch_m = options.get("batches", (BATCH, BATCH))
     data = str(fmnist_dir / "train")
     n = len(FileStorage(data))
-    batches = -(-n // (BATCH * n_ranks))
+    batches = -(-n // (batch_n * n_ranks))
     cut = int(np.random.default_rng(sum(map(ord, name))).integers(1, batches))
     store = f"/dev/shm/hotset-test-{os.getpid()}-elastic-{name}"
+    url = f"shared://{store}"
+    if options.get("redis"):  # (the namespace, named, outlives the job)
+        url = f"shared+{request.getfixturevalue('redis_server').url}?namespace=elastic"
     resumes = 2 if name.startswith("shade") else 1
     try:  # (the named store outlives each job: the next one finds what it kept)
         (tmp_path / "cut").mkdir()
-        before = run_ranks(n_ranks, data, {"system": system, "store": store, "cut": (1, cut)},
-                           tmp_path / "cut", target=_elastic_rank)  # fmt: skip
+        spec = {"system": system, "store": url, "batch": batch_n,
+                "nodes": options.get("redis", False)}  # fmt: skip
+        before = run_ranks(n_ranks, data, {**spec, "cut": (1, cut)}, tmp_path / "cut",
+                           target=_elastic_rank)  # fmt: skip
         saved = from_safe(torch.load(tmp_path / "cut" / "state.pt"))["planner"]
         after = []
         for k in range(resumes):
             (tmp_path / f"resumed{k}").mkdir()
-            spec = {"system": system, "store": store, "resume": str(tmp_path / "cut/state.pt")}
+            spec = {"system": system, "store": url, "batch": batch_m,
+                    "resume": str(tmp_path / "cut/state.pt")}  # fmt: skip
             after.append(run_ranks(m_ranks, data, spec, tmp_path / f"resumed{k}",
                                    target=_elastic_rank))  # fmt: skip
     finally:
@@ -142,8 +161,9 @@ def test_a_state_of_n_ranks_resumes_on_m_ranks(fmnist_dir, tmp_path, name):
     # the rest of the saved epoch's draw, in its order (padded by wrapping only where
     # the last batch would leave a rank without a sample), the M ranks' epoch
     order, pad = np.asarray(saved["order"]), saved["padded"]
-    rest = order[cut * BATCH * n_ranks : order.size - pad].tolist()
-    last = len(rest) % (BATCH * m_ranks)
+    rest = order[cut * batch_n * n_ranks : order.size - pad].tolist()
+    step = batch_m * m_ranks
+    last = len(rest) % step
     rest += rest[: m_ranks - last] if 0 < last < m_ranks else []
     assert all(r["order"] == rest for r in resumed)
     assert all(r["scores_kept"] for r in resumed)
@@ -153,14 +173,35 @@ def test_a_state_of_n_ranks_resumes_on_m_ranks(fmnist_dir, tmp_path, name):
         assert all(r["len"][epoch] == r["batches"][epoch] for r in resumed), epoch
     if system["system"] in ("icache", "spider"):  # (they may serve a substitute)
         assert len(_served(resumed, 1)) == len(rest)
-    else:
-        assert sorted(_served(resumed, 1)) == sorted(rest)
+    else:  # global batch k: the k-th slice of the rest (the saved job's k-th, if kept)
+        together = [sum((r["served"]["1"][k] for r in resumed), [])
+                    for k in range(resumed[0]["batches"]["1"])]  # fmt: skip
+        assert [sorted(b) for b in together] == [
+            sorted(rest[lo : lo + step]) for lo in range(0, len(rest), step)
+        ]
     if system["system"] in ("minio", "lru"):  # each sample of epoch 1 once over both jobs
         assert sorted(_served(before, 1) + _served(resumed, 1)) == list(range(n))
         later = _served(resumed, 2)  # every sample, padded to whole ranks by wrapping
         assert set(later) == set(range(n)) and len(later) == n + -n % m_ranks
+    if system["system"] == "minio":  # its residents (a fifth of the data) carried over
+        assert sum(r["hits"]["1"] for r in resumed) > 0.1 * len(rest)
     for again in after[1:]:  # two resumes of one state agree
         assert [r["served"] for r in again] == [r["served"] for r in resumed]
+
+
+def test_another_global_batch_is_refused_naming_the_batch_that_keeps_it(fmnist_dir, tmp_path):
+    """A state of one process at batch 50 loads into a loader of batch 50 (or, on M
+    ranks, of 50 / M); at batch 30 it is refused, naming the batch size that keeps it."""
+    storage = FileStorage(str(fmnist_dir / "train"))
+    with hotset.make_loader(storage, batch_size=50, cache_fraction=0.2) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    refused = pytest.raises(
+        hotset.ConfigError,
+        match=r"batch_size: saved 50, this loader 30.*global batch of 50 is batch_size=50 on 1",
+    )
+    with hotset.make_loader(storage, batch_size=30, cache_fraction=0.2) as loader, refused:
+        loader.load_state_dict(state)
 
 
 @settings(max_examples=300, deadline=None)

@@ -799,7 +799,9 @@ class HotsetLoader:
         or repeat samples. A job of another number of ranks (torch.distributed, or one
         process) loads it: the rest of the saved epoch is served once across its ranks
         (``Planner._recut``; docs/reliability.md). A state that is not one (edited,
-        forged, of another program) is a ``ConfigError`` saying so."""
+        forged, of another program) is a ``ConfigError`` saying so. On another number of
+        ranks, a per-rank batch that keeps the saved global batch (``batch_size`` x ranks)
+        is taken too: the rest is served in the saved job's global batches."""
         try:
             state = from_safe(state)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -812,17 +814,29 @@ class HotsetLoader:
             return
         if self.fits is not None:
             saved = state.get("fits") or {}
-            # one global plan (ranks, or one process) carries over to any number of ranks
-            elastic = {"world", "rank"} if _global(saved) and _global(self.fits) else set()
+            # one global plan (ranks, or one process) carries over to any number of ranks,
+            # with the same per-rank batch or the same global batch
+            elastic = set()
+            if _global(saved) and _global(self.fits):
+                elastic = {"world", "rank"}
+                if _global_batch(saved) == _global_batch(self.fits):
+                    elastic.add("batch_size")
             diff = [
                 f"{k}: saved {saved.get(k)!r}, this loader {v!r}"
                 for k, v in self.fits.items()
                 if saved.get(k) != v and k not in elastic
             ]
             if diff:
+                hint = ""
+                if elastic and any(d.startswith("batch_size") for d in diff):
+                    g, m = _global_batch(saved), self.fits.get("world") or 1
+                    hint = f"; the saved global batch of {g} " + (
+                        f"is batch_size={g // m} on {m} ranks" if g % m == 0
+                        else f"does not divide over {m} ranks"
+                    )  # fmt: skip
                 raise ConfigError(
                     "this state was saved by a loader made differently; make the loader "
-                    "with the saved run's arguments (" + "; ".join(diff) + ")"
+                    "with the saved run's arguments (" + "; ".join(diff) + ")" + hint
                 )
         try:
             self.planner.load_state_dict(state["planner"])
@@ -847,6 +861,12 @@ def _global(fits: dict) -> bool:
     (torch.distributed), or one process alone; not one replica of several planning its
     own part (``num_replicas`` without torch.distributed)."""
     return fits.get("rank") is None or fits.get("world") == 1
+
+
+def _global_batch(fits: dict) -> int | None:
+    """The global batch of a loader of ``fits``: its ranks' batches together."""
+    b = fits.get("batch_size")
+    return None if b is None else b * (fits.get("world") or 1)
 
 
 def _refuse_planner_args(kwargs: dict) -> None:

@@ -673,7 +673,9 @@ class Planner:
                 "epoch": epoch,
                 "order": order.copy(),
                 "consumed": consumed,
-                "world": self.world,  # (the ranks it was cut for, and the ids that pad it)
+                # (the ranks and per-rank batch it was cut for, and the ids that pad it)
+                "world": self.world,
+                "batch_size": self.batch_size,
                 "padded": pad,
                 # (a package's bytes stay out: a resumed worker reads them from the source)
                 "made": [{**_plan_fields(p), "package": ()} for p in made],
@@ -704,8 +706,8 @@ class Planner:
         each other and the dataset before any of it is used: an edited or forged state is
         a ``ConfigError`` naming what does not fit, never samples skipped, repeated or out
         of range. The plans' package bytes are dropped (a resumed worker reads those
-        samples from the source). A state of another number of ranks is re-cut
-        (``_recut``)."""
+        samples from the source). A state of another number of ranks, or of another per-rank
+        batch size, is re-cut (``_recut``)."""
 
         def bad(what: str) -> ConfigError:
             return ConfigError(f"this state cannot be loaded: {what} (was it edited, or "
@@ -724,16 +726,19 @@ class Planner:
 
         order = ids_of(state["order"], "its order")
         consumed, world, pad = state["consumed"], state["world"], state["padded"]
+        batch = state["batch_size"]
         if not isinstance(world, int | np.integer) or world < 1:
             raise bad(f"world={world!r} is not a number of ranks")
-        step = self.batch_size * int(world)
+        if not isinstance(batch, int | np.integer) or batch < 1:
+            raise bad(f"batch_size={batch!r} is not a batch size")
+        step = int(batch) * int(world)
         if not isinstance(consumed, int | np.integer) or not (
             0 <= consumed <= -(-order.size // step)
         ):  # fmt: skip
             raise bad(f"consumed={consumed!r} is not a batch count of its order")
         if not isinstance(pad, int | np.integer) or not 0 <= pad < world or pad > order.size:
             raise bad(f"padded={pad!r} is not a padding of its order for {world} ranks")
-        if world != self.world:
+        if (world, batch) != (self.world, self.batch_size):
             rest, pad = self._recut(order[int(consumed) * step : order.size - int(pad)])
             return rest, 0, [], pad
         names, replay = {f.name for f in fields(BatchPlan)}, []
