@@ -36,7 +36,8 @@ them), the peers' with their downloads; ``later_source``: the later epochs' byte
 repetition (their row at the same disk budget); ``gets``: the GET requests a steady
 epoch sent over the wire; ``server_cpu_s``: the object store's and
 the wire's CPU seconds in a steady epoch (they share the loaders' cores); ``failed_runs``:
-the runs of the row that ended in an error before the one measured (``PeerFailed``).
+the runs of the row that ended in an error before the one measured (``PeerFailed``; its
+figures NaN where all ``PEER_TRIES`` did).
 
     make peers s3rver && python benchmarks/disk_peers.py [--reps 2] [--samples 20000]
 """
@@ -136,7 +137,8 @@ def server_cpu(s3: S3Server, wire: DelayProxy) -> float:
 
 
 def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: str,
-               disk_dir: Path, disk_bytes: int, order: str = "paper") -> list[dict]:  # fmt: skip
+               disk_dir: Path, disk_bytes: int, order: str = "paper",
+               **loader_options) -> list[dict]:  # fmt: skip
     opened, start, opened_cpu = source_reads(wire), time.perf_counter(), server_cpu(s3, wire)
     options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                        "region_name": "eu-west-1"}}  # fmt: skip
@@ -146,6 +148,7 @@ def run_hotset(s3: S3Server, wire: DelayProxy, data: int, epochs: int, system: s
         cache_fraction=0.05, num_workers=8, input_field="jpg", target_field="cls",
         decode=head_of, epochs=epochs, seed=0, order=order,
         disk_dir=disk_dir, disk_bytes=disk_bytes, persistent_workers=True,
+        **loader_options,
     ) as loader:  # fmt: skip
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -170,7 +173,7 @@ class PeerFailed(RuntimeError):
 
 
 #: runs of a row a peer may fail before the benchmark gives up
-PEER_TRIES = 3
+PEER_TRIES = 5
 
 
 def run_peer(cmd: list[str], s3: S3Server, wire: DelayProxy, data: int) -> list[dict]:
@@ -275,6 +278,9 @@ def main() -> None:
                 ("fits", "files"): lambda: run_plain(work / "data" / "files", args.epochs),
                 ("30%", "hotset shade"): lambda: run_hotset(
                     s3, wire, data, args.epochs, "shade", fresh("small"), small),
+                ("30%", "hotset shade, the RAM tier repeated"): lambda: run_hotset(
+                    s3, wire, data, args.epochs, "shade", fresh("small"), small,
+                    sampler_options={"cache_tiers": "ram"}),
                 ("30%", "hotset shade, blocks"): lambda: run_hotset(
                     s3, wire, data, args.epochs, "shade", fresh("small"), small, "blocks"),
                 ("30%", "hotset lru"): lambda: run_hotset(
@@ -284,16 +290,16 @@ def main() -> None:
             for (disk, name), run in variants.items():
                 if args.only and args.only not in f"{disk}: {name}":
                     continue
-                failed = 0
-                while True:  # (a peer's row starts from a fresh local directory each try)
-                    try:
+                failed, epochs = 0, None
+                while epochs is None and failed < PEER_TRIES:  # (each try from a fresh
+                    try:  # local directory)
                         epochs = run()
-                        break
                     except PeerFailed as exc:
                         print(f"{disk}: {name}, rep {rep}: {exc}", file=sys.stderr)
                         failed += 1
-                        if failed == PEER_TRIES:
-                            raise SystemExit(f"{name} failed {PEER_TRIES} times") from exc
+                if epochs is None:  # (its row, and the ratios to it, say so: NaN)
+                    epochs = [dict.fromkeys(("seconds", "source", "gets", "server_cpu_s",
+                                             "samples"), float("nan"))]  # fmt: skip
                 for e in epochs:
                     print(json.dumps({"disk": disk, "loader": name, "rep": rep, **e}), flush=True)
                 steady = [e["seconds"] for e in epochs[1:]] or [epochs[0]["seconds"]]
@@ -324,7 +330,7 @@ def main() -> None:
         ("disk", "s"), ("loader", "s"), ("rep", "d"), ("epoch_s", ".2f"),
         ("ratio_streaming", ".2f"), ("ratio_litdata", ".2f"), ("ratio_files", ".2f"),
         ("first_epoch_s", ".2f"), ("first_source", ".3f"), ("later_source", ".3f"),
-        ("both_tiers", ".3f"), ("gets", ".0f"), ("server_cpu_s", ".1f"), ("samples", "d"),
+        ("both_tiers", ".3f"), ("gets", ".0f"), ("server_cpu_s", ".1f"), ("samples", ".0f"),
         ("failed_runs", "d"),
     ], meta={"args": vars(args), "data_bytes": data})  # fmt: skip
 

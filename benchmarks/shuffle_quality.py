@@ -41,6 +41,16 @@ from hotset.storage.prepare import (  # noqa: E402
 from hotset.training import train_epoch  # noqa: E402
 
 
+def fashion_mnist(samples: int) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """The first ``samples`` training images and labels, and the test set as tensors."""
+    src = Path(FASHION_MNIST_DIR)
+    images = read_idx(src / _IDX_FILES["train"][0])[:samples]
+    labels = read_idx(src / _IDX_FILES["train"][1])[:samples].astype(np.int64)
+    test_x = to_tensor(read_idx(src / _IDX_FILES["test"][0])[:, None])
+    return images, labels, (test_x, torch.as_tensor(read_idx(src / _IDX_FILES["test"][1]),
+                                                    dtype=torch.int64))  # fmt: skip
+
+
 def write_layout(out: str, images, labels, sort: bool, shard_size: int) -> None:
     order = np.argsort(labels, kind="stable") if sort else np.arange(len(labels))
     samples = ((f"{i:05d}.png", png_bytes(images[i]), int(labels[i])) for i in order)
@@ -77,11 +87,7 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=512, help="samples per tar shard")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    src = Path(FASHION_MNIST_DIR)
-    images = read_idx(src / _IDX_FILES["train"][0])[: args.samples]
-    labels = read_idx(src / _IDX_FILES["train"][1])[: args.samples].astype(np.int64)
-    test_x = to_tensor(read_idx(src / _IDX_FILES["test"][0])[:, None])
-    test = (test_x, torch.as_tensor(read_idx(src / _IDX_FILES["test"][1]), dtype=torch.int64))
+    images, labels, test = fashion_mnist(args.samples)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hotset-shuffle-") as tmp:
         for layout, sort in (("dataset order", False), ("class-sorted", True)):

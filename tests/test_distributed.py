@@ -166,6 +166,9 @@ SYSTEMS = {
     # a first L-cache small enough that the plans in flight size it (``l_in_flight``)
     "icache-in-flight": {"policy": "icache", "sampler": "iis", "policy_options": {"h_share": 0.95}},
     "spider": {"policy": "spider", "sampler": "spider", "epochs": 3},
+    # over the node's disk tier (the test's directory): each rank's repetition sees the
+    # RAM tier alone, which the ranks agree on
+    "shade-disk": {"policy": "app", "sampler": "shade", "disk_dir": "TMP/nvme"},
     # feedback learnt one batch later (as from a GPU), embeddings too
     "spider-deferred": {"policy": "spider", "sampler": "spider", "defer_feedback": True,
                         "epochs": 3},
@@ -181,11 +184,13 @@ SYSTEMS = {
     [("uniform", 2), ("shade", 2), ("icache", 2), ("spider", 2),
      ("shade-k4", 2), ("shade", 3),  # 3 ranks: 1,000 ids padded to whole shards
      ("spider-deferred", 2),  # (losses and embeddings deferred)
-     ("icache-process", 3), ("icache-in-flight", 2), ("spider-process", 2)],
+     ("icache-process", 3), ("icache-in-flight", 2), ("spider-process", 2), ("shade-disk", 2)],
 )
 def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
     data = str(fmnist_dir / "train")
-    records = run_ranks(world, data, SYSTEMS[name], tmp_path)
+    system = {k: v.replace("TMP", str(tmp_path)) if k == "disk_dir" else v
+              for k, v in SYSTEMS[name].items()}  # fmt: skip
+    records = run_ranks(world, data, system, tmp_path)
     n = len(FileStorage(data))
     assert len({r["len"] for r in records}) == 1  # equal batch counts, announced
     for e in range(3):

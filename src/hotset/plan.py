@@ -21,6 +21,7 @@ import numpy as np
 
 from hotset.distributed import RankGroup, owners
 from hotset.errors import ConfigError, HotsetError, RankError
+from hotset.importance.tiers import most_important
 from hotset.io.readahead import ReadAhead
 from hotset.io.requests import LatencyFit
 from hotset.policy.base import Policy
@@ -384,6 +385,9 @@ class Planner:
                     "per sample"
                 )
             self._objects = np.asarray(storage.extents[0])
+        # a disk tier below the store (not with ranks: each node's tier holds its own)
+        tiered = ranks is None and storage is not None and storage.disk_capacity
+        self._disk = storage if tiered else None
         self.readahead = None
         if readahead_bytes < 0:
             raise ConfigError(f"readahead_bytes must be >= 0, got {readahead_bytes}")
@@ -796,12 +800,24 @@ class Planner:
             return int(self._resume[2])
         return 0
 
+    def _cached_for_sampler(self) -> np.ndarray:
+        """What a cache-aware sampler is told the cache holds: the policy's residents,
+        and with a disk tier the samples it holds among the most important that both
+        tiers' budgets fit (``importance/tiers.py``)."""
+        cached = self.policy.cached_ids()
+        board = self.sampler.board
+        if self._disk is None or board is None or self.sampler.cache_tiers != "both":
+            return cached
+        budget = self.policy.capacity_bytes + self._disk.disk_capacity
+        top = most_important(board.score, self._disk.sizes, budget)
+        return np.union1d(cached, top[self._disk.on_disk(top)])
+
     def _start_epoch(self, epoch: int) -> tuple[np.ndarray, Callable[[int], object] | None]:
         """The epoch's order, with the cache told what the sampler knows at its start;
         and, where the sampler shuffles the order as it is read (``order_as_read``),
         what makes it final up to a position (``None``: final)."""
         if self.sampler.cache_aware:
-            self.sampler.set_cached(self.policy.cached_ids())
+            self.sampler.set_cached(self._cached_for_sampler())
         needs_future = self.policy.needs_future and self.feed_future
         ready = None
         if self.sampler.num_replicas > 1:

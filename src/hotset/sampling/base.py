@@ -29,6 +29,9 @@ class Sampler(ABC):
     order_known_ahead: ClassVar[bool] = True
     #: whether the planner reports the cached ids at each epoch start (``set_cached``)
     cache_aware: ClassVar[bool] = False
+    #: which tiers' samples it is told are cached, with a disk tier below the RAM tier:
+    #: "both" (the disk tier's among the most important, ``importance/tiers.py``) or "ram"
+    cache_tiers: str = "ram"
     #: whether the order depends on the losses fed back (the simulator then needs an oracle)
     learns_from_feedback: ClassVar[bool] = False
     #: whether ``feedback`` needs the batch's embeddings (graph importance)

@@ -16,6 +16,11 @@ cache holds before the others, each part in a random order; ``order="shuffled"``
 not the paper's) shuffles the whole list. Either is shuffled as the planner reads it
 (:class:`~hotset.sampling.draw.ShuffledAsRead`), not at the epoch's start.
 
+With a disk tier below the RAM tier (``make_loader(disk_dir=...)``, ours), the cache the
+repetition favours is both tiers' (``cache_tiers="both"``, the default): the RAM tier's
+residents and the disk tier's among the most important that both budgets fit
+(:mod:`hotset.importance.tiers`); ``cache_tiers="ram"`` repeats the RAM tier's only.
+
 Coverage floor (ours: no paper guarantees it): with ``coverage_epochs=K`` every sample is
 trained at least once every ``K`` epochs (:mod:`hotset.sampling.coverage`).
 
@@ -40,6 +45,7 @@ from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
 
 ORDERS = ("hits_first", "shuffled")
+CACHE_TIERS = ("both", "ram")
 
 
 @register_sampler
@@ -62,9 +68,13 @@ class PADSSampler(Sampler):
         patience: int = 3,
         order: str = "hits_first",
         coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
+        cache_tiers: str = "both",
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
+        if cache_tiers not in CACHE_TIERS:
+            raise ConfigError(f"cache_tiers must be one of {CACHE_TIERS}, got {cache_tiers!r}")
+        self.cache_tiers = cache_tiers
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {ORDERS}, got {order!r}")
         self.order = order
