@@ -78,6 +78,7 @@ def _environment(
             sync=False,
             metasync=False,
             readahead=False,
+            writemap=True,  # (puts and deletes write the map in place: 3x cheaper than copies)
             max_readers=1024,
         )
         handle = _ENVS[path] = (env, env.open_db(b"data"), env.open_db(b"meta"))
