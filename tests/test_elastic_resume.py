@@ -191,7 +191,8 @@ def test_a_state_of_n_ranks_resumes_on_m_ranks(fmnist_dir, tmp_path, request, na
 
 def test_another_global_batch_is_refused_naming_the_batch_that_keeps_it(fmnist_dir, tmp_path):
     """A state of one process at batch 50 loads into a loader of batch 50 (or, on M
-    ranks, of 50 / M); at batch 30 it is refused, naming the batch size that keeps it."""
+    ranks, of 50 / M); at batch 30 it is refused, naming the batch size that keeps it
+    (a state that names no batch size: refused, naming it)."""
     storage = FileStorage(str(fmnist_dir / "train"))
     with hotset.make_loader(storage, batch_size=50, cache_fraction=0.2) as loader:
         next(iter(loader))
@@ -202,6 +203,11 @@ def test_another_global_batch_is_refused_naming_the_batch_that_keeps_it(fmnist_d
     )
     with hotset.make_loader(storage, batch_size=30, cache_fraction=0.2) as loader, refused:
         loader.load_state_dict(state)
+    forged = from_safe(state)  # (a state without its batch size: refused, by name)
+    del forged["fits"]["batch_size"]
+    nameless = pytest.raises(hotset.ConfigError, match="batch_size: saved None")
+    with hotset.make_loader(storage, batch_size=30, cache_fraction=0.2) as loader, nameless:
+        loader.load_state_dict(forged)
 
 
 @settings(max_examples=300, deadline=None)

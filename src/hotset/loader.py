@@ -827,9 +827,9 @@ class HotsetLoader:
                 if saved.get(k) != v and k not in elastic
             ]
             if diff:
-                hint = ""
-                if elastic and any(d.startswith("batch_size") for d in diff):
-                    g, m = _global_batch(saved), self.fits.get("world") or 1
+                hint, g = "", _global_batch(saved)
+                if elastic and g is not None and any(d.startswith("batch_size") for d in diff):
+                    m = self.fits.get("world") or 1
                     hint = f"; the saved global batch of {g} " + (
                         f"is batch_size={g // m} on {m} ranks" if g % m == 0
                         else f"does not divide over {m} ranks"
