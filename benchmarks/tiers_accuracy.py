@@ -45,7 +45,7 @@ def run(url: str, data: int, options: dict, disk: bool, work: Path, seed: int, a
     torch.manual_seed(seed)
     model = TinyCNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    tier = {"disk_dir": work / f"nvme-{seed}-{len(list(work.iterdir()))}",
+    tier = {"disk_dir": tempfile.mkdtemp(dir=work),  # (a fresh tier a run)
             "disk_bytes": int(DISK * data)} if disk else {}  # fmt: skip
     hits = []
     with make_loader(url, batch_size=args.batch_size, num_workers=2, seed=seed,
