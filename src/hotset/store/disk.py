@@ -123,25 +123,51 @@ class DiskTier:
             self._nowait = hasattr(os, "RWF_NOWAIT")
             self._hot: set[bytes] = set()  # read since their bits were last written
             self._put_lock = threading.Lock()
+            # handles: a process's threads read at once (iCACHE's feeder beside the
+            # loader); one closed while another reads would be a miss, or another file
+            self._fd_lock = threading.Lock()
+            self._reading = 0  # reads in flight in this process
+            self._retired: list[int] = []  # handles to close once none is
             self._evictions: bytes | None = b"-"  # the tier's evictions at the last look
 
     def _fd(self, seg: int) -> int:
-        fd = self._fds.get(seg)
-        if fd is None:
-            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
-            # samples are read in a random order: the kernel's read-ahead would read
-            # (and a RWF_NOWAIT probe start reading) pages no hit asked for
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            if len(self._fds) >= 256:  # close the oldest handle
-                os.close(self._fds.pop(next(iter(self._fds))))
-            self._fds[seg] = fd
-        return fd
+        with self._fd_lock:
+            fd = self._fds.get(seg)
+            if fd is None:
+                fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+                # samples are read in a random order: the kernel's read-ahead would read
+                # (and a RWF_NOWAIT probe start reading) pages no hit asked for
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                if len(self._fds) >= 256:  # close the oldest handle
+                    self._retire(next(iter(self._fds)))
+                self._fds[seg] = fd
+            return fd
+
+    def _retire(self, seg: int) -> None:
+        """Close ``seg``'s handle once no read of this process is in flight (lock held)."""
+        fd = self._fds.pop(seg, None)
+        if fd is not None:
+            self._retired.append(fd)
+        if not self._reading:
+            while self._retired:
+                os.close(self._retired.pop())
 
     # -- reads -------------------------------------------------------------------------
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Each key's bytes, checked against their digest, or None."""
         if not keys:
             return []
+        self._here()
+        with self._fd_lock:
+            self._reading += 1
+        try:
+            return self._get_many(keys)
+        finally:
+            with self._fd_lock:
+                self._reading -= 1
+                self._retire(-1)  # (closes those retired meanwhile)
+
+    def _get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         kbs = [k.encode() for k in keys]
         try:
             ix = self._ix
@@ -176,8 +202,9 @@ class DiskTier:
         evictions = txn.get(_EVICTIONS, db=ix.meta)
         if evictions != self._evictions:
             self._evictions = evictions
-            for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
-                os.close(self._fds.pop(seg))
+            with self._fd_lock:
+                for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
+                    self._retire(seg)
 
     def _read(self, entries: list[tuple]) -> Iterable[tuple[int, bytes | None]]:
         """``(n, bytes or None)`` for each entry: those in the page cache read here
@@ -226,10 +253,11 @@ class DiskTier:
     def _mark(self, txn, bad: list[bytes] = ()) -> None:
         """Set the hit bits of the entries read since the last time (a write transaction
         per ``HOT_BATCH`` of them, or with a put, not one a read), drop ``bad``."""
-        for k in self._hot:
+        hot = list(self._hot)  # (a copy: another thread of this process may add to it)
+        for k in hot:
             if txn.get(k, db=self._ix.entries) is not None:
                 txn.put(k, b"", db=self._ix.hot)
-        self._hot.clear()
+        self._hot.difference_update(hot)
         for k in bad:
             self._drop(txn, k)
 
@@ -435,9 +463,8 @@ class DiskTier:
                     kept += len(data)
             self._drop(txn, k)
         self.evicted += len(keys)
-        fd = self._fds.pop(seg, None)
-        if fd is not None:
-            os.close(fd)
+        with self._fd_lock:
+            self._retire(seg)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.path, f"seg-{seg}"))
         return kept
@@ -509,9 +536,9 @@ class DiskTier:
         if self._hot:
             self._write_txn(self._mark)
         self._close_segment()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        with self._fd_lock:
+            for seg in list(self._fds):
+                self._retire(seg)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -520,7 +547,7 @@ class DiskTier:
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions", "_hot",
-                              "_put_lock")}
+                              "_put_lock", "_fd_lock", "_reading", "_retired")}
         state["_pid"] = -1  # the receiving process makes its own
         return state
 
