@@ -535,3 +535,23 @@ def test_the_compiled_loops_compile_nothing_in_a_batch_whatever_arrays_they_get(
                          cwd=root, check=True)  # fmt: skip
     r = json.loads(out.stdout.splitlines()[-1])
     assert r["in_turn"] and r["after"] == r["warmed"], r
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policys_state_goes_into_a_checkpoint_and_back(name):
+    """A loader's state holds the policy's as plain values (``checkpoint.to_safe``: what
+    ``torch.load(weights_only=True)`` reads); RefCnt's, which names its partitions, was
+    refused with "cannot be saved in a state"."""
+    from hotset.checkpoint import from_safe, to_safe
+
+    n, sizes = 40, np.random.default_rng(1).integers(1, 50, 40)
+    p = make_policy(name, 300, sizes=sizes)
+    if p.needs_future:
+        p.set_future(np.arange(60) % n)
+    if p.needs_scores:
+        p.attach_scores(ScoreBoard(n))
+    p.access(np.arange(30) % n)
+    resumed = make_policy(name, 300, sizes=sizes)
+    resumed.load_state_dict(from_safe(to_safe(p.state_dict())))
+    assert sorted(resumed.cached_ids().tolist()) == sorted(p.cached_ids().tolist())
+    assert resumed.used == p.used

@@ -86,6 +86,19 @@ class RefCntPolicy(HeapPolicy):
         self.share_pins(part)
         return part
 
+    def state_dict(self) -> dict:
+        """As every policy's, less the list of its partitions (each saves its own)."""
+        state = super().state_dict()
+        del state["_family"]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """As every policy's; the counts go into the array its partitions share."""
+        refs = self.refs
+        super().load_state_dict(state)
+        refs[:] = self.refs
+        self.refs = refs
+
     def _keys(self, ids: np.ndarray) -> np.ndarray:
         """``_key`` of each of ``ids``, in numpy."""
         return self.refs[ids] + np.where(self.pinned[ids] > 0, PINNED, 0)
