@@ -93,7 +93,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             plans.update(pickle.dumps((mine, state["policy"])))
             order = drawn = np.frombuffer(plans.digest(), np.uint8)
         else:
-            order = loader.planner._order
+            order = loader.planner.at.order
             drawn = loader.planner.sampler.global_order(epoch)  # padded to whole shards
             drawn = np.concatenate([drawn, np.resize(drawn, -drawn.size % world)])
         tiers = getattr(loader.dataset.store.inner, "local", None)

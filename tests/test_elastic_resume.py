@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 import hotset
 from hotset.checkpoint import from_safe
 from hotset.codecs import decode_sample
-from hotset.plan import Planner
+from hotset.plan.state import recut
 from hotset.storage import FileStorage
 from test_distributed import killed, run_ranks
 
@@ -214,13 +213,12 @@ def test_another_global_batch_is_refused_naming_the_batch_that_keeps_it(fmnist_d
 @given(size=st.integers(0, 400), batch=st.integers(1, 30), world=st.integers(1, 8),
        drop_last=st.booleans())  # fmt: skip
 def test_the_rest_of_an_epoch_is_cut_for_the_new_ranks(size, batch, world, drop_last):
-    """The rest of a saved epoch as the M ranks' order (``Planner._recut``): in the saved
+    """The rest of a saved epoch as the M ranks' order (``plan.state.recut``): in the saved
     order, each id once; with ``drop_last`` cut to whole global batches, else padded (by
     wrapping, fewer than M ids) only where its last batch would leave a rank without a
     sample, so that every rank of every batch serves at least one."""
     rest = np.arange(size, dtype=np.int64) * 7 % 1009  # (distinct ids)
-    planner = SimpleNamespace(batch_size=batch, world=world, drop_last=drop_last)
-    order, pad = Planner._recut(planner, rest)
+    order, pad = recut(rest, batch, world, drop_last)
     step = batch * world
     if drop_last:
         assert pad == 0 and order.size % step == 0 and rest.size - order.size < step

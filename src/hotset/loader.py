@@ -798,7 +798,7 @@ class HotsetLoader:
         batch size, system, options, hotset version) is refused, naming them: it would skip
         or repeat samples. A job of another number of ranks (torch.distributed, or one
         process) loads it: the rest of the saved epoch is served once across its ranks
-        (``Planner._recut``; docs/reliability.md). A state that is not one (edited,
+        (``plan.state.recut``; docs/reliability.md). A state that is not one (edited,
         forged, of another program) is a ``ConfigError`` saying so. On another number of
         ranks, a per-rank batch that keeps the saved global batch (``batch_size`` x ranks)
         is taken too: the rest is served in the saved job's global batches."""

@@ -45,6 +45,7 @@ samples"), on by default where a storage has extents, ``readahead_bytes=0`` turn
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,6 +66,23 @@ WINDOW_PROBES = 8192
 FIRST_SHARE = 0.3
 #: ``_last_for`` of an entry whose deletion no plan carries yet
 _HELD = np.iinfo(np.int64).max
+
+
+class Staging(NamedTuple):
+    """A plan's part of the read-ahead (``BatchPlan``'s fields of the same names):
+    later batches' misses its worker reads and stages, those earlier plans staged for it
+    and the plans in flight that stage them, the staged entries its worker deletes; and
+    (``free``) what its requests read through that nobody asked for."""
+
+    stage: np.ndarray
+    staged: np.ndarray
+    staged_by: tuple[int, ...]
+    unstage: np.ndarray
+    free: np.ndarray
+
+
+#: the part of a plan made without read-ahead
+NOTHING_STAGED = Staging(_NONE, _NONE, (), _NONE, _NONE)
 
 
 class ReadAhead:
@@ -191,6 +209,19 @@ class ReadAhead:
             ids = np.concatenate(shared)
             self._last_for[ids] = _HELD
             self._drops.append(ids)
+
+    def for_plan(
+        self, index: int, misses: np.ndarray, gap: int, oldest: int,
+        resident: Callable[[np.ndarray], np.ndarray], seq: int,
+    ) -> Staging:  # fmt: skip
+        """Plan ``seq`` for batch ``index``, whose worker reads ``misses``: what it
+        takes (``take``) and what it stages (``plan``), at the request gap ``gap`` (-1:
+        keep); the plans staging for it that are still in flight (``oldest`` on)."""
+        if gap >= 0:
+            self.gap = gap
+        staged, producers, unstage = self.take(index)
+        stage, free = self.plan(index, np.setdiff1d(misses, staged), resident, seq)
+        return Staging(stage, staged, tuple(p for p in producers if p >= oldest), unstage, free)
 
     def plan(
         self,

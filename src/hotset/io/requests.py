@@ -86,6 +86,11 @@ class LatencyFit:
     def model(self) -> CostModel:
         return CostModel(self.latency_s * 1000.0, self.prior.bandwidth_mb_s, self.prior.in_flight)
 
+    def counters(self) -> dict:
+        """The measured cost of a request, and the gap it makes."""
+        model = self.model
+        return {"request_latency_ms": model.latency_ms, "merge_gap": model.merge_gap}
+
 
 @dataclass
 class Group:
