@@ -123,3 +123,24 @@ def test_reports_waiting_for_the_ranks_exchange_keep_their_plans_tracked(tmp_pat
     for r in range(2):
         runs = json.loads((tmp_path / f"rank{r}.json").read_text())
         _same(runs["NarrowPlanner"], runs["WidePlanner"])
+
+
+def test_plan_hashes_check_a_change_that_leaves_the_plans_alone(tmp_path):
+    """``scripts/plan_hashes.py`` (docs/extending.md) hashes the same plans run to run, so
+    ``--check`` passes where nothing changed and fails where a plan did."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "scripts" / "plan_hashes.py"
+    recorded = tmp_path / "plans.json"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), *args, "lru", "shade-disk"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    assert run("--write", str(recorded)).returncode == 0
+    assert run("--check", str(recorded)).returncode == 0
+    hashes = json.loads(recorded.read_text())
+    recorded.write_text(json.dumps({**hashes, "lru": "0" * 16}))
+    changed = run("--check", str(recorded))
+    assert changed.returncode == 1 and "plans changed: lru" in changed.stdout
