@@ -360,26 +360,52 @@ class CachedDataset(Dataset):
         return served, inputs, targets
 
     def __getitems__(self, plan: BatchPlan) -> dict:
+        """Execute ``plan`` (a plain list of ids: read from storage), step by step."""
         if not isinstance(plan, BatchPlan):  # a plain batch_sampler: read from storage
             plan = BatchPlan.uncached(plan)
         if plan.merge_gap >= 0:  # the gap the planner's measured latency says
             self.storage.merge_gap = plan.merge_gap
-        stats, causes = LoaderStats(), []
-        failures0 = self.store.failures
-        got: dict[int, bytes] = {}
-        # an id this plan admits is read once, from storage, even where a later position
-        # of the batch plans it as a hit (sampling with replacement)
-        admitted = set(plan.admitted.tolist())
-        hit_pos = plan.ids[plan.hits].tolist()
-        from_store = [i for i in dict.fromkeys(hit_pos) if i not in admitted]
-        wrong = self._read_hits(from_store, got, stats, 0.0)
-        # the plan's misses first, and their admissions: another job's (or worker's) plan
-        # may be waiting for them while this one waits for its own planned hits
-        planned = set(from_store)
+        run = _Run(plan, self.store.failures)
+        run.wrong = self._read_hits(run.from_store, run.got, run.stats, 0.0)  # 1: the hits
+        fetched = self._read_plan(run)  # 2: misses, fetches and read-ahead
+        lost = self._store_changes(plan, run.got, fetched, run.stats, run.causes)  # 3
+        run.stats.store_s += time.perf_counter() - run.read_at
+        if plan.wait_s > 0 and any(i not in run.got for i in run.from_store):  # 4: late hits
+            before = len(run.got)
+            run.wrong += self._read_hits(run.from_store, run.got, run.stats, plan.wait_s)
+            run.stats.waited_hits = len(run.got) - before
+        absent = self._count(run, lost, self.store.failures)
+        if absent:  # planned hits that were not there: from storage, counted
+            run.got.update(self._read_storage(absent, run.stats, run.causes))
+        t = time.perf_counter()  # 5: decoded and collated
+        served, inputs, targets = self._decode_batch(plan.ids.tolist(), run.got, run.stats,
+                                                     run.causes)  # fmt: skip
+        run.stats.decode_s = time.perf_counter() - t
+        if len(plan) and len(plan) - len(served) > self.max_skipped * len(plan):
+            raise SkipLimitError(
+                f"a batch lost {len(plan) - len(served)} of its {len(plan)} samples "
+                f"(more than max_skipped={self.max_skipped:g}); first cause: "
+                f"{run.causes[0] if run.causes else 'unknown'}"
+            )
+        served_ids = np.array(served, dtype=np.int64)
+        run.stats.batches, run.stats.samples = 1, int(served_ids.size)
+        # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
+        # id and label arrays are pickled inline and become tensors in the loader.
+        report = run.report(fetched, lost, absent)
+        return {"inputs": inputs, "targets": targets, "ids": served_ids,
+                "stats": asdict(run.stats), "report": report}  # fmt: skip
+
+    def _read_plan(self, run: _Run) -> dict[int, bytes]:
+        """Step 2: one storage call for the plan's misses (less those an earlier plan is
+        reading ahead: its misses first, and their admissions, since another job's or
+        worker's plan may wait for them while this one waits for its own planned hits),
+        its fetches and what it reads ahead for later batches (staged first: a later
+        batch's worker may be waiting for them); then what earlier plans read ahead for
+        this one. Returns the fetched samples' bytes."""
+        plan, got, stats, causes = run.plan, run.got, run.stats, run.causes
+        planned = set(run.from_store)
         misses = [i for i in dict.fromkeys(plan.ids.tolist()) if i not in planned]
         late = self._staged_landed(plan, misses, got, stats) if plan.staged.size else []
-        # one storage call: the misses (less those an earlier plan is reading ahead), the
-        # plan's fetches and what it reads ahead for later batches
         coming = set(late)
         need = [i for i in misses if i not in got and i not in coming]
         wanted = dict.fromkeys(need + plan.fetch.tolist() + plan.stage.tolist())
@@ -387,8 +413,8 @@ class CachedDataset(Dataset):
             read = self._read_storage([i for i in wanted if i not in got], stats, causes)
             got.update((i, read[i]) for i in need if i in read)
             have = {**read, **got}
-            t = time.perf_counter()
-            if plan.stage.size:  # first: a later batch's worker may be waiting for them
+            run.read_at = time.perf_counter()  # (the store's time counts from here)
+            if plan.stage.size:
                 self._stage(plan.stage.tolist(), have, stats)
         finally:
             if plan.stage.size:  # staged or failed: the batches it stages for go on
@@ -403,55 +429,55 @@ class CachedDataset(Dataset):
         if plan.unstage.size and not self.storage.disk_capacity:
             self.store.delete_many([STAGE + self.keys[i] for i in plan.unstage.tolist()])
             self.arrivals.landed()  # room freed
-        lost = self._store_changes(plan, got, fetched, stats, causes)
-        stats.store_s += time.perf_counter() - t
-        if plan.wait_s > 0 and any(i not in got for i in from_store):
-            before = len(got)
-            wrong += self._read_hits(from_store, got, stats, plan.wait_s)
-            stats.waited_hits = len(got) - before
-        stats.store_failures = self.store.failures - failures0
+        return fetched
+
+    def _count(self, run: _Run, lost: list[int], failures: int) -> list[int]:
+        """The batch's hits (a planned hit served from the store, or by this batch's own
+        read of what it admits), misses and store failures (``failures``: the store's
+        count now); returns the planned hits the store did not hold."""
+        plan, got, stats = run.plan, run.got, run.stats
+        stats.store_failures = failures - run.failures
         stats.refused_puts = len(lost)  # writes that did not land, whatever the reason
-        stored = set(from_store) & set(got)
-        served_once = stored | (admitted & set(got))  # from the store, or this batch's read
-        stats.hits = sum(1 for i in hit_pos if i in served_once)
+        stored = set(run.from_store) & set(got)
+        served_once = stored | (run.admitted & set(got))
+        stats.hits = sum(1 for i in run.hit_pos if i in served_once)
         if plan.substituted is not None:
             subs = plan.ids[plan.substituted & plan.hits].tolist()
             stats.substitute_hits = sum(1 for i in subs if i in served_once)
         stats.bytes_from_store = sum(len(got[i]) for i in stored)
-        stats.late_misses = len(hit_pos) - stats.hits
-        stats.misses = len(plan) - len(hit_pos)
-        absent = [i for i in from_store if i not in got]
-        if absent:  # planned hits that were not there: from storage, counted
-            got.update(self._read_storage(absent, stats, causes))
+        stats.late_misses = len(run.hit_pos) - stats.hits
+        stats.misses = len(plan) - len(run.hit_pos)
+        return [i for i in run.from_store if i not in got]
 
-        t = time.perf_counter()
-        served, inputs, targets = self._decode_batch(plan.ids.tolist(), got, stats, causes)
-        stats.decode_s = time.perf_counter() - t
-        if len(plan) and len(plan) - len(served) > self.max_skipped * len(plan):
-            raise SkipLimitError(
-                f"a batch lost {len(plan) - len(served)} of its {len(plan)} samples "
-                f"(more than max_skipped={self.max_skipped:g}); first cause: "
-                f"{causes[0] if causes else 'unknown'}"
-            )
-        served_ids = np.array(served, dtype=np.int64)
-        stats.batches, stats.samples = 1, int(served_ids.size)
-        report = PlanReport(
-            stored=np.array([i for i in dict.fromkeys([*admitted, *fetched, *plan.loads.tolist()])
-                             if i not in lost], np.int64),
+
+class _Run:
+    """One plan's execution in a worker: the bytes it has (``got``), its counts and the
+    causes of samples skipped, and the planned hits it reads from the store
+    (``from_store``: an id the plan admits is read once, from storage, even where a later
+    position plans it as a hit, sampling with replacement)."""
+
+    def __init__(self, plan: BatchPlan, failures: int) -> None:
+        self.plan, self.failures = plan, failures  # (the store's failures before it)
+        self.stats, self.causes = LoaderStats(), []
+        self.got: dict[int, bytes] = {}
+        self.wrong: list[int] = []  # planned hits whose entry was wrong
+        self.read_at = 0.0  # when the plan's storage call returned
+        self.admitted = set(plan.admitted.tolist())
+        self.hit_pos = plan.ids[plan.hits].tolist()
+        self.from_store = [i for i in dict.fromkeys(self.hit_pos) if i not in self.admitted]
+
+    def report(self, fetched: dict, lost: list[int], absent: list[int]) -> PlanReport:
+        """What the worker did with the plan, for the planner to reconcile."""
+        plan, stats = self.plan, self.stats
+        written = dict.fromkeys([*self.admitted, *fetched, *plan.loads.tolist()])
+        return PlanReport(
+            stored=np.array([i for i in written if i not in lost], np.int64),
             lost=np.array(lost, np.int64),
-            absent=np.array(list(dict.fromkeys(absent + wrong)), np.int64),
-            causes=causes[:3], requests=stats.storage_requests, wire_bytes=stats.wire_bytes,
-            storage_s=stats.storage_wait_s, in_flight_s=stats.in_flight_s,
+            absent=np.array(list(dict.fromkeys(absent + self.wrong)), np.int64),
+            causes=self.causes[:3], requests=stats.storage_requests,
+            wire_bytes=stats.wire_bytes, storage_s=stats.storage_wait_s,
+            in_flight_s=stats.in_flight_s,
         )  # fmt: skip
-        # Only the inputs travel as a tensor (shared memory, one fd per tensor); the small
-        # id and label arrays are pickled inline and become tensors in the loader.
-        return {
-            "inputs": inputs,
-            "targets": targets,
-            "ids": served_ids,
-            "stats": asdict(stats),
-            "report": report,
-        }
 
 
 def _as_read(_key: str, data: bytes) -> bytes:
