@@ -257,14 +257,8 @@ def make_loader(
         streamed = _streamed_start(args)
         if streamed is not None:
             return streamed
-    tier = open_disk_tier(disk_dir, disk_bytes)
-    fields = {"input_field": input_field, "target_field": target_field,
-              "keep": None if tier is None else tier.put,
-              "wants": None if tier is None else OpeningFill(tier)}  # fmt: skip
-    storage = open_storage(storage, format, storage_options,
-                           **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
-    if tier is not None:
-        storage = DiskTierStorage(storage, tier)
+    storage = _opened(storage, format, storage_options, input_field, target_field,
+                      open_disk_tier(disk_dir, disk_bytes))  # fmt: skip
     capacity = cache_capacity(storage, cache_fraction, capacity_bytes)
     ranks = detect_ranks(distributed)
     readahead = _readahead_bytes(storage, readahead_bytes, ranks, store, capacity)
@@ -272,16 +266,8 @@ def make_loader(
         storage, decode, size, mode, cache_decoded, capacity, readahead
     )
     given_policy_options = policy_options  # (what a state is checked against)
-    if ranks is not None:
-        num_replicas, rank = 1, 0  # the sampler draws the global list; the planner shards
-        sampler_options, policy_options = _deterministic(
-            sampler, policy, sampler_options, policy_options
-        )
-    elif num_replicas > 1 and sampler_class(sampler).learns_from_feedback:
-        raise ConfigError(
-            f"sampler {sampler!r} learns from each rank's feedback: with num_replicas > 1 "
-            "initialise torch.distributed so that the ranks plan together"
-        )
+    num_replicas, rank, sampler_options, policy_options = _replicas(
+        ranks, num_replicas, rank, sampler, policy, sampler_options, policy_options)
     owns_store = isinstance(store, str)
     store = _sized_store(store, capacity, 0 if storage.disk_capacity else readahead, ranks)
     # one dataset's entries: another job's planner on the same store never touches them
@@ -307,14 +293,8 @@ def make_loader(
             storage, store, decode=decode, transform=transform, on_error=on_error,
             max_skipped=max_skipped, collate_fn=collate_fn,
         )  # fmt: skip
-        if planner_process and not store.shared_across_processes:
-            raise ConfigError(
-                f"planner_process=True: store {type(store.inner).__name__} is private to one "
-                "process, and the planner's process reconciles with it (iCACHE's packager "
-                "writes to it): use a shared store ('shared' or a Redis URL)"
-            )
-        planner = PlannerProcess(plan_with, dataset, ranks) if planner_process else plan_with(ranks)
-        fits = {
+        planner = _planner_in(planner_process, plan_with, dataset, ranks)
+        fits = {  # what a loaded state must have been saved by
             "hotset": _version(), "dataset": namespace, "samples": len(storage),
             "batch_size": batch_size, "drop_last": drop_last, "seed": seed,
             "sampler": sampler, "sampler_options": _digest(sampler_options),
@@ -334,6 +314,44 @@ def make_loader(
             planner.close()
         _release(store, owns_store, release)  # nothing else ever will
         raise
+
+
+def _opened(storage, format, storage_options, input_field, target_field, tier) -> Storage:
+    """The storage opened (``storage/open.py``), read through the node's disk tier
+    ``tier`` where there is one (its opening's reads of whole shards fill it)."""
+    fields = {"input_field": input_field, "target_field": target_field,
+              "keep": None if tier is None else tier.put,
+              "wants": None if tier is None else OpeningFill(tier)}  # fmt: skip
+    storage = open_storage(storage, format, storage_options,
+                           **{k: v for k, v in fields.items() if v is not None})  # fmt: skip
+    return storage if tier is None else DiskTierStorage(storage, tier)
+
+
+def _replicas(ranks, num_replicas, rank, sampler, policy, sampler_options, policy_options):
+    """``num_replicas``, ``rank`` and the parts' options the sampler and the policy are
+    made with: with ranks (``distributed``), one global list drawn alike on every rank,
+    which the planner shards. A sampler that learns from feedback needs them."""
+    if ranks is not None:
+        return 1, 0, *_deterministic(sampler, policy, sampler_options, policy_options)
+    if num_replicas > 1 and sampler_class(sampler).learns_from_feedback:
+        raise ConfigError(
+            f"sampler {sampler!r} learns from each rank's feedback: with num_replicas > 1 "
+            "initialise torch.distributed so that the ranks plan together"
+        )
+    return num_replicas, rank, sampler_options, policy_options
+
+
+def _planner_in(in_process: bool, plan_with, dataset, ranks):
+    """The planner, in a process of its own (``planner_process``) or in this one."""
+    if not in_process:
+        return plan_with(ranks)
+    if not dataset.store.shared_across_processes:
+        raise ConfigError(
+            f"planner_process=True: store {type(dataset.store.inner).__name__} is private "
+            "to one process, and the planner's process reconciles with it (iCACHE's "
+            "packager writes to it): use a shared store ('shared' or a Redis URL)"
+        )
+    return PlannerProcess(plan_with, dataset, ranks)
 
 
 def _streamed_start(args: dict) -> HotsetLoader | None:
