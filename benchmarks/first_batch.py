@@ -12,6 +12,15 @@ start (an empty index cache, a new process for the peer):
   shards and indexes them meanwhile.
 * ``webdataset``: ``WebDataset(url).decode("pil")``, its first batch and its whole pass,
   in the peers' virtual environment (``make peers``); it streams each shard from its start.
+* Over an S3 server (s3rver) behind a link of the same figures, MosaicML Streaming (the
+  same samples as MDS shards of the tar shards' size, ``StreamingDataset`` from its
+  making, shuffled, ``predownload`` 128: its first batch downloads the index and the
+  shards the shuffle draws from first) beside ``hotset (index, s3)`` and ``hotset
+  (stream, s3)``, interleaved over
+  ``--reps``, each in its own process (``num_workers=0``): Streaming's workers read shards
+  their siblings were still downloading on this set (with 4 or 8 workers every run failed,
+  "Relative sample index ... is not present in the shard"; with 2 some did, and others
+  waited ~6 s for their first batch). Both decode to 64x64 as the rows above do.
 
 The extrapolation to an ImageNet-sized set (1,000 shards of 140 MB) divides its bytes by
 the index's measured throughput over the link: a remote index reads each shard whole, so
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import subprocess
 import sys
@@ -39,8 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _report import report  # noqa: E402
 from hotset.build import make_loader  # noqa: E402
+from hotset.compare_peers import RUNNER as STREAMING_RUN  # noqa: E402
 from hotset.storage.tar import TarStorage  # noqa: E402
-from hotset.testing import DelayProxy, NginxServer  # noqa: E402
+from hotset.testing import DelayProxy, NginxServer, S3Server, s3rver_binary  # noqa: E402
 
 PEER = """
 import sys, time
@@ -56,8 +67,10 @@ print(time.perf_counter() - t, n)
 """
 
 
-def write_shards(root: Path, samples: int, shards: int) -> None:
+def write_shards(root: Path, samples: int, shards: int) -> list[tuple[bytes, int]]:
+    """The tar shards; returns each sample's JPEG and label, in order."""
     rng = np.random.default_rng(0)
+    out = []
     per = samples // shards
     for s in range(shards):
         with tarfile.open(root / f"shard-{s:03d}.tar", "w") as tf:
@@ -67,11 +80,98 @@ def write_shards(root: Path, samples: int, shards: int) -> None:
                 buf = io.BytesIO()
                 Image.fromarray(img).save(buf, "JPEG", quality=90)
                 key = f"{s:03d}_{k:05d}"
+                out.append((buf.getvalue(), k % 10))
                 for name, data in ((f"{key}.jpg", buf.getvalue()),
                                    (f"{key}.cls", str(k % 10).encode())):  # fmt: skip
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+#: runs of Streaming's row before the benchmark gives up (disk_peers.py's)
+PEER_TRIES = 5
+#: DataLoader workers of the S3 rows (module docstring)
+PEER_WORKERS = 0
+
+
+def against_streaming(args, work: Path, samples: list[tuple[bytes, int]]) -> list[dict]:
+    """hotset's streamed first epoch and Streaming over one S3 server behind the link,
+    each from a cold start, interleaved over ``--reps``: their first batch and epoch."""
+    peer = Path(args.peer_python)
+    if not peer.exists():
+        return []
+    blobs = [b for b, _ in samples]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    np.savez(work / "samples.npz", blob=np.frombuffer(b"".join(blobs), np.uint8),
+             offsets=offsets, labels=np.array([y for _, y in samples], np.int64))  # fmt: skip
+    shard = sum(p.stat().st_size for p in (work / "data").iterdir()) // args.shards
+    subprocess.run([str(peer), str(STREAMING_RUN), "write", str(work / "samples.npz"),
+                    str(work / "mds"), "--shard-bytes", str(shard)], check=True)  # fmt: skip
+    s3 = S3Server("s3rver" if s3rver_binary() else "moto")
+    wire = None
+    try:
+        s3.upload(work / "data", "s3://bench/tar")
+        s3.upload(work / "mds", "s3://bench/mds")
+        wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), args.latency_ms, args.bandwidth)
+        env = {**os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_DEFAULT_REGION": "eu-west-1",
+               "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
+               "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}  # fmt: skip
+        options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
+                                                           "region_name": "eu-west-1"}}  # fmt: skip
+        rows, tries = [], 0
+        for rep in range(args.reps):
+            for who in ("index", "stream", "streaming")[:: 1 if rep % 2 == 0 else -1]:
+                before = wire.stats()
+                if who != "streaming":  # (a cold start: an empty index cache)
+                    os.environ["HOTSET_CACHE_DIR"] = str(work / f"index-s3-{who}-{rep}")
+                    row = _first(lambda who=who: make_loader(
+                        "s3://bench/tar", storage_options=options, batch_size=args.batch,
+                        cache_fraction=0.1, num_workers=PEER_WORKERS, store="shared",
+                        size=(64, 64), first_epoch=who, persistent_workers=False,
+                    ), f"hotset ({who}, s3)")  # fmt: skip
+                else:
+                    for _ in range(PEER_TRIES):  # (a run may fail: mosaicml/streaming#475)
+                        local = work / f"streaming-{rep}-{tries}"
+                        tries += 1
+                        out = subprocess.run(
+                            [str(peer), str(STREAMING_RUN), "epochs", "s3://bench/mds",
+                             "--local", str(local), "--cache-limit", str(1 << 40), "--epochs",
+                             "1", "--workers", str(PEER_WORKERS), "--batch-size",
+                             str(args.batch), "--size", "64,64"],
+                            env=env, capture_output=True, text=True,
+                        )  # fmt: skip
+                        if not out.returncode:
+                            break
+                    else:
+                        raise SystemExit(f"Streaming failed {PEER_TRIES} times:\n{out.stderr}")
+                    line = json.loads(out.stdout.strip().splitlines()[-1])
+                    row = {"loader": "streaming (s3)", "first_batch_s": line["first_batch_s"],
+                           "epoch_s": line["first_batch_s"] + line["seconds"],
+                           "samples": line["samples"]}  # fmt: skip
+                after = wire.stats()
+                moved = _moved(before, after) / args.shards
+                rows.append({**row, "rep": rep, "index_s": 0.0, "index_mb_s": 0.0,
+                             "requests_per_shard": moved})  # fmt: skip
+        print(f"Streaming: {tries} runs for {args.reps} rows (a failed run is run again)")
+        return rows
+    finally:
+        if wire is not None:
+            wire.stop()
+        s3.stop()
+
+
+def _first(make, name: str) -> dict:
+    """A loader made by ``make``: its first batch and its first epoch, from its making."""
+    t = time.perf_counter()
+    loader = make()
+    batches = iter(loader)
+    n = next(batches)[2].numel()
+    first_s = time.perf_counter() - t
+    n += sum(ids.numel() for _, _, ids in batches)
+    epoch_s = time.perf_counter() - t
+    loader.close()
+    return {"loader": name, "first_batch_s": first_s, "epoch_s": epoch_s, "samples": n}
 
 
 def _moved(before: dict, after: dict, key: str = "requests") -> int:
@@ -88,11 +188,12 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=100.0, help="MB/s, shared")
     ap.add_argument("--peer-python", default=".venv-peers/bin/python")
     ap.add_argument("--name", default="first_batch")
+    ap.add_argument("--reps", type=int, default=2, help="of the S3 rows, interleaved")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hotset-first-"))
     data = work / "data"
     data.mkdir()
-    write_shards(data, args.samples, args.shards)
+    samples = write_shards(data, args.samples, args.shards)
     shard_bytes = sum(p.stat().st_size for p in data.iterdir())
     nginx = NginxServer(data, work)
     wire = DelayProxy(int(nginx.url.rsplit(":", 1)[1]), args.latency_ms, args.bandwidth)
@@ -148,11 +249,20 @@ def main() -> None:
     finally:
         wire.stop()
         nginx.stop()
+    s3_rows = against_streaming(args, work, samples)
+    peers = [r for r in s3_rows if r["loader"].startswith("streaming")]
+    for r in s3_rows:  # against Streaming's first batch of the same rep
+        peer = next(p for p in peers if p["rep"] == r["rep"])
+        r["first_batch_ratio"] = r["first_batch_s"] / peer["first_batch_s"]
+        r["epoch_ratio"] = r["epoch_s"] / peer["epoch_s"]
+    rows += s3_rows
     imagenet_s = 1000 * 140e6 / (rows[0]["index_mb_s"] * 1e6)
     for r in rows:
         r.setdefault("first_batch_ratio", float("nan"))
         r.setdefault("epoch_ratio", float("nan"))
-    cols = [("loader", "s"), ("first_batch_s", ".2f"), ("first_batch_ratio", ".2f"),
+    for r in rows:
+        r.setdefault("rep", 0)
+    cols = [("loader", "s"), ("rep", "d"), ("first_batch_s", ".2f"), ("first_batch_ratio", ".2f"),
             ("epoch_s", ".2f"), ("epoch_ratio", ".2f"), ("samples", "d"), ("index_s", ".2f"),
             ("requests_per_shard", ".2f")]  # fmt: skip
     report(args.name, rows, cols, {

@@ -12,7 +12,8 @@ it imports numpy, torch, PIL and streaming, never hotset.
 ``benchmarks/peer_compare.py`` dump them) as MDS shards. ``epochs``: a
 ``StreamingDataset`` over ``REMOTE`` (a directory, or ``s3://`` through
 ``S3_ENDPOINT_URL``) in a DataLoader, each sample decoded as hotset's loader decodes it;
-one JSON line per epoch (seconds, samples, distinct samples, shard reads and bytes).
+one JSON line per epoch (seconds, samples, distinct samples, shard reads and bytes; the
+first epoch's also the seconds from the dataset's making to its first batch).
 ``--head N``: a sample is its first ``N`` bytes, not decoded (``head``: the data path
 alone measured, as ``benchmarks/disk_peers.py`` measures it).
 
@@ -190,6 +191,7 @@ def epochs(args) -> None:
             )
             return (x.float().div_(255.0) if x.dtype == torch.uint8 else x), row["label"], i
 
+    opened, first_batch_s = time.perf_counter(), float("nan")  # (from a cold start)
     ds = Decoded(
         remote=args.remote, local=args.local, shuffle=True, shuffle_algo=args.shuffle_algo,
         shuffle_block_size=args.shuffle_block, predownload=args.predownload,
@@ -212,6 +214,8 @@ def epochs(args) -> None:
         reads0, bytes0 = (link.reads.value, link.nbytes.value) if link else (0, 0)
         start, seen, n, total = time.perf_counter(), set(), 0, 0.0
         for x, y, idx in loader:
+            if epoch == 0 and not n:
+                first_batch_s = time.perf_counter() - opened
             seen.update(idx.tolist())
             n += len(idx)
             if model is not None:
@@ -223,6 +227,8 @@ def epochs(args) -> None:
                 total += float(losses.detach().sum())
         line = {"epoch": epoch, "seconds": time.perf_counter() - start, "samples": n,
                 "distinct": len(seen)}  # fmt: skip
+        if epoch == 0:  # from the dataset's making: its index read, its first shards
+            line["first_batch_s"] = first_batch_s
         if link is not None:
             line |= {"reads": link.reads.value - reads0, "bytes": link.nbytes.value - bytes0}
         if model is not None:
