@@ -149,6 +149,7 @@ def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
     does not write is refused at load."""
     import random
     from array import array
+    from collections import OrderedDict, deque
 
     import numpy as np
 
@@ -161,6 +162,8 @@ def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
         "a": np.arange(6, dtype=np.uint32).reshape(2, 3), "b": array("q", [1, -2]),
         "c": {1, 2}, "d": random.Random(4), "e": heap, "f": np.empty(0), 7: (1, "x"),
         "g": [b"", b"ab"],
+        # a recency order and a CLOCK's ring keep their kind (a policy's own may hold them)
+        "h": OrderedDict([(5, 1), (2, 0)]), "i": deque([4, 1], maxlen=3),
     }  # fmt: skip
     safe = through_torch_save(to_safe(state))
     back = from_safe(safe)
@@ -170,6 +173,8 @@ def test_a_state_is_plain_data_and_names_no_class_but_hotsets():
     assert back["e"].members().tolist() == [3] and back["e"].live[3] == 5 and len(back["e"]) == 1
     assert back[7] == (1, "x") and back["f"].size == 0
     assert back["g"] == [b"", b"ab"]
+    assert type(back["h"]) is OrderedDict and list(back["h"].items()) == [(5, 1), (2, 0)]
+    assert type(back["i"]) is deque and list(back["i"]) == [4, 1] and back["i"].maxlen == 3
     with pytest.raises(ConfigError, match=r"state\.g: a builtins.object cannot be saved"):
         to_safe({"g": object()})
     crafted = {"x": {"__hotset__": "object", "class": "Popen", "vars": {}}}

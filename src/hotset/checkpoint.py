@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections import OrderedDict, deque
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,11 @@ def to_safe(obj: Any, path: str = "state") -> Any:
         return obj.item()
     if isinstance(obj, _PLAIN):
         return obj
+    if isinstance(obj, OrderedDict | deque):  # (a recency order, a CLOCK's ring)
+        kind = "ordered" if isinstance(obj, OrderedDict) else "deque"
+        items = list(obj.items()) if kind == "ordered" else list(obj)
+        return {TAG: kind, "items": to_safe(items, path),
+                "maxlen": getattr(obj, "maxlen", None)}  # fmt: skip
     if isinstance(obj, dict):
         for k in obj:
             if not isinstance(k, _PLAIN):
@@ -113,6 +119,10 @@ def from_safe(obj: Any) -> Any:
         return obj["data"].numpy().tobytes()
     if kind == "set":
         return {from_safe(v) for v in obj["items"]}
+    if kind == "ordered":
+        return OrderedDict((from_safe(k), from_safe(v)) for k, v in obj["items"])
+    if kind == "deque":
+        return deque(from_safe(obj["items"]), maxlen=obj["maxlen"])
     if kind == "ndarray":
         data = obj["data"].numpy().view(np.dtype(obj["dtype"]))
         return data.reshape(obj["shape"]).copy()  # writable, not a view of the file
