@@ -8,12 +8,13 @@ import numpy as np
 
 from hotset.distributed import owners
 
-_EMPTY = np.empty(0, np.int64)
-_EMPTY.flags.writeable = False
+#: no ids (read-only: shared by every plan that has none)
+EMPTY = np.empty(0, np.int64)
+EMPTY.flags.writeable = False
 
 
 def _empty() -> np.ndarray:
-    return _EMPTY
+    return EMPTY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +105,7 @@ def shard(plan: BatchPlan, rank: int, world: int) -> BatchPlan:
         hits=plan.hits[pos] & ~np.isin(ids, written[~ours]),
         admitted=plan.admitted[ours[:k]],
         fetch=plan.fetch[ours[k:]],
-        loads=plan.loads if lead else _EMPTY,
+        loads=plan.loads if lead else EMPTY,
         package=plan.package if lead else (),
         substituted=None if plan.substituted is None else plan.substituted[pos],
         requested=None if plan.requested is None else plan.requested[pos],

@@ -16,10 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hotset.plan.batch import PlanReport
+from hotset.plan.batch import EMPTY, PlanReport
 from hotset.policy.base import Policy
-
-_EMPTY = np.empty(0, np.int64)
 
 
 class InFlight:
@@ -69,7 +67,7 @@ class InFlight:
         many residents the policy forgot. The policy's ``in_flight_ids`` keeps the most
         ids that earlier plans in flight held while one was planned."""
         if not self.executes:
-            self.policy.reconcile(np.concatenate([admitted, fetch]), _EMPTY)
+            self.policy.reconcile(np.concatenate([admitted, fetch]), EMPTY)
             return 0.0, admitted, fetch, 0
         if self.seq - self.base > np.iinfo(self.writer.dtype).max:
             self._rebase()

@@ -25,7 +25,7 @@ from hotset.distributed import RankGroup
 from hotset.errors import ConfigError
 from hotset.io.readahead import NOTHING_STAGED, ReadAhead
 from hotset.io.requests import LatencyFit
-from hotset.plan.batch import BatchPlan, PlanReport, plan_fields, shard
+from hotset.plan.batch import EMPTY, BatchPlan, PlanReport, plan_fields, shard
 from hotset.plan.epoch import EpochOrder
 from hotset.plan.inflight import InFlight
 from hotset.plan.position import EpochPosition
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from hotset.storage.base import Storage
     from hotset.store.base import Store
 
-_EMPTY = np.empty(0, np.int64)
 #: the planner's counters, saved with its state
 COUNTERS = (
     "planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls", "offered",
@@ -268,14 +267,14 @@ class Planner:
                 self.policy.apply_hints(hints)
             r = self.policy.access(ids)
             served = ids if r.served is None else r.served
-            fetch = _EMPTY if r.fetch is None else r.fetch
+            fetch = EMPTY if r.fetch is None else r.fetch
             gap = -1 if self.latency is None else self.latency.model.merge_gap
             ra = NOTHING_STAGED
             if self.readahead is not None:
                 misses = np.concatenate([served[~r.hits], fetch])
                 ra = self.readahead.for_plan(index, misses, gap, self.inflight.oldest(),
                                              self.policy.resident_mask, self.inflight.seq)
-                offered = self.policy.offer(ra.free) if ra.free.size else _EMPTY
+                offered = self.policy.offer(ra.free) if ra.free.size else EMPTY
                 self.offered += offered.size
                 fetch = np.concatenate([fetch, offered])
             seq = self.inflight.seq
@@ -296,7 +295,7 @@ class Planner:
             admitted=admitted, evicted=evicted, substituted=r.substituted,
             requested=None if r.served is None else ids, fetch=fetch, stage=ra.stage,
             staged=ra.staged, merge_gap=gap, seq=seq, staged_by=ra.staged_by,
-            unstage=ra.unstage, loads=_EMPTY if loads is None else loads.ids,
+            unstage=ra.unstage, loads=EMPTY if loads is None else loads.ids,
             package=() if loads is None else loads.entries,
         )  # fmt: skip
 
@@ -309,9 +308,9 @@ class Planner:
             wait_s, admitted, fetch, forgotten = self.inflight.track(
                 made.ids[made.hits], made.admitted, made.fetch, made.evicted)
             self.phantoms += forgotten
-            wait_s = max(wait_s, self.inflight.track_loads(made.loads, _EMPTY))
+            wait_s = max(wait_s, self.inflight.track_loads(made.loads, EMPTY))
         return replace(made, wait_s=wait_s, admitted=admitted, fetch=fetch, seq=seq,
-                       stage=_EMPTY, staged=_EMPTY, staged_by=(), unstage=_EMPTY)  # fmt: skip
+                       stage=EMPTY, staged=EMPTY, staged_by=(), unstage=EMPTY)  # fmt: skip
 
     def __iter__(self) -> Iterator[BatchPlan]:
         self._release_all()

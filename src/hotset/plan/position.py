@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hotset.plan.batch import BatchPlan
+from hotset.plan.batch import EMPTY, BatchPlan
 
-_EMPTY = np.empty(0, np.int64)
 #: consumed plans a planner keeps beside those in flight, for a state taken with
 #: ``trained`` behind the batches served (a trainer that fetches ahead)
 KEPT_PLANS = 8
@@ -25,7 +24,7 @@ class EpochPosition:
 
     def __init__(self, batch_size: int, world: int, drop_last: bool) -> None:
         self.batch_size, self.world, self.drop_last = batch_size, world, drop_last
-        self.epoch, self.order, self.pad, self.consumed = -1, _EMPTY, 0, 0
+        self.epoch, self.order, self.pad, self.consumed = -1, EMPTY, 0, 0
         self.ready: Callable[[int], object] | None = None
         self.made: deque[BatchPlan] = deque()
         self.resume: tuple[int, np.ndarray, int] | None = None
@@ -78,9 +77,9 @@ class EpochPosition:
             _, order, consumed = self.resume  # loaded, not yet served: as loaded
             made = self.replay
         elif self.epoch != epoch:
-            order, consumed, pad = _EMPTY, 0, 0  # set_epoch moved on: not begun
+            order, consumed, pad = EMPTY, 0, 0  # set_epoch moved on: not begun
         elif consumed >= self.batches(order):
-            epoch, order, consumed, pad = epoch + 1, _EMPTY, 0, 0  # over: the next is due
+            epoch, order, consumed, pad = epoch + 1, EMPTY, 0, 0  # over: the next is due
         if not order.size or (made and made[0].index != consumed):
             made = []  # (fetched ahead of ``trained`` further than kept: planned again)
         return epoch, order, consumed, pad, made

@@ -16,12 +16,11 @@ import numpy as np
 
 from hotset.distributed import RankGroup
 from hotset.errors import HotsetError
-from hotset.plan.batch import BatchPlan
+from hotset.plan.batch import EMPTY, BatchPlan
 from hotset.policy.base import Policy
 
 log = logging.getLogger(__name__)
 
-_EMPTY = np.empty(0, np.int64)
 #: residents read back from the source a call, after a state is loaded on a cold store
 REFILL_BATCH = 256
 
@@ -41,7 +40,7 @@ class StoreSync:
         but not in the listing. Returns whether the store could be listed, the
         disagreements fixed and the residents read back."""
         lister = self.ranks is None or self.ranks.rank == 0
-        again = np.concatenate([_EMPTY, *(a for p in replay for a in (p.admitted, p.fetch,
+        again = np.concatenate([EMPTY, *(a for p in replay for a in (p.admitted, p.fetch,
                                                                       p.loads))])  # fmt: skip
         with self.lock:
             held, refilled = None, 0
