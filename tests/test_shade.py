@@ -549,3 +549,31 @@ def test_a_pinned_resident_passed_over_goes_back_once_its_pins_are_released_else
     assert cache.access(np.array([2])).evicted.tolist() == [1]  # 0 is pinned: passed over
     holder.pin(np.array([0]), -1)
     assert cache.access(np.array([3])).evicted.tolist() == [0]  # released: the least goes
+
+
+def test_a_score_of_its_own_is_one_registered_function(tmp_path):
+    """A new importance score (a moving average of each sample's loss) is one function
+    registered by name; SHADE's sampler scores with it, reading the sample's history on
+    the board, and a wrong option is refused when the sampler is made."""
+    from hotset.importance import SCORERS, register_scorer
+
+    @register_scorer("test-loss-average")
+    def loss_average(ids, losses, board, alpha=0.5):
+        seen = board.seen[ids]
+        return np.where(seen, alpha * losses + (1 - alpha) * board.score[ids], losses)
+
+    try:
+        with pytest.raises(ConfigError, match="a scorer named 'test-loss-average'"):
+            register_scorer("test-loss-average")(loss_average)
+        sampler = make_sampler("shade", 10, importance="test-loss-average",
+                               importance_options={"alpha": 0.25})  # fmt: skip
+        sampler.feedback(np.array([1, 2]), np.array([4.0, 8.0]))
+        sampler.feedback(np.array([1, 3]), np.array([0.0, 2.0]))
+        assert sampler.board.score[[1, 2, 3]].tolist() == [3.0, 8.0, 2.0]  # 0.25*0 + 0.75*4
+        with pytest.raises(ConfigError, match="beta"):
+            make_sampler("shade", 10, importance="test-loss-average",
+                         importance_options={"beta": 1})  # fmt: skip
+        with pytest.raises(ConfigError, match="b0 must be > 1"):
+            make_sampler("shade", 10, b0=1.0)
+    finally:
+        del SCORERS["test-loss-average"]

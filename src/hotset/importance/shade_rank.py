@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from hotset.errors import ConfigError
+from hotset.importance.scorers import register_scorer
+
 
 def rank_importance(losses: np.ndarray, b0: float = 10.0) -> np.ndarray:
     """Eq. 6 for one minibatch: log of (how many others have a strictly lower loss + b0)."""
@@ -27,4 +30,15 @@ def coarse_importance(losses: np.ndarray) -> np.ndarray:
     return np.full(losses.shape, losses.mean() if losses.size else 0.0)
 
 
-SCORERS = {"rank": rank_importance, "coarse": coarse_importance}
+@register_scorer("rank")
+def rank_scores(ids: np.ndarray, losses: np.ndarray, board, b0: float = 10.0) -> np.ndarray:
+    """SHADE's fine-grained importance (Eq. 6)."""
+    if b0 <= 1.0:
+        raise ConfigError(f"b0 must be > 1 so that log(rank + b0) > 0, got {b0}")
+    return rank_importance(losses, b0)
+
+
+@register_scorer("coarse")
+def coarse_scores(ids: np.ndarray, losses: np.ndarray, board) -> np.ndarray:
+    """The minibatch mean loss for each sample (the ``sh_*`` ablations)."""
+    return coarse_importance(losses)

@@ -39,7 +39,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype, nonzero_as
-from hotset.importance import SCORERS, ScoreBoard, coarse_importance, rank_importance
+from hotset.importance import SCORERS, ScoreBoard
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
@@ -69,6 +69,7 @@ class PADSSampler(Sampler):
         order: str = "hits_first",
         coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
         cache_tiers: str = "both",
+        importance_options: dict | None = None,
         **kwargs,
     ) -> None:
         super().__init__(num_samples, **kwargs)
@@ -81,8 +82,6 @@ class PADSSampler(Sampler):
         self.coverage = Coverage(num_samples, coverage_epochs)
         if importance not in SCORERS:
             raise ConfigError(f"importance must be one of {sorted(SCORERS)}, got {importance!r}")
-        if b0 <= 1.0 and importance == "rank":
-            raise ConfigError(f"b0 must be > 1 so that log(rank + b0) > 0, got {b0}")
         if repetition < 1.0:
             raise ConfigError(f"repetition must be >= 1, got {repetition}")
         if repetition_mode not in ("weight", "repeat"):
@@ -90,9 +89,14 @@ class PADSSampler(Sampler):
         self.repetition_mode = repetition_mode
         self.importance = importance
         self.b0 = float(b0)
-        self._score = (
-            partial(rank_importance, b0=self.b0) if importance == "rank" else coarse_importance
-        )
+        options = {"b0": self.b0} if importance == "rank" else {}  # (b0: the rank's)
+        self.importance_options = {**options, **(importance_options or {})}
+        self._score = partial(SCORERS[importance], **self.importance_options)
+        try:  # (its options checked now, not at the first feedback)
+            self._score(np.zeros(2, np.int64), np.zeros(2), ScoreBoard(2))
+        except TypeError as exc:
+            raise ConfigError(f"importance {importance!r}, options "
+                              f"{self.importance_options}: {exc}") from exc  # fmt: skip
         self.repetition = float(repetition)
         self.steep_drop = float(steep_drop)
         self.stagnation = float(stagnation)
@@ -113,7 +117,7 @@ class PADSSampler(Sampler):
         losses = np.asarray(losses, np.float64)
         if ids.shape != losses.shape:
             raise ConfigError(f"feedback: {ids.size} ids but {losses.size} losses")
-        scores = self._score(losses)
+        scores = np.asarray(self._score(ids, losses, self.board), np.float64)
         self.board.update(ids, scores, losses)
         if self.prior is None and ids.size:  # a median rank / the first batch's mean loss
             self.prior = float(np.median(scores))
