@@ -217,14 +217,25 @@ class Policy(ABC):
         """Access ``ids`` in order; returns hits and the net store changes of the batch."""
         arr = np.asarray(ids, dtype=np.int64)
         self._prepare(arr)
+        return self._decide(arr)
+
+    def _decide(self, arr: np.ndarray) -> AccessResult:
+        """The batch ``arr`` (prepared) through ``_access``, its lists made arrays (a
+        policy that decides a batch in arrays overrides it)."""
         hits: list[bool] = []
         admitted: list[int] = []
         evicted: list[int] = []
         self._access(arr.tolist(), hits, admitted, evicted)
-        admitted = np.fromiter(dict.fromkeys(admitted), np.int64)
-        evicted = np.fromiter(dict.fromkeys(evicted), np.int64)
+        return self._result(
+            np.array(hits, dtype=bool), np.fromiter(dict.fromkeys(admitted), np.int64),
+            np.fromiter(dict.fromkeys(evicted), np.int64),
+        )  # fmt: skip
+
+    def _result(self, hits: np.ndarray, admitted: np.ndarray, evicted: np.ndarray) -> AccessResult:
+        """A batch's result from its hits and the ids it put and removed, each once in the
+        order they came: the net changes (put and still resident, removed and not)."""
         return AccessResult(
-            hits=np.array(hits, dtype=bool),
+            hits=hits,
             admitted=admitted[self.resident_mask(admitted)],
             evicted=evicted[~self.resident_mask(evicted)],
         )

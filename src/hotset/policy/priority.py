@@ -17,11 +17,12 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.ids import first_positions
 from hotset.policy import priority_kernel
-from hotset.policy.base import register_policy
+from hotset.policy.base import AccessResult, register_policy
 from hotset.policy.compiled_heap import CompiledHeap
 from hotset.policy.keyed_heap import HeapPolicy
 
 SCALE = float(1 << 24)
+_NONE = np.empty(0, np.int64)
 
 
 def turn(positions: list[int], p: int, todo: list[int], hit: list[bool]) -> None:
@@ -107,6 +108,20 @@ class PriorityPolicy(HeapPolicy):
         fits = np.frombuffer(self._sizes, np.int64)[ids] <= self.capacity_bytes
         self._q, self._may = self._levels(ids), self._may_replace(ids) & fits
         self._batch = ids
+
+    def _decide(self, arr: np.ndarray) -> AccessResult:
+        """Where the batch is decided at once (the cache filling, or the compiled loop),
+        in arrays, without the base path's lists: the same result."""
+        start = self._heap.levels[arr] >= 0
+        admitted: list[int] = []
+        filled = self._admit_all(start, np.flatnonzero(~start), admitted)
+        if filled is not None:
+            return self._result(filled, np.array(admitted, np.int64), _NONE)
+        out = self._compiled() if self.compiled else None
+        if out is None:
+            return super()._decide(arr)
+        hit, new, gone = out
+        return self._result(hit, new[first_positions(new)], gone[first_positions(gone)])
 
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]
@@ -210,22 +225,30 @@ class PriorityPolicy(HeapPolicy):
     def _compiled_access(self, hits: list[bool], admitted: list[int], evicted: list[int]) -> bool:
         """The loop below, compiled (``priority_kernel``): the same decisions and heap;
         whether it served (not where numba is missing or a key exceeds int64)."""
+        out = self._compiled()
+        if out is None:
+            return False
+        hits.extend(out[0].tolist())
+        admitted.extend(out[1].tolist())
+        evicted.extend(out[2].tolist())
+        return True
+
+    def _compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The prepared batch through the compiled loop: its hits, and the ids it put and
+        removed in order (repeats kept); None where it cannot run."""
         heap = self._heap
         if not isinstance(heap, CompiledHeap):  # (a template's heap, holding nothing)
-            return False
+            return None
         pins = self.pinned if self._holds[0] else None
         out = priority_kernel.admit(
             heap, np.frombuffer(self._sizes, np.int64), pins, self._batch, self._q, self._may,
             self.capacity_bytes, self.used, self.evict_ties,
         )  # fmt: skip
         if out is None:
-            return False
+            return None
         hit, new, gone, self.used = out
-        hits.extend(hit.tolist())
-        admitted.extend(new.tolist())
-        evicted.extend(gone.tolist())
         heap.compact()
-        return True
+        return hit, new, gone
 
     @staticmethod
     def _positions_at_start(start: np.ndarray, ids: list[int]) -> dict[int, list[int]]:
