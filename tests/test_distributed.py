@@ -65,6 +65,16 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             return p
 
         loader.planner._plan = recorded
+        sampler = loader.planner.sampler
+        if sampler.cache_aware:  # what it is told the cache holds: the RAM tier's alone
+            told, set_cached = record.setdefault("told_ram_alone", []), sampler.set_cached
+
+            def telling(ids):
+                ram = loader.planner.policy.cached_ids()
+                told.append(bool(np.array_equal(np.unique(ids), np.unique(ram))))
+                set_cached(ids)
+
+            sampler.set_cached = telling
     for epoch in range(3):
         loader.set_epoch(epoch)
         announced = len(loader)
@@ -115,6 +125,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             "collectives": c["internal"].get("collectives", 0)
             - before["internal"].get("collectives", 0),
             "failures": c["store_failures"] - before["store_failures"],
+            "disk_hits": c["disk_hits"] - before["disk_hits"],
             "cached": plans.hexdigest() if process else hashlib.blake2b(
                 loader.planner.policy.cached_ids().tobytes(), digest_size=8
             ).hexdigest(),
@@ -225,6 +236,10 @@ def test_ranks_share_one_global_plan(fmnist_dir, tmp_path, name, world):
             assert all(g[:2] == [False, 0] for g in graphs[1:]), (e, graphs)
             assert len({g[2] for g in graphs}) == 1  # every rank applied the same scores
         assert graphs[0][2] >= n  # (every sample was scored, epochs 0-1 at least)
+    if name == "shade-disk":  # each node's disk tier holds its own samples: the ranks'
+        # repetition sees the RAM tier alone (docs/data.md), though the tier holds more
+        assert all(r["told_ram_alone"] == [True] * 3 for r in records), records[0]
+        assert sum(ep["disk_hits"] for r in records for ep in r["epochs"]) > 0
     if name.startswith("icache"):  # one rank reads and loads the packages
         assert records[0]["epochs"][-1]["package_reads"] > 0
         assert all(r["epochs"][-1]["package_reads"] == 0 for r in records[1:])
