@@ -66,6 +66,7 @@ from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from disk_tier import LocalFiles, losses_of  # noqa: E402
 from hotset.compare_peers import RUNNER as STREAMING_RUN  # noqa: E402
+from hotset.compare_peers import write_samples  # noqa: E402
 from hotset.peers.streaming_run import head  # noqa: E402
 from hotset.testing import DelayProxy, S3Server  # noqa: E402
 
@@ -113,10 +114,7 @@ def make_data(root: Path, n: int, distinct: int, shard_bytes: int) -> int:
                     info.size = len(value)
                     tf.addfile(info, io.BytesIO(value))
                 (root / "files" / f"s{k:07d}.jpg").write_bytes(blobs[k])
-    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-    np.savez(root / "samples.npz", blob=np.frombuffer(b"".join(blobs), np.uint8),
-             offsets=offsets, labels=np.asarray(labels, np.int64))  # fmt: skip
-    return int(offsets[-1])
+    return write_samples(root / "samples.npz", blobs, labels)
 
 
 def head_of_file(path: Path) -> np.ndarray:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import subprocess
 import sys
@@ -48,8 +47,10 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from _report import report  # noqa: E402
+from disk_peers import PEER_TRIES, PeerFailed, run_peer  # noqa: E402
 from hotset.build import make_loader  # noqa: E402
 from hotset.compare_peers import RUNNER as STREAMING_RUN  # noqa: E402
+from hotset.compare_peers import write_samples  # noqa: E402
 from hotset.storage.tar import TarStorage  # noqa: E402
 from hotset.testing import DelayProxy, NginxServer, S3Server, s3rver_binary  # noqa: E402
 
@@ -89,8 +90,6 @@ def write_shards(root: Path, samples: int, shards: int) -> list[tuple[bytes, int
     return out
 
 
-#: runs of Streaming's row before the benchmark gives up (disk_peers.py's)
-PEER_TRIES = 5
 #: DataLoader workers of the S3 rows (module docstring)
 PEER_WORKERS = 0
 
@@ -101,10 +100,7 @@ def against_streaming(args, work: Path, samples: list[tuple[bytes, int]]) -> lis
     peer = Path(args.peer_python)
     if not peer.exists():
         return []
-    blobs = [b for b, _ in samples]
-    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-    np.savez(work / "samples.npz", blob=np.frombuffer(b"".join(blobs), np.uint8),
-             offsets=offsets, labels=np.array([y for _, y in samples], np.int64))  # fmt: skip
+    data = write_samples(work / "samples.npz", [b for b, _ in samples], [y for _, y in samples])
     shard = sum(p.stat().st_size for p in (work / "data").iterdir()) // args.shards
     subprocess.run([str(peer), str(STREAMING_RUN), "write", str(work / "samples.npz"),
                     str(work / "mds"), "--shard-bytes", str(shard)], check=True)  # fmt: skip
@@ -114,9 +110,6 @@ def against_streaming(args, work: Path, samples: list[tuple[bytes, int]]) -> lis
         s3.upload(work / "data", "s3://bench/tar")
         s3.upload(work / "mds", "s3://bench/mds")
         wire = DelayProxy(int(s3.endpoint.rsplit(":", 1)[1]), args.latency_ms, args.bandwidth)
-        env = {**os.environ, "S3_ENDPOINT_URL": wire.url, "AWS_DEFAULT_REGION": "eu-west-1",
-               "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
-               "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}  # fmt: skip
         options = {**s3.storage_options, "client_kwargs": {"endpoint_url": wire.url,
                                                            "region_name": "eu-west-1"}}  # fmt: skip
         rows, tries = [], 0
@@ -134,18 +127,19 @@ def against_streaming(args, work: Path, samples: list[tuple[bytes, int]]) -> lis
                     for _ in range(PEER_TRIES):  # (a run may fail: mosaicml/streaming#475)
                         local = work / f"streaming-{rep}-{tries}"
                         tries += 1
-                        out = subprocess.run(
-                            [str(peer), str(STREAMING_RUN), "epochs", "s3://bench/mds",
-                             "--local", str(local), "--cache-limit", str(1 << 40), "--epochs",
-                             "1", "--workers", str(PEER_WORKERS), "--batch-size",
-                             str(args.batch), "--size", "64,64"],
-                            env=env, capture_output=True, text=True,
-                        )  # fmt: skip
-                        if not out.returncode:
+                        try:
+                            line = run_peer(
+                                [str(peer), str(STREAMING_RUN), "epochs", "s3://bench/mds",
+                                 "--local", str(local), "--cache-limit", str(1 << 40),
+                                 "--epochs", "1", "--workers", str(PEER_WORKERS),
+                                 "--batch-size", str(args.batch), "--size", "64,64"],
+                                s3, wire, data,
+                            )[0]  # fmt: skip
                             break
+                        except PeerFailed:
+                            continue
                     else:
-                        raise SystemExit(f"Streaming failed {PEER_TRIES} times:\n{out.stderr}")
-                    line = json.loads(out.stdout.strip().splitlines()[-1])
+                        raise SystemExit(f"Streaming failed {PEER_TRIES} times")
                     row = {"loader": "streaming (s3)", "first_batch_s": line["first_batch_s"],
                            "epoch_s": line["first_batch_s"] + line["seconds"],
                            "samples": line["samples"]}  # fmt: skip

@@ -63,7 +63,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cpu import cpu_seconds  # noqa: E402
 from _report import report  # noqa: E402
 from hotset.build import make_loader  # noqa: E402
-from hotset.compare_peers import MAX_PEER_READS  # noqa: E402
+from hotset.compare_peers import (
+    MAX_PEER_READS,  # noqa: E402
+    write_samples,  # noqa: E402
+)
 from hotset.compare_peers import RUNNER as PEER_RUN  # noqa: E402
 from hotset.io.requests import CostModel  # noqa: E402
 from hotset.storage.prepare import (  # noqa: E402
@@ -83,10 +86,7 @@ def dump_samples(path: Path, n: int) -> tuple[int, float]:
     images = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][0]))[:n]
     labels = read_idx(Path(FASHION_MNIST_DIR, _IDX_FILES["train"][1]))[:n]
     blobs = [png_bytes(img) for img in images]
-    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-    np.savez(path, blob=np.frombuffer(b"".join(blobs), np.uint8), offsets=offsets,
-             labels=labels.astype(np.int64))  # fmt: skip
-    return len(blobs), float(offsets[-1]) / max(len(blobs), 1)
+    return len(blobs), write_samples(path, blobs, labels) / max(len(blobs), 1)
 
 
 def _delta(after: dict, before: dict) -> dict:

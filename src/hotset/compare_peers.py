@@ -92,6 +92,15 @@ def _image_and_label(train: Storage, raw: bytes, label: int) -> tuple[bytes, int
     return raw, label
 
 
+def write_samples(path: Path, blobs: list[bytes], labels) -> int:
+    """Samples' bytes and labels as the file the peers' writers read (``streaming_run.py
+    write``: ``blob``, ``offsets``, ``labels``); returns the bytes."""
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+    np.savez(path, blob=np.frombuffer(b"".join(blobs), np.uint8), offsets=offsets,
+             labels=np.asarray(labels, np.int64))  # fmt: skip
+    return int(offsets[-1])
+
+
 def _dump_samples(train: Storage, path: Path, chunk: int = 4096) -> int:
     """The split's sample bytes and labels for the MDS writer; returns the bytes."""
     blobs, labels = [], []
@@ -101,10 +110,7 @@ def _dump_samples(train: Storage, path: Path, chunk: int = 4096) -> int:
             image, label = _image_and_label(train, raw, int(train.labels[i]))
             blobs.append(image)
             labels.append(label)
-    offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-    np.savez(path, blob=np.frombuffer(b"".join(blobs), np.uint8), offsets=offsets,
-             labels=np.asarray(labels, np.int64))  # fmt: skip
-    return int(offsets[-1])
+    return write_samples(path, blobs, labels)
 
 
 def _shard_bytes(train: Storage, cache_limit: int) -> int:

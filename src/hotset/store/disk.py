@@ -148,6 +148,10 @@ class DiskTier:
         fd = self._fds.pop(seg, None)
         if fd is not None:
             self._retired.append(fd)
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        """Close the retired handles if no read of this process is in flight (lock held)."""
         if not self._reading:
             while self._retired:
                 os.close(self._retired.pop())
@@ -165,7 +169,7 @@ class DiskTier:
         finally:
             with self._fd_lock:
                 self._reading -= 1
-                self._retire(-1)  # (closes those retired meanwhile)
+                self._close_retired()
 
     def _get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         kbs = [k.encode() for k in keys]
