@@ -173,9 +173,9 @@ class HCache:
         h = heap.array(rest.size + 1)  # (an admission adds one entry at most)
         if h is None:
             return None
-        most = heap._n + rest.size + 1  # entries taken from the heap at most
         take, turned = np.empty(rest.size, np.int64), np.empty(rest.size, np.int64)
-        evicted, parked, popped = (np.empty(most, np.int64) for _ in range(3))
+        # entries taken from the heap at most
+        evicted, parked, popped = heap.scratch(heap._n + rest.size + 1)
         hot, sizes = frozen(self.is_h), frozen(np.frombuffer(self._sizes, np.int64))
         heap._n, heap.count, self.h_used, nt, nl, ne, npk, rebuilt = icache_kernel.admit_in_turn(
             h, heap._n, heap.levels, heap.count, heap.slack, heap.bits, self._where, hot,

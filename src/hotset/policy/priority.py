@@ -15,7 +15,7 @@ from heapq import heappop, heappush, heapreplace
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import first_positions
+from hotset.ids import distinct, first_positions
 from hotset.policy import priority_kernel
 from hotset.policy.base import AccessResult, register_policy
 from hotset.policy.compiled_heap import CompiledHeap
@@ -23,6 +23,12 @@ from hotset.policy.keyed_heap import HeapPolicy
 
 SCALE = float(1 << 24)
 _NONE = np.empty(0, np.int64)
+
+
+def once(ids: np.ndarray) -> np.ndarray:
+    """``ids`` with each id at its first place only (most batches repeat none: one
+    sort checks it)."""
+    return ids if distinct(ids) else ids[first_positions(ids)]
 
 
 def turn(positions: list[int], p: int, todo: list[int], hit: list[bool]) -> None:
@@ -121,7 +127,7 @@ class PriorityPolicy(HeapPolicy):
         if out is None:
             return super()._decide(arr)
         hit, new, gone = out
-        return self._result(hit, new[first_positions(new)], gone[first_positions(gone)])
+        return self._result(hit, once(new), once(gone))
 
     def _access(
         self, ids: list[int], hits: list[bool], admitted: list[int], evicted: list[int]

@@ -120,10 +120,10 @@ def admit(heap: ch.CompiledHeap, sizes: np.ndarray, pins: np.ndarray | None, ids
         return None
     sizes, ids, qs, may = (ch.frozen(a) for a in (sizes, ids, qs, may))
     n = heap._n
-    most = n + ids.size + 1  # the heap's entries at most, during the batch
     hit = np.empty(ids.size, np.bool_)
     admitted = np.empty(ids.size, np.int64)
-    evicted, parked, victims = (np.empty(most, np.int64) for _ in range(3))
+    # the heap's entries at most, during the batch: buffers kept from batch to batch
+    evicted, parked, victims = heap.scratch(n + ids.size + 1)
     heap._n, used, count, na, ne, npk = _admit(
         h, n, heap.levels, sizes, _NO_PINS if pins is None else pins, pins is not None,
         ids, qs, may, cap, used, heap.bits, ties, hit, admitted, evicted, parked, victims,
@@ -131,4 +131,4 @@ def admit(heap: ch.CompiledHeap, sizes: np.ndarray, pins: np.ndarray | None, ids
     heap.count += count
     for k in parked[:npk].tolist():
         heap.park(k)
-    return hit, admitted[:na], evicted[:ne], used
+    return hit, admitted[:na], evicted[:ne].copy(), used
