@@ -28,6 +28,10 @@ class-clustered 16-d embeddings for SpiderCache), as a training loop would. Repo
   ``NUMPY_MADVISE_HUGEPAGE`` the run had (docs/benchmarks.md: on this VM a huge page's
   first touch is slow, and the second epoch's start pays it).
 
+``--to-end``: the planner's systems plan each epoch on to its end after its window,
+untimed, with feedback, as training does: the last quarter of an epoch draws the next
+epoch's order where it is fixed in advance (uniform), so the next start does not.
+
 ``--window-at S``: the planner's systems time each window from a share S of its epoch
 (planned up to there untimed): SHADE serves an epoch's cached samples first, so a window
 at its start times hits only, and one at 0.5 its misses, an admission and an eviction
@@ -43,7 +47,7 @@ once the first has planned a share F of its first epoch (a sweep's next run), an
 that epoch's window, the two jobs out of step, is timed (the later epochs start both).
 
     python benchmarks/plan_scale.py [--sizes 60000,1281167,10000000] [--systems ...]
-        [--scored] [--warm] [--epochs 2] [--stagger 0.5] [--window-at 0.5]
+        [--scored] [--warm] [--epochs 2] [--stagger 0.5] [--window-at 0.5] [--to-end]
 """
 
 from __future__ import annotations
@@ -138,7 +142,8 @@ def batch_numbers(epoch: int, batches: int, n: int, batch_size: int, warm: bool,
 
 
 def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bool,
-                warm: bool = False, epochs: int = 2, window_at: float = 0.0) -> dict:  # fmt: skip
+                warm: bool = False, epochs: int = 2, window_at: float = 0.0,
+                to_end: bool = False) -> dict:  # fmt: skip
     from hotset.plan import Planner
     from hotset.policy.base import make_policy
     from hotset.sampling.base import make_sampler
@@ -203,6 +208,9 @@ def run_planner(system: str, manifest, batches: int, batch_size: int, scored: bo
             last = now
         if timed:
             busy += time.perf_counter() - t0
+        if to_end:  # the epoch's rest, untimed: its tail draws the next epoch's order
+            for plan in it:
+                learn(plan, epoch + 1)
         it.close()
     package_ms = 1e3 * float(np.mean(composed)) if composed else float("nan")
     return {
@@ -268,7 +276,7 @@ def run_service(mode: str, manifest, batches: int, batch_size: int, scored: bool
 
 def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored: bool,
         warm: bool = False, epochs: int = 2, stagger: float = 0.0,
-        window_at: float = 0.0) -> dict:  # fmt: skip
+        window_at: float = 0.0, to_end: bool = False) -> dict:  # fmt: skip
     """One run; ``memory``: traced by ``tracemalloc`` (numpy reports its buffers too), which
     slows allocations, so the times come from a run without it."""
     make_manifest(10)  # imports are not the manifest's memory
@@ -279,7 +287,7 @@ def one(system: str, n: int, batches: int, batch_size: int, memory: bool, scored
     with tempfile.TemporaryDirectory() as tmp:
         columns = Path(tmp) / "columns"
         r = _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger,
-                 window_at, columns)  # fmt: skip
+                 window_at, to_end, columns)  # fmt: skip
     return {**r, "compiled_MB": compiled / 1e6} if memory else r
 
 
@@ -297,7 +305,7 @@ def compiled_bytes(policy: str) -> int:
 
 
 def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, window_at,
-         columns: Path):  # fmt: skip
+         to_end, columns: Path):  # fmt: skip
     if memory:
         tracemalloc.start()
     manifest = mapped_manifest(n, columns)
@@ -305,14 +313,14 @@ def _one(system, n, batches, batch_size, memory, scored, warm, epochs, stagger, 
         manifest_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
     args = (manifest, batches, batch_size, scored, warm, epochs)
-    if system in SERVICE_SYSTEMS and window_at:
-        raise SystemExit(f"--window-at: the planner's systems only, not {system}")
+    if system in SERVICE_SYSTEMS and (window_at or to_end):
+        raise SystemExit(f"--window-at, --to-end: the planner's systems only, not {system}")
     if system in SERVICE_SYSTEMS:
         r = run_service(SERVICE_SYSTEMS[system], *args, stagger=stagger)
     elif stagger:
         raise SystemExit(f"--stagger: the service's systems only, not {system}")
     else:
-        r = run_planner(system, *args, window_at=window_at)
+        r = run_planner(system, *args, window_at=window_at, to_end=to_end)
     if memory:
         top = tracemalloc.get_traced_memory()[1]
         return {
@@ -369,6 +377,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2,
                     help="epochs run (3 or more: later_start_ms, the longest start after "
                          "the second epoch's)")  # fmt: skip
+    ap.add_argument("--to-end", action="store_true",
+                    help="the planner's systems: each epoch planned to its end after its "
+                         "window, untimed (its tail draws the next epoch's order)")  # fmt: skip
     args = ap.parse_args()
     if args.epochs < 2:
         ap.error("--epochs must be >= 2 (the second epoch's start is the one reported)")
@@ -378,13 +389,15 @@ def main() -> None:
     sizes += ["--warm"] if args.warm else []
     sizes += ["--stagger", str(args.stagger)] if args.stagger else []
     sizes += ["--window-at", str(args.window_at)] if args.window_at else []
+    sizes += ["--to-end"] if args.to_end else []
     if not 0.0 <= args.window_at < 1.0:
         ap.error("--window-at takes a share in [0, 1)")
     if not 0.0 <= args.stagger < 1.0 or (args.stagger and args.warm):
         ap.error("--stagger takes a share in [0, 1), and not with --warm")
     if args.one:
         r = one(args.one[0], int(args.one[1]), args.batches, args.batch_size, args.memory,
-                args.scored, args.warm, args.epochs, args.stagger, args.window_at)  # fmt: skip
+                args.scored, args.warm, args.epochs, args.stagger, args.window_at,
+                args.to_end)  # fmt: skip
         print(json.dumps(r))
         return
     rows = []
@@ -416,7 +429,8 @@ def main() -> None:
         ],
         meta={"batches": args.batches, "batch_size": args.batch_size, "cache_fraction": 0.1,
               "scored": args.scored, "warm": args.warm, "epochs": args.epochs,
-              "stagger": args.stagger, "window_at": args.window_at},  # fmt: skip
+              "stagger": args.stagger, "window_at": args.window_at,
+              "to_end": args.to_end},  # fmt: skip
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import sys
 from pathlib import Path
 
@@ -76,6 +77,46 @@ def test_uniform_marginals():
     for e in range(4000):
         first[s.global_order(e)[0]] += 1
     assert chisquare(first).pvalue > 0.001
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(20, 400), batch=st.integers(1, 16), replicas=st.integers(1, 3),
+    shuffle=st.sampled_from([True, False, "shards"]), replacement=st.booleans(),
+    jump=st.booleans(),
+)  # fmt: skip
+def test_the_next_epochs_order_is_drawn_in_the_tail_and_is_the_one_drawn_at_its_start(
+    n, batch, replicas, shuffle, replacement, jump
+):
+    """docs/design.md: a sampler whose orders are fixed in advance draws the next epoch's
+    in a thread from the last quarter of an epoch's batches; that epoch then starts
+    without drawing it (``global_order`` is not called), with the same order; an epoch
+    other than the next (a resume elsewhere) is drawn at its start as before."""
+    from hotset.plan import Planner
+    from hotset.policy.base import make_policy
+
+    def sampler():
+        return make_sampler("uniform", n, seed=5, shuffle=shuffle, replacement=replacement,
+                            objects=np.arange(n) // 7, num_replicas=replicas, rank=replicas - 1)
+
+    s, fresh = sampler(), sampler()
+    planner = Planner(s, make_policy("lru", 10, sizes=np.ones(n, np.int64)), batch)
+    plans = iter(planner)
+    for _ in range(len(planner) - max(1, len(planner) // 4)):  # up to the tail
+        next(plans)
+        assert s._ahead is None
+    rest = list(plans)
+    assert rest and s._ahead is not None and s._ahead.epoch == 1
+    assert s.state_dict() and pickle.loads(pickle.dumps(s))._ahead is None  # a thread: not state
+    drawn = []
+    s.global_order = lambda e: drawn.append(e) or fresh.global_order(e)
+    nxt = 4 if jump else 1
+    s.set_epoch(nxt)
+    served = np.concatenate([p.ids for p in planner])
+    s._ahead.result()  # (the epoch after, drawn in this one's tail)
+    assert drawn == ([4, 5] if jump else [2])  # the next epoch's was drawn in the tail
+    np.testing.assert_array_equal(served, fresh.epoch_order(nxt)[: served.size])
+    assert served.size == len(fresh)
 
 
 def test_bad_config_named():

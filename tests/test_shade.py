@@ -535,6 +535,52 @@ def test_the_planner_serves_the_order_as_it_is_shuffled(system):
         assert np.array_equal(saved, order)
 
 
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(50, 3_000), held=st.floats(0.0, 1.0), seed=st.integers(0, 99))
+def test_the_misses_are_drawn_in_a_thread_while_the_hits_are_read(n, held, seed):
+    """docs/design.md: SHADE draws an epoch's misses in a thread while its hits are
+    read: the hits are served before the misses' draw ends, the order is the one drawn
+    at once, and a state taken meanwhile holds it whole."""
+    import threading
+
+    from hotset.sampling import pads
+
+    def sampler():
+        s = make_sampler("shade", n, seed=seed)
+        ids = np.arange(n)
+        s.feedback(ids, np.random.default_rng(seed).random(n))
+        s.set_epoch(1)
+        s.set_cached(ids[: int(held * n)])
+        return s
+
+    at_once = sampler()
+    at_once.coverage.epochs = 10**6  # (the floor's path draws the whole list at once)
+    expected = at_once.global_order(1)
+    go = threading.Event()
+    real = pads.draw_weighted
+
+    def held_back(rng, p, k, out=None, **kw):
+        if out is not None:  # the misses' draw: waits till the hits are read
+            assert go.wait(30)
+        return real(rng, p, k, out=out, **kw)
+
+    s = sampler()
+    try:
+        pads.draw_weighted = held_back
+        order = s.order_as_read(1)
+        hits = order._fill_from
+        assert 0 <= hits <= n and order._filling is not None
+        if hits:
+            np.testing.assert_array_equal(order.ready(hits)[:hits], expected[:hits])
+        threading.Timer(0.05, go.set).start()
+        state = s.state_dict()  # waits for the misses
+    finally:
+        pads.draw_weighted = real
+        go.set()
+    np.testing.assert_array_equal(order.whole(), expected)
+    np.testing.assert_array_equal(state["_orders"][1].whole(), expected)
+
+
 def test_a_pinned_resident_passed_over_goes_back_once_its_pins_are_released_elsewhere():
     """SpiderCache's importance cache counts its pins in the policy holding it
     (``share_pins``): a resident passed over while pinned goes back into the heap once

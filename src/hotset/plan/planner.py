@@ -44,6 +44,9 @@ COUNTERS = (
     "planning_s", "feedback_s", "phantoms", "sync_fixes", "sync_s", "sync_calls", "offered",
     "refilled",
 )  # fmt: skip
+#: the next epoch's order is drawn in the background (``Sampler.prepare``) from the last
+#: 1/TAIL of an epoch's batches
+TAIL = 4
 
 
 class Planner:
@@ -331,9 +334,13 @@ class Planner:
         if self.readahead is not None:
             self.readahead.start_epoch(order, step)
         self.planning_s += time.perf_counter() - start
-        for index in range(first, self.at.batches(order)):
+        batches = self.at.batches(order)
+        tail = batches - max(1, (batches - first) // TAIL)  # the next epoch drawn from here
+        for index in range(first, batches):
             lo = index * step
             start = time.perf_counter()
+            if index == tail:
+                self.sampler.prepare(epoch + 1)
             if ready is not None:
                 ready(lo + step)
             if replay and replay[0].index == index:

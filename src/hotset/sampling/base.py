@@ -17,6 +17,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.importance.scoreboard import ScoreBoard
 from hotset.registry import Registry
+from hotset.sampling.ahead import OrderAhead
 from hotset.sampling.draw import ShuffledAsRead
 
 
@@ -67,6 +68,7 @@ class Sampler(ABC):
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.epoch = 0
+        self._ahead: OrderAhead | None = None  # an order drawn before its epoch (``prepare``)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -78,7 +80,7 @@ class Sampler(ABC):
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """This rank's ids for ``epoch`` (default: the current one), as DistributedSampler
         shards them: pad by wrapping (or drop the tail), then every ``num_replicas``-th."""
-        order = self.global_order(self.epoch if epoch is None else epoch)
+        order = self._order(self.epoch if epoch is None else epoch)
         r = self.num_replicas
         if self.drop_last:
             order = order[: (order.size // r) * r]
@@ -91,7 +93,22 @@ class Sampler(ABC):
         """``global_order(epoch)``, or the same order still being shuffled as it is read
         (a planner reads it batch by batch, so the epoch starts without a permutation of
         all its ids); ``global_order`` is then its final form."""
-        return self.global_order(epoch)
+        return self._order(epoch)
+
+    def prepare(self, epoch: int) -> None:
+        """Start drawing ``epoch``'s order in a thread where it is fixed in advance
+        (``order_known_ahead``; the planner asks in the last quarter of the epoch before):
+        that epoch then starts with its order drawn, the same order."""
+        if self.order_known_ahead and (self._ahead is None or self._ahead.epoch != epoch):
+            self._ahead = OrderAhead(self.global_order, epoch)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """``global_order(epoch)``, taken from ``prepare`` where it was drawn ahead."""
+        ahead = self._ahead
+        if ahead is None or ahead.epoch != epoch:
+            return self.global_order(epoch)
+        self._ahead = None
+        return ahead.result()
 
     # -- optional hooks: no-op defaults ---------------------------------------------------
     def feedback(  # noqa: B027 - optional hook
@@ -131,10 +148,16 @@ class Sampler(ABC):
         """A copy of everything the sampler learnt and drew (scores, orders, RNG state):
         ``load_state_dict`` on a sampler made with the same arguments continues exactly."""
         self.drain()
-        return copy.deepcopy({k: v for k, v in vars(self).items() if k not in self.transient})
+        skip = (*self.transient, "_ahead")
+        return copy.deepcopy({k: v for k, v in vars(self).items() if k not in skip})
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(copy.deepcopy(state))
+        self._ahead = None
+
+    def __getstate__(self) -> dict:
+        """Its attributes without an order being drawn ahead (a thread)."""
+        return {**vars(self), "_ahead": None}
 
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype
+from hotset.sampling.ahead import OrderAhead
 
 #: draws per piece of :func:`draw_weighted` at most (pieces run on two threads)
 DRAW_PIECE = 1 << 22
@@ -70,20 +71,31 @@ class ShuffledAsRead:
     depend on how far each call reads, so the order is a function of the ids and the
     generator alone: reading it batch by batch gives what ``ready(size)`` gives, a
     uniform permutation of each part. An epoch then starts without a permutation of
-    all its ids (14M: 0.4-1 s). ``block``: ids put in place at a time."""
+    all its ids (14M: 0.4-1 s). ``block``: ids put in place at a time. ``filling``: a
+    thread still drawing ``ids[fill_from:]`` (``OrderAhead``; ``fill_from`` is where a
+    part starts: SHADE's misses, drawn while its hits are read); the order waits for it
+    there, not before."""
 
     def __init__(
         self, ids: np.ndarray, rng: np.random.Generator, ends: list[int] | None = None,
-        block: int = SHUFFLE_BLOCK,
+        block: int = SHUFFLE_BLOCK, filling: OrderAhead | None = None, fill_from: int = 0,
     ) -> None:  # fmt: skip
         self.ids, self.size = ids, int(ids.size)
         self._rng, self._block = rng, int(block)
         self._ends = [e for e in (ends or []) if 0 < e < self.size] + [self.size]
         self._done = 0  # ids[:_done] are final
         self._lock = threading.Lock()
+        self._filling, self._fill_from = filling, int(fill_from)
+
+    def _filled(self) -> None:
+        """Wait for the ids still being drawn (``filling``)."""
+        if self._filling is not None:
+            self._filling.result()
+            self._filling = None
 
     def __getstate__(self) -> dict:
-        """Its state without the lock (a copy, a checkpoint)."""
+        """Its state, its ids drawn, without the lock (a copy, a checkpoint)."""
+        self._filled()
         return {k: v for k, v in vars(self).items() if k != "_lock"}
 
     def __setstate__(self, state: dict) -> None:
@@ -99,11 +111,14 @@ class ShuffledAsRead:
                               "parts or position do not fit together")  # fmt: skip
         vars(self).update(state)
         self._lock = threading.Lock()
+        self._filling = None
 
     def ready(self, stop: int) -> np.ndarray:
         """``ids``, final at least up to position ``stop``."""
         with self._lock:
             stop = min(int(stop), self.size)
+            if stop > self._fill_from:
+                self._filled()
             while self._done < stop:
                 end = next(e for e in self._ends if e > self._done)
                 start = max([e for e in self._ends if e <= self._done], default=0)

@@ -40,6 +40,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype, nonzero_as
 from hotset.importance import SCORERS, ScoreBoard
+from hotset.sampling.ahead import OrderAhead
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
@@ -151,14 +152,18 @@ class PADSSampler(Sampler):
         w = self.weights()
         return w / w.sum()
 
-    def _draw(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    def _draw(
+        self, rng: np.random.Generator, in_thread: bool
+    ) -> tuple[np.ndarray, int, OrderAhead | None]:
         """The epoch's draw of ``num_samples`` ids, its hits (the drawn ids the cache
         holds, repeated in ``repeat`` mode) before its misses, made part by part: the
         number of hits is Binomial(n, P(cached)) and each part is an i.i.d. draw from the
         weights restricted to it -- the distribution of one draw partitioned afterwards,
         without a look-up of every drawn id, and only as many misses drawn as the epoch
         keeps. Each part is left unshuffled (``ShuffledAsRead`` shuffles it as it is
-        read); returns the ids and where the hits end."""
+        read); returns the ids, where the hits end, and (``in_thread``) the thread still
+        drawing the misses, which are read after the hits (the same draws: the misses'
+        generators are spawned from ``rng``, whose reads do not spawn)."""
         w = self.weights()
         held = nonzero_as(self._cached, index_dtype(self.num_samples))
         w_held = w[held]
@@ -175,10 +180,16 @@ class PADSSampler(Sampler):
             hits = np.concatenate([np.repeat(hits, whole), hits[:extra]])[:n]
         order = np.empty(n, index_dtype(n))  # the hits, then the misses drawn after them
         order[: hits.size] = hits
-        draw_weighted(
-            rng, w, n - hits.size, out=order[hits.size :], overwrite=True, shuffle=False
-        )
-        return order, hits.size
+
+        def misses(_epoch: int) -> np.ndarray:
+            return draw_weighted(
+                rng, w, n - hits.size, out=order[hits.size :], overwrite=True, shuffle=False
+            )  # fmt: skip
+
+        if in_thread:
+            return order, hits.size, OrderAhead(misses, self.epoch)
+        misses(self.epoch)
+        return order, hits.size, None
 
     def _guard(self, epoch: int) -> bool:
         means = [
@@ -200,16 +211,20 @@ class PADSSampler(Sampler):
         its hits before its misses (``hits_first``, each part shuffled) or not."""
         if epoch not in self._orders:
             rng = np.random.default_rng([self.seed, epoch])
-            dtype, ends = index_dtype(self.num_samples), None
+            dtype, ends, filling = index_dtype(self.num_samples), None, None
             if self.prior is None:
                 order = np.arange(self.num_samples, dtype=dtype)
             elif self._guard(epoch):
                 self.guard_epochs.append(epoch)
                 order = np.arange(self.num_samples, dtype=dtype)
             else:
-                order, hits = self._draw(rng)
+                # the misses drawn in a thread while the hits are read (not where the
+                # floor needs the whole draw at once, nor one part shuffled whole)
+                later = self.order == "hits_first" and self.coverage.epochs is None
+                order, hits, filling = self._draw(rng, later)
                 order = self.coverage.ensure(order, epoch, rng)
                 ends = [hits] if self.order == "hits_first" else None
             self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = ShuffledAsRead(order, rng, ends)
+            self._orders[epoch] = ShuffledAsRead(order, rng, ends, filling=filling,
+                                                 fill_from=ends[0] if filling else 0)  # fmt: skip
         return self._orders[epoch]
