@@ -405,6 +405,88 @@ def test_a_job_of_several_ranks_registers_once_with_the_service(fmnist_dir, tmp_
         assert all(r["epochs"][e]["wrong"] == 0 for r in records)
 
 
+def _pooled_service_rank(rank: int, job: str, init: str, address: str, data: str,
+                         out: str, local: str) -> None:  # fmt: skip
+    """A rank of ``job`` (two ranks, each on a "node" of its own) on a service whose store
+    is Redis: two epochs, what it served and read written to ``out``; first, what the
+    service at ``local`` (its store on its node) answers such a job."""
+    os.environ["GROUP_RANK"] = str(rank)  # as torchrun tells each node's agent
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    storage = FileStorage(data)
+    try:
+        hotset.connect(local, timeout_s=30).make_loader(storage, batch_size=25, name=job)
+        refused = ""
+    except hotset.ConfigError as exc:
+        refused = str(exc)
+    client = hotset.connect(address, timeout_s=30)
+    loader = client.make_loader(storage, batch_size=25, num_workers=1, name=job)
+    record = {"epochs": [], "store": type(loader.dataset.store.inner).__name__,
+              "refused": refused}  # fmt: skip
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids_seen, wrong = [], 0
+        for _, y, ids in loader:
+            wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
+            ids_seen += ids.tolist()
+            loader.feedback(ids, torch.ones(len(ids)))
+        record["epochs"].append({"ids": ids_seen, "wrong": wrong})
+    c = loader.counters()
+    record.update(reads=c["storage_reads"], hits=c["hits"], late=c["late_misses"])
+    Path(out, f"{job}-{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    loader.close()
+    dist.destroy_process_group()
+
+
+def test_two_jobs_whose_ranks_span_nodes_share_a_service_pooled_in_redis(
+    fmnist_dir, tmp_path, redis_server
+):
+    """docs/service.md: a service started with ``--store-url`` (Redis) takes jobs whose
+    ranks run on several nodes: two jobs of two ranks, each rank on a node of its own
+    (torchrun's GROUP_RANK), JOADER's dependent sampling: each job reads every sample
+    once an epoch, its ranks disjoint, the right bytes; the jobs share what they read."""
+    from hotset.service.server import start_service
+
+    address, local = f"ipc://{tmp_path}/svc.sock", f"ipc://{tmp_path}/local.sock"
+    service = start_service(address, capacity_bytes=2_000_000, store_url=redis_server.url)
+    on_its_node = start_service(local, capacity_bytes=2_000_000)
+    ctx = mp.get_context("spawn")
+    data = str(fmnist_dir / "train")
+    procs = [
+        ctx.Process(target=_pooled_service_rank,
+                    args=(r, job, f"file://{tmp_path}/pg-{job}", address, data, str(tmp_path),
+                          local))
+        for job in ("a", "b") for r in range(2)
+    ]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        assert [p.exitcode for p in procs] == [0] * 4
+        stats = hotset.connect(address, timeout_s=20).stats()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for s in (service, on_its_node):
+            s.terminate()
+            s.join(10)
+    assert sorted(stats["removed"]) == [["a", "left"], ["b", "left"]]
+    records = {(j, r): json.loads((tmp_path / f"{j}-{r}.json").read_text())
+               for j in ("a", "b") for r in range(2)}  # fmt: skip
+    assert {rec["store"] for rec in records.values()} == {"RedisStore"}
+    assert all("node-local store: one node" in rec["refused"] for rec in records.values())
+    for job in ("a", "b"):
+        for e in range(2):
+            ranks = [records[job, r]["epochs"][e] for r in range(2)]
+            assert sorted(ranks[0]["ids"] + ranks[1]["ids"]) == list(range(1000))
+            assert all(rank["wrong"] == 0 for rank in ranks)
+    reads = sum(rec["reads"] for rec in records.values())
+    assert reads < 2 * 2 * 1000  # shared: fewer than two jobs' two epochs alone
+    assert sum(rec["hits"] for rec in records.values()) > 0
+
+
 def _hang_or_fail(rank: int, world: int, init: str, data: str, out: str) -> None:
     """Rank 1 stops (as a SIGSTOPped or hung rank) once its loader exists; rank 0 reads
     on, and writes what ended its wait. Rank 0 first makes and closes ten loaders: the

@@ -421,6 +421,22 @@ def test_one_name_per_system_builds_what_compare_measures(fmnist_dir):
     assert len(named) == len(set(named)) and "icache" in named  # each name once
 
 
+def test_no_system_named_shuffles_uniformly_over_a_cache_that_never_evicts(fmnist_dir):
+    """README: without ``system=`` a loader shuffles uniformly over CoorDL's never-evict
+    cache: filled in the first epoch, the same residents after, each hit once an epoch."""
+    with make_loader(str(fmnist_dir / "train"), batch_size=100, cache_fraction=0.2,
+                     num_workers=0, store="memory") as loader:  # fmt: skip
+        planner = loader.planner
+        assert (planner.sampler.name, planner.policy.name) == ("uniform", "minio")
+        held = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert sorted(i for _, _, ids in loader for i in ids.tolist()) == list(range(1000))
+            held.append(planner.policy.cached_ids())
+        assert held[0].size >= 150 and all(np.array_equal(h, held[0]) for h in held)
+        assert [s.hits for s in loader.epoch_stats] == [0, held[0].size, held[0].size]
+
+
 def test_a_closed_loader_says_so(fmnist_dir):
     loader = make_loader(str(fmnist_dir / "train"), batch_size=100, cache_fraction=0.1,
                          num_workers=0, store="memory")  # fmt: skip

@@ -149,8 +149,10 @@ def make_loader(
             baseline policy under uniform shuffling: ``lru``, ``minio``, ``belady``, ...):
             its sampler, policy and options; ``sampler_options`` / ``policy_options``
             override single options. Or build one from parts:
-        policy: the cache policy by name (``hotset.POLICIES``, default ``lru``):
-            ``lru``, ``minio``, ``belady``, ``app`` (SHADE's), ``icache``, ``spider``, ...
+        policy: the cache policy by name (``hotset.POLICIES``, default ``minio``,
+            CoorDL's never-evict cache: under a uniform shuffle it hits as often as any
+            online policy and writes the cache once, where ``lru`` rewrites it every
+            epoch): ``lru``, ``minio``, ``belady``, ``app`` (SHADE's), ``icache``, ...
         cache_fraction: the cache's size as a fraction of the dataset's bytes, or
         capacity_bytes: its size in bytes (give exactly one of the two).
         store: where cached bytes live: ``"shared"`` (LMDB on /dev/shm, shared by the
@@ -497,9 +499,14 @@ def _check_dataloader(num_workers: int, kwargs: dict) -> None:
         raise ConfigError(f"make_loader: {exc}") from None
 
 
+#: the policy when neither ``system`` nor ``policy`` is named (README, "Which system to
+#: pick": the best a cache does under uniform shuffling)
+DEFAULT_POLICY = "minio"
+
+
 def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_options):
     """The sampler, policy and sampler options ``system`` names (the user's options over
-    its own), or the parts given (default: uniform + LRU)."""
+    its own), or the parts given (default: uniform + MinIO)."""
     if system is None:
         if policy in SYSTEMS and policy not in POLICIES:
             raise ConfigError(
@@ -507,7 +514,7 @@ def _parts(system: str | None, sampler: str | None, policy: str | None, sampler_
                 f"mean system={policy!r}? (its policy alone is "
                 f"{SYSTEMS[policy].policy!r})"
             )
-        return sampler or "uniform", policy or "lru", sampler_options
+        return sampler or "uniform", policy or DEFAULT_POLICY, sampler_options
     if sampler is not None or policy is not None:
         raise ConfigError(
             f"give system={system!r} or sampler=/policy=, not both (system={system!r} is "

@@ -227,7 +227,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         **_given(args, "address", "capacity_bytes", "store_path", "max_samples", "policy",
                  "sampling", "lookahead", "job_timeout_s", "seed", "substitution",
                  "allocation", "probe_batches", "curve", "key_file", "metrics_port",
-                 "disk_dir", "disk_bytes"),
+                 "disk_dir", "disk_bytes", "store_url"),
     )  # fmt: skip
 
 
@@ -392,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--capacity-bytes", type=int, help="default: 1 GiB")
     sv.add_argument("--store-path", help="LMDB dir on tmpfs (default: fresh)")
+    sv.add_argument("--store-url", help="a redis://, unix:// or redis+cluster:// URL: the shared "
+                    "store pooled across nodes, so a job's ranks may span them (default: "
+                    "LMDB on this node's tmpfs)")
     sv.add_argument("--max-samples", type=int, help="distinct samples, all jobs")
     sv.add_argument("--disk-dir", help="the node's disk tier (local NVMe), kept across runs; "
                     "its jobs read through it (default: $HOTSET_DISK_DIR, else none)")

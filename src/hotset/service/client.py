@@ -38,6 +38,7 @@ from hotset.service.protocol import Payload, decode, encode
 from hotset.storage.base import Storage
 from hotset.storage.columns import key_column
 from hotset.storage.on_disk import DiskTierStorage
+from hotset.store import make_store
 from hotset.store.disk import DiskTier
 from hotset.store.sealed import SealedStore
 from hotset.store.shared import SharedStore
@@ -141,15 +142,19 @@ class ServiceClient:
         ranks): the ranks are one job: rank 0 registers it and asks for each global batch
         (``batch_size`` per rank), every rank serves its shard (same batch counts)."""
         ranks = detect_ranks(distributed)
-        if ranks is not None and ranks.hosts() > 1:
-            raise ConfigError("a job's ranks share the service's node-local store: one node")
-
-        def store_of(info: dict) -> SealedStore:
-            return SealedStore(
-                SharedStore(int(info["capacity_bytes"]), path=info["store"], join=True)
+        info = self.hello()
+        if ranks is not None and not info.get("pooled") and ranks.hosts() > 1:
+            raise ConfigError(
+                "a job's ranks share the service's node-local store: one node (a service "
+                "started with --store-url redis://... pools its store across nodes)"
             )
 
-        info = self.hello()
+        def store_of(info: dict) -> SealedStore:
+            capacity = int(info["capacity_bytes"])
+            if info.get("pooled"):  # the service's Redis namespace, joined
+                return SealedStore(make_store(info["store"], capacity))
+            return SealedStore(SharedStore(capacity, path=info["store"], join=True))
+
         if info.get("disk_dir"):  # the node's disk tier, as the service names it
             storage = DiskTierStorage(storage, DiskTier(info["disk_dir"], info["disk_bytes"]))
         dataset = CachedDataset(

@@ -26,7 +26,9 @@ from hotset.service.benefit import Benefit
 from hotset.service.coordinator import JobCoordinator
 from hotset.service.messages import Heartbeat, Hello, Leave, Plan, Register, Stats, parse
 from hotset.service.protocol import ProtocolError, decode, encode
+from hotset.store import Store, make_store
 from hotset.store.disk import open_disk_tier
+from hotset.store.redis_cluster import SCHEME as CLUSTER
 from hotset.store.sealed import sealed_id
 from hotset.store.shared import SharedStore
 
@@ -54,6 +56,27 @@ class _Quiet:
 MAX_MESSAGE_BYTES = 256 << 20  # a register of ~5M sample keys; larger: refused
 #: a request's frames: the ROUTER envelope (identity, empty), a header, at most 3 arrays
 MAX_FRAMES = 6
+#: the stores a service may pool across nodes
+POOLED = ("redis://", "rediss://", "unix://", CLUSTER)
+
+
+def _open_store(capacity_bytes: int, store_path: str | None, store_url: str | None) -> Store:
+    """The service's shared store: LMDB on this node's tmpfs (at ``store_path``, or
+    fresh), or the Redis (Cluster) at ``store_url``, pooled across nodes."""
+    if store_url is None:
+        return SharedStore(capacity_bytes, path=store_path)
+    if store_path is not None or not store_url.startswith(POOLED):
+        raise ConfigError(
+            f"store_url={store_url!r}: give a Redis or Redis Cluster URL "
+            f"({', '.join(POOLED)}...), and no store_path beside it"
+        )
+    return make_store(store_url, capacity_bytes)
+
+
+def where(store: Store) -> str:
+    """What opens ``store`` in a job's process: an LMDB directory, or a URL with the
+    Redis namespace."""
+    return store.path if isinstance(store, SharedStore) else store.spec
 
 
 class CacheService:
@@ -71,13 +94,17 @@ class CacheService:
         key_file: str | None = None,
         disk_dir: str | None = None,
         disk_bytes: int | None = None,
+        store_url: str | None = None,
         **coordinator_options,
     ) -> None:
         """``curve``: authenticate and encrypt with ZeroMQ CURVE (``auth.py``; default:
         on for ``tcp://``, off for ``ipc://``), keys in ``key_file`` (default: a 0600 file
         in the user's private directory, written at first start). ``disk_dir``,
         ``disk_bytes``: the node's disk tier its jobs read through (``store/disk.py``;
-        it outlives the service, and a restarted service's jobs find it warm)."""
+        it outlives the service, and a restarted service's jobs find it warm).
+        ``store_url``: a Redis or Redis Cluster URL (``redis://``, ``redis+cluster://``)
+        for the shared store instead of LMDB on this node's tmpfs: pooled across nodes,
+        so a job's ranks may run on several (each job's workers read and write it)."""
         if not 0.0 <= slack < 1.0:
             raise ConfigError(f"slack must be in [0, 1), got {slack}")
         self.address = address = address or default_address()
@@ -90,14 +117,14 @@ class CacheService:
         self.key_file, keys = server_keys(address, curve, key_file)
         self._address_lock = hold_address(address)
         try:
-            self.store = SharedStore(capacity_bytes, path=store_path)
+            self.store = _open_store(capacity_bytes, store_path, store_url)
         except BaseException:
             if self._address_lock is not None:
                 os.close(self._address_lock)
             raise
         if len(self.store):  # an earlier run's entries (killed): the new plan knows none
             log.warning("clearing %d entries an earlier service left in %s", len(self.store),
-                        self.store.path)  # fmt: skip
+                        where(self.store))  # fmt: skip
             self.store.clear()
         self.instance = secrets.token_hex(8)  # job ids of an earlier run are not ours
         # the policy plans for a little less than the store holds: workers of different
@@ -132,7 +159,8 @@ class CacheService:
                              "the service")  # fmt: skip
         if isinstance(req, Hello):
             return {
-                "store": self.store.path,
+                "store": where(self.store),
+                "pooled": not isinstance(self.store, SharedStore),
                 "capacity_bytes": self.store.capacity_bytes,
                 "instance": self.instance,
                 **(self.disk or {}),
@@ -180,7 +208,7 @@ class CacheService:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         last_reap = time.monotonic()
-        log.info("hotset service on %s, store %s", self.address, self.store.path)
+        log.info("hotset service on %s, store %s", self.address, where(self.store))
         try:
             while not self.stopped:
                 if poller.poll(int(self.reap_every_s * 1000)):
@@ -270,7 +298,7 @@ def serve(
         metrics = serve_prometheus(service.figures, metrics_port)
     if announce:
         keys = f", CURVE keys {service.key_file}" if service.key_file else ""
-        print(f"hotset service on {service.address}, store {service.store.path}{keys}",
+        print(f"hotset service on {service.address}, store {where(service.store)}{keys}",
               flush=True)  # fmt: skip
     try:
         service.serve_forever()
