@@ -162,3 +162,38 @@ def test_kill_9_of_the_service_mid_epoch_then_restart(data, tmp_path):
     assert sum(epochs[1][1] for _, epochs, _, _ in results) < 1.5 * total
     assert all(epochs[1][2] > 0 for _, epochs, _, _ in results)  # both hit
     assert sorted(stats["removed"]) == [["job0", "left"], ["job1", "left"]]
+
+
+def test_the_id_space_grows_to_a_larger_dataset_and_the_running_job_rejoins(data, tmp_path):
+    """docs/service.md: a service started for few ids takes a job whose dataset has more
+    (no flag to remember): its id space grows, the job already running rejoins as after
+    a restart and finishes its epoch with each sample once, and both read right."""
+    from hotset.storage.subset import SubsetStorage
+
+    address = f"ipc://{tmp_path}/svc.sock"
+    proc = start_service(address, capacity_bytes=400_000, max_samples=300)
+    client = hotset.connect(address, timeout_s=20)
+    full = FileStorage(data)
+    small = SubsetStorage(full, np.arange(200))
+    a = client.make_loader(small, batch_size=20, num_workers=0, name="small")
+    b = None
+    try:
+        served_a: list[int] = []
+        for k, (_, y, ids) in enumerate(a):
+            assert np.array_equal(y.numpy(), small.labels[ids.numpy()])
+            served_a += ids.tolist()
+            if k == 2:  # mid-epoch: a dataset of 1000 ids joins a service of 300
+                b = client.make_loader(full, batch_size=50, num_workers=0, name="full")
+                served_b = []
+                for _, yb, idb in b:
+                    assert np.array_equal(yb.numpy(), full.labels[idb.numpy()])
+                    served_b += idb.tolist()
+        assert sorted(served_a) == list(range(200))  # each once, across the growth
+        assert sorted(served_b) == list(range(1000))
+        assert a.counters()["service_rejoins"] == 1 and a.counters()["service_failures"] == 0
+    finally:
+        for loader in (a, b):
+            if loader is not None:
+                loader.close()
+        client.stop()
+        proc.join(10)

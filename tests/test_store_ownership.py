@@ -89,7 +89,8 @@ def test_two_jobs_on_one_named_store_the_last_out_cleans(fmnist_dir, tmp_path):
     live job on the same dataset is refused (two planners of the same entries)."""
     train, test = FileStorage(str(fmnist_dir / "train")), FileStorage(str(fmnist_dir / "test"))
     spec = f"shared://{tmp_path}/team"
-    a = make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=2)
+    a = make_loader(train, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=2,
+                    policy="lru")  # (it evicts: the store has room for b's)
     b = make_loader(test, batch_size=100, capacity_bytes=200_000, store=spec, num_workers=2,
                     policy="minio")  # fmt: skip
     with pytest.raises(ConfigError, match="another job already trains on this dataset"):

@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--store-url", help="a redis://, unix:// or redis+cluster:// URL: the shared "
                     "store pooled across nodes, so a job's ranks may span them (default: "
                     "LMDB on this node's tmpfs)")
-    sv.add_argument("--max-samples", type=int, help="distinct samples, all jobs")
+    sv.add_argument("--max-samples", type=int,
+                    help="distinct samples, all jobs, at first (default 2^21; grows to fit)")
     sv.add_argument("--disk-dir", help="the node's disk tier (local NVMe), kept across runs; "
                     "its jobs read through it (default: $HOTSET_DISK_DIR, else none)")
     sv.add_argument("--disk-bytes", type=int,
