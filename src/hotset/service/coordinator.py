@@ -39,6 +39,15 @@ from hotset.storage.columns import DigestColumn, concat, key_column
 from hotset.store.lease import alive
 
 
+class IdSpaceFull(ConfigError):
+    """A registration that needs more ids than ``max_samples`` (``needed`` in all): the
+    service grows its id space and takes it again (``server.py``)."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = int(needed)
+
+
 class JobCoordinator:
     """Jobs, their sampling and the shared cache policy, over global ids ``0 .. max_samples-1``."""
 
@@ -151,9 +160,10 @@ class JobCoordinator:
         first, number = fresh.numbered()  # one sort: each new key's first position
         new = first if all_new else unknown[first]
         if known + new.size > self.max_samples:
-            raise ConfigError(
+            raise IdSpaceFull(
                 f"job {name!r}: the service holds at most {self.max_samples} distinct samples "
-                f"(max_samples); {known} are registered, this dataset adds {new.size}"
+                f"(max_samples); {known} are registered, this dataset adds {new.size}",
+                known + new.size,
             )
         if new.size:  # numbered in order of first sight
             if all_new:

@@ -23,7 +23,7 @@ from hotset.errors import ConfigError, HotsetError, UnknownJob
 from hotset.service.address import default_address, hold_address
 from hotset.service.auth import serve_curve, server_keys
 from hotset.service.benefit import Benefit
-from hotset.service.coordinator import JobCoordinator
+from hotset.service.coordinator import IdSpaceFull, JobCoordinator
 from hotset.service.messages import Heartbeat, Hello, Leave, Plan, Register, Stats, parse
 from hotset.service.protocol import ProtocolError, decode, encode
 from hotset.store import Store, make_store
@@ -129,7 +129,8 @@ class CacheService:
         self.instance = secrets.token_hex(8)  # job ids of an earlier run are not ours
         # the policy plans for a little less than the store holds: workers of different
         # jobs apply deletes and puts out of order, and the slack absorbs it
-        self.coordinator = JobCoordinator(int(capacity_bytes * (1 - slack)), **coordinator_options)
+        self._options = (int(capacity_bytes * (1 - slack)), coordinator_options)
+        self.coordinator = JobCoordinator(self._options[0], **coordinator_options)
         self.reap_every_s = reap_every_s
         self.lock = threading.Lock()  # the coordinator: requests, reaping, a metrics scrape
         self.max_message_bytes = int(max_message_bytes)
@@ -166,10 +167,13 @@ class CacheService:
                 **(self.disk or {}),
             }, {}
         if isinstance(req, Register):
-            job = co.register(
-                req.name, payload["keys"], payload["sizes"], req.batch_size, req.pid,
-                req.host, req.epoch, payload.get("served"),
-            )  # fmt: skip
+            args = (req.name, payload["keys"], payload["sizes"], req.batch_size, req.pid,
+                    req.host, req.epoch, payload.get("served"))  # fmt: skip
+            try:
+                job = co.register(*args)
+            except IdSpaceFull as full:
+                co = self._grow(full.needed, req.name)
+                job = co.register(*args)
             return {
                 "instance": self.instance,
                 "job": job,
@@ -203,6 +207,23 @@ class CacheService:
             return co.stats(), {}
         self.stopped = True  # Stop
         return {}, {}
+
+    def _grow(self, needed: int, name: str) -> JobCoordinator:
+        """A coordinator of twice the ids or more, to take ``needed`` ids: the id space is
+        sized from the data, no flag to remember. The jobs registered rejoin at their next
+        request, as after a restart (each finishes its epoch with each sample once), and
+        the cache starts again empty (its entries are cleared: no plan names them)."""
+        old = self.coordinator
+        size = max(2 * old.max_samples, 1 << (needed - 1).bit_length())
+        log.warning("job %r needs %d ids: the id space grows from %d to %d; the %d jobs "
+                    "registered rejoin, the cache starts again", name, needed,
+                    old.max_samples, size, len(old.jobs))  # fmt: skip
+        capacity, options = self._options
+        self.coordinator = JobCoordinator(capacity, **{**options, "max_samples": size})
+        self.coordinator.removed = old.removed
+        self.instance = secrets.token_hex(8)  # the jobs' next requests: rejoin
+        self.store.clear()
+        return self.coordinator
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
