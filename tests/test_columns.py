@@ -118,6 +118,20 @@ def test_columns_concatenate_and_name_their_distinct_keys(a, b):
         assert [seen[k] for k in number] == keys
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.text(max_size=6), max_size=5), max_size=5),
+       st.lists(st.lists(st.integers(0, 2**64), max_size=4), max_size=4))
+def test_many_columns_join_into_one_without_a_string_per_value(texts, numbers):
+    """A tar set's manifest is its shards' columns joined (``concat(*columns)``): text
+    columns into one buffer, digest columns into one array, each value in its place."""
+    joined = concat(*(StringColumn(t) for t in texts))
+    assert list(joined) == [v for t in texts for v in t]
+    assert isinstance(joined, StringColumn) or not any(texts)
+    keys = [[f"{k:032x}" for k in ks] for ks in numbers]
+    packed = concat(*(DigestColumn(ks) for ks in keys))
+    assert isinstance(packed, DigestColumn) and list(packed) == [k for ks in keys for k in ks]
+
+
 def test_a_key_that_is_not_a_digest_is_named():
     good = [f"{i:032x}" for i in range(3)]
     for bad in ("AB" * 16, "ab" * 15, "ab" * 17, "zz" * 16, " " + "a" * 31):

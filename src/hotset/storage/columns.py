@@ -386,14 +386,22 @@ def key_column(keys: Iterable[str]) -> _Column:
     return DigestColumn(rest) if _is_digest(first) else StringColumn(rest)
 
 
-def concat(a: _Column, b: _Column) -> _Column:
-    """``a`` then ``b`` as one column (packed digests when both are; one of them, with
-    its index, when the other is empty)."""
-    if not len(a) or not len(b):
-        return b if not len(a) else a
-    if isinstance(a, DigestColumn) and isinstance(b, DigestColumn):
-        return DigestColumn.of_raw(np.concatenate([a.raw, b.raw]))
-    return StringColumn(chain(a, b))
+def concat(*columns: _Column) -> _Column:
+    """The columns one after another as one: packed digests where all are, text buffers
+    joined where all are text (no Python string per value), one of them, with its index,
+    where the others are empty."""
+    full = [c for c in columns if len(c)]
+    if len(full) <= 1:
+        return full[0] if full else (columns[0] if columns else DigestColumn())
+    if all(isinstance(c, DigestColumn) for c in full):
+        return DigestColumn.of_raw(np.concatenate([c.raw for c in full]))
+    if all(isinstance(c, StringColumn) for c in full):
+        ends = np.cumsum([0] + [int(c._ends[-1]) for c in full[:-1]])
+        return StringColumn._of(
+            b"".join(c._blob for c in full),
+            np.concatenate([c._ends + at for c, at in zip(full, ends.tolist(), strict=True)]),
+        )  # fmt: skip
+    return StringColumn(chain(*full))
 
 
 def text_column(strings: Iterable[str]) -> _Column:

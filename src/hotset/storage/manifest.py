@@ -154,16 +154,16 @@ class Manifest:
 
     def to_columns(self) -> bytearray:
         """The manifest as one file of columns (``map_columns``): a header, then each
-        column's bytes at a 64-byte boundary."""
+        column's bytes at a 64-byte boundary (copied once, into the file's bytes)."""
         paths = self.paths if isinstance(self.paths, StringColumn) else StringColumn(self.paths)
         parts = {"sizes": self.sizes, "labels": self.labels, "path_ends": paths._ends,
-                 "path_blob": np.frombuffer(bytes(paths._blob), np.uint8)}  # fmt: skip
+                 "path_blob": np.frombuffer(paths._blob, np.uint8)}  # fmt: skip
         if isinstance(self.keys, DigestColumn):
             parts["keys"] = self.keys.raw
         else:
             keys = StringColumn(self.keys)
             parts["key_ends"] = keys._ends
-            parts["key_blob"] = np.frombuffer(bytes(keys._blob), np.uint8)
+            parts["key_blob"] = np.frombuffer(keys._blob, np.uint8)
         layout, offset = {}, 0
         for k, a in parts.items():
             layout[k] = [a.dtype.str, list(a.shape), offset]
@@ -177,7 +177,7 @@ class Manifest:
         out[16 : 16 + len(header)] = header
         for k, a in parts.items():
             at = start + layout[k][2]
-            out[at : at + a.nbytes] = np.ascontiguousarray(a).tobytes()
+            np.frombuffer(out, np.uint8, a.nbytes, at)[:] = np.ravel(a).view(np.uint8)
         return out
 
     @classmethod

@@ -40,6 +40,7 @@ from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
+from hotset.storage.columns import StringColumn, concat, key_column
 from hotset.storage.files import _version
 from hotset.storage.formats import Format, register_format
 from hotset.storage.index_cache import cached_index, index_path
@@ -294,7 +295,7 @@ class TarStorage(FsspecStorage):
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
             parts = list(progress(
-                pool.map(self._index, self.urls, self._paths), len(self.urls),
+                pool.map(self._compact_index, self.urls, self._paths), len(self.urls),
                 "indexing tar shards" if local else
                 "indexing tar shards (make_loader(first_epoch='stream') trains meanwhile)",
                 "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
@@ -320,16 +321,22 @@ class TarStorage(FsspecStorage):
                 p["m_field"]
             ] for p in parts
         ])  # fmt: skip
-        paths = np.concatenate([
-            np.char.add(posixpath.basename(path) + "#", p["names"])
-            for p, path in zip(parts, self._paths, strict=True)
-        ]).tolist()  # fmt: skip
-        keys = np.concatenate([p["keys"] for p in parts]).tolist()
+        keys = concat(*(p["keys"] for p in parts))
         self.input_field, self.target_field = chosen_fields(self.fields, input_field, target_field)
         self.manifest = Manifest(
-            paths, keys, sizes, np.full(len(keys), -1), [],
+            concat(*(p["paths"] for p in parts)), keys, sizes, np.full(len(keys), -1), [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
+
+    def _compact_index(self, url: str, path: str) -> dict:
+        """``_index``, its names (as ``shard#name`` paths) and keys as columns
+        (``columns.py``: a key in 16 B, a path in its bytes, where numpy's fixed-width
+        text takes 128 B a key): a shard's Python strings live only while it is read."""
+        p = dict(self._index(url, path))
+        prefix = posixpath.basename(path) + "#"
+        p["paths"] = StringColumn(prefix + name for name in p.pop("names").tolist())
+        p["keys"] = key_column(p["keys"].tolist())
+        return p
 
     def _index(self, url: str, path: str) -> dict[str, np.ndarray]:
         """One shard's index (``shard_arrays``), from the cache or its headers; each
