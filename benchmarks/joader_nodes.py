@@ -5,12 +5,13 @@ node its own: ``--latency-ms`` a request, ``--bandwidth`` MB/s), a model step of
 ``--step-ms`` per batch (a sleep: the GPU's share of a step).
 
 Cases, interleaved ``--reps`` times: ``one job`` alone, then ``two jobs`` on the same
-samples, started together (a sweep's). Reported per case: the source reads of all jobs (``reads``) and against
-one job's in the same repetition (``reads_vs_one``: JOADER's promise is about 1.0x:
-one read serves both jobs), whether each job read each sample once an epoch, its ranks
-disjoint (``exact``), the hits, and the share of hits a worker waited for while another
-job fetched them (``waited_share``: ``waited_hits`` / hits) and of planned hits read from
-the source after all (``late_share``).
+samples, started together (a sweep's). Reported per case: the source reads of all jobs
+(``reads``) and against one job's in the same repetition (``reads_vs_one``: JOADER's
+promise is about 1.0x: one read serves both jobs), whether each job read each sample
+once an epoch, its ranks disjoint (``exact``), the hits, and the share of hits a worker
+waited for while another job fetched them (``waited_share``: ``waited_hits`` / hits) and
+of planned hits read from the source after all (``late_share``). On 2 cores, 8 ranks and
+their workers starve and the jobs drift apart: ``--ranks 1`` there.
 
     python benchmarks/joader_nodes.py --data data/fashion-mnist-12k/train [--samples 2000]
 """

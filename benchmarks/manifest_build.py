@@ -1,0 +1,95 @@
+"""What building a manifest costs before the first batch, per id: memory held and at its
+peak (``tracemalloc``, numpy's buffers included) and seconds.
+
+* ``tar``: a WebDataset tar set of ``--samples`` samples in ``--shards`` shards (two small
+  members each), opened from its cached indexes (the second opening: what every run
+  after the first pays), its manifest's paths and keys built as columns shard by shard;
+* ``columns``: an ImageNet-like manifest (``plan_scale.make_manifest``: keys, paths,
+  sizes, labels) built from its strings, then written as the columns file a node's
+  processes map (``Manifest.to_columns``): its peak against the file's bytes.
+
+    python benchmarks/manifest_build.py [--samples 200000] [--shards 20] [--ids 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tarfile
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import report  # noqa: E402
+
+
+def write_tars(root: Path, samples: int, shards: int) -> None:
+    per = -(-samples // shards)
+    for s in range(shards):
+        with tarfile.open(root / f"shard-{s:05d}.tar", "w") as tf:
+            for i in range(min(per, samples - s * per)):
+                for ext, data in (("cls", b"3"), ("txt", b"x" * 10)):
+                    info = tarfile.TarInfo(f"sample{s:05d}_{i:08d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+
+
+def measure(build) -> tuple[object, dict]:
+    """``build()`` under tracemalloc: what it returns, and its seconds, held and peak bytes."""
+    tracemalloc.start()
+    t = time.perf_counter()
+    out = build()
+    seconds = time.perf_counter() - t
+    held, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return out, {"seconds": seconds, "held": held, "peak": peak}
+
+
+def bench_tar(work: Path, samples: int, shards: int) -> dict:
+    from hotset.storage.tar import TarStorage
+
+    root = work / "tars"
+    root.mkdir()
+    write_tars(root, samples, shards)
+    os.environ["HOTSET_CACHE_DIR"] = str(work / "index-cache")
+    TarStorage(f"{root}/")  # the indexes built and cached
+    storage, r = measure(lambda: TarStorage(f"{root}/"))
+    n = len(storage)
+    return {"part": "tar, from cached indexes", "ids": n, "seconds": r["seconds"],
+            "held_B_per_id": r["held"] / n, "peak_B_per_id": r["peak"] / n,
+            "columns_B_per_id": len(storage.manifest.to_columns()) / n}  # fmt: skip
+
+
+def bench_columns(ids: int) -> dict:
+    from plan_scale import make_manifest
+
+    make_manifest(10)  # imports are not the build's memory
+    data, r = measure(lambda: make_manifest(ids).to_columns())
+    return {"part": "manifest to its columns file", "ids": ids, "seconds": r["seconds"],
+            "held_B_per_id": r["held"] / ids, "peak_B_per_id": r["peak"] / ids,
+            "columns_B_per_id": len(data) / ids}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=200_000, help="tar samples")
+    ap.add_argument("--shards", type=int, default=20)
+    ap.add_argument("--ids", type=int, default=1_000_000, help="the columns part's ids")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hotset-manifest-") as tmp:
+        rows = [bench_tar(Path(tmp), args.samples, args.shards), bench_columns(args.ids)]
+    report(
+        "manifest_build", rows,
+        [("part", "s"), ("ids", ",d"), ("seconds", ".2f"), ("held_B_per_id", ".0f"),
+         ("peak_B_per_id", ".0f"), ("columns_B_per_id", ".0f")],
+        meta=vars(args),
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
