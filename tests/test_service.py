@@ -300,6 +300,15 @@ def test_configuration_errors_name_the_setting():
         co.register("x", keys(range(2)), np.ones(2), 0)
 
 
+@pytest.mark.parametrize("url, path", [("memory", None), ("redis://h:1/0", "/dev/shm/x")])
+def test_a_store_url_that_cannot_be_pooled_is_named(tmp_path, url, path):
+    from hotset.service.server import CacheService
+
+    with pytest.raises(ConfigError, match=r"store_url=.*Redis or Redis Cluster URL"):
+        CacheService(f"ipc://{tmp_path}/svc.sock", 1000, store_path=path, store_url=url)
+    CacheService(f"ipc://{tmp_path}/svc.sock", 1000).close(destroy_store=True)  # (free again)
+
+
 # -- a real service, real jobs -----------------------------------------------------------
 
 
