@@ -579,6 +579,8 @@ def test_the_misses_are_drawn_in_a_thread_while_the_hits_are_read(n, held, seed)
         go.set()
     np.testing.assert_array_equal(order.whole(), expected)
     np.testing.assert_array_equal(state["_orders"][1].whole(), expected)
+    assert not {"_buffers", "_ahead"} & set(state)  # its reused weights: not state
+    assert s.weights() is not s.weights()  # (the public weights: an array of their own)
 
 
 def test_a_pinned_resident_passed_over_goes_back_once_its_pins_are_released_elsewhere():

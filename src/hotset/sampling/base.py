@@ -20,6 +20,9 @@ from hotset.registry import Registry
 from hotset.sampling.ahead import OrderAhead
 from hotset.sampling.draw import ShuffledAsRead
 
+#: a sampler's attributes that are never state (a thread, reused buffers)
+NOT_STATE = ("_ahead", "_buffers")
+
 
 class Sampler(ABC):
     """Every hook the planner, loader and simulator call is declared here with a working
@@ -69,6 +72,7 @@ class Sampler(ABC):
         self.drop_last = bool(drop_last)
         self.epoch = 0
         self._ahead: OrderAhead | None = None  # an order drawn before its epoch (``prepare``)
+        self._buffers: dict[str, np.ndarray] = {}  # arrays of n reused epoch to epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -148,16 +152,25 @@ class Sampler(ABC):
         """A copy of everything the sampler learnt and drew (scores, orders, RNG state):
         ``load_state_dict`` on a sampler made with the same arguments continues exactly."""
         self.drain()
-        skip = (*self.transient, "_ahead")
+        skip = (*self.transient, *NOT_STATE)
         return copy.deepcopy({k: v for k, v in vars(self).items() if k not in skip})
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(copy.deepcopy(state))
-        self._ahead = None
+        self._ahead, self._buffers = None, {}
 
     def __getstate__(self) -> dict:
-        """Its attributes without an order being drawn ahead (a thread)."""
-        return {**vars(self), "_ahead": None}
+        """Its attributes without an order being drawn ahead (a thread) nor its buffers."""
+        return {**vars(self), "_ahead": None, "_buffers": {}}
+
+    def _buffer(self, name: str, dtype: type) -> np.ndarray:
+        """An array of ``num_samples`` kept from epoch to epoch (not state): an epoch's
+        start writes into pages it touched before (a new array of 100M ids is its page
+        faults: seconds on some machines)."""
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = self._buffers[name] = np.empty(self.num_samples, dtype)
+        return buf
 
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""

@@ -87,7 +87,7 @@ class ShuffledAsRead:
         self._lock = threading.Lock()
         self._filling, self._fill_from = filling, int(fill_from)
 
-    def _filled(self) -> None:
+    def drawn(self) -> None:
         """Wait for the ids still being drawn (``filling``)."""
         if self._filling is not None:
             self._filling.result()
@@ -95,7 +95,7 @@ class ShuffledAsRead:
 
     def __getstate__(self) -> dict:
         """Its state, its ids drawn, without the lock (a copy, a checkpoint)."""
-        self._filled()
+        self.drawn()
         return {k: v for k, v in vars(self).items() if k != "_lock"}
 
     def __setstate__(self, state: dict) -> None:
@@ -118,7 +118,7 @@ class ShuffledAsRead:
         with self._lock:
             stop = min(int(stop), self.size)
             if stop > self._fill_from:
-                self._filled()
+                self.drawn()
             while self._done < stop:
                 end = next(e for e in self._ends if e > self._done)
                 start = max([e for e in self._ends if e <= self._done], default=0)

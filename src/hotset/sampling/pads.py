@@ -140,9 +140,10 @@ class PADSSampler(Sampler):
         self._cached[np.asarray(ids, np.int64)] = True
 
     # -- sampling ------------------------------------------------------------------------
-    def weights(self) -> np.ndarray:
-        """Each id's sampling weight for the next draw (proportional to its probability)."""
-        w = np.maximum(self.board.score, 1e-12)  # never-scored samples hold the prior
+    def weights(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Each id's sampling weight for the next draw (proportional to its probability),
+        in ``out`` where given."""
+        w = np.maximum(self.board.score, 1e-12, out=out)  # never-scored: the prior
         if self.repetition_mode == "weight":
             w[np.flatnonzero(self._cached)] *= self.repetition  # (a mask: 3x the time)
         return w
@@ -164,7 +165,9 @@ class PADSSampler(Sampler):
         read); returns the ids, where the hits end, and (``in_thread``) the thread still
         drawing the misses, which are read after the hits (the same draws: the misses'
         generators are spawned from ``rng``, whose reads do not spawn)."""
-        w = self.weights()
+        for drawn in self._orders.values():  # (a thread may still draw from the buffer)
+            drawn.drawn()
+        w = self.weights(out=self._buffer("weights", np.float64))
         held = nonzero_as(self._cached, index_dtype(self.num_samples))
         w_held = w[held]
         w[held] = 0.0  # the weights of the misses
