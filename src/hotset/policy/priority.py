@@ -137,20 +137,13 @@ class PriorityPolicy(HeapPolicy):
         batch starts are hits found at once (one evicted by an earlier miss of the batch
         turns a miss in its turn, once however often it is evicted), the heap handled in
         place (a newcomer for which the least important resident alone makes room takes
-        its entry's place: one sift, not a pop and a push); while the cache fills, all
-        the batch's misses at once (``_admit_all``). The same decisions without a loop
-        turn per hit nor a method call per step."""
+        its entry's place: one sift, not a pop and a push). The same decisions without a
+        loop turn per hit nor a method call per step; ``_decide`` takes a filling cache
+        (``_admit_all``) and the compiled loop first, and this loop where neither serves."""
         heap = self._heap
         start = heap.levels[self._batch] >= 0
-        todo = np.flatnonzero(~start)
-        filled = self._admit_all(start, todo, admitted)
-        if filled is not None:
-            hits.extend(filled.tolist())
-            return
-        if self.compiled and self._compiled_access(hits, admitted, evicted):
-            return
         hit = start.tolist()
-        todo = todo.tolist()
+        todo = np.flatnonzero(~start).tolist()
         sizes, cap, used = self._sizes, self.capacity_bytes, self.used
         qs, may = self._q.tolist(), self._may.tolist()
         live, h, bits, mask, count = heap.live, heap.heap, heap.bits, heap.mask, heap.count
@@ -228,20 +221,10 @@ class PriorityPolicy(HeapPolicy):
         heap.compact()
         hits.extend(hit)
 
-    def _compiled_access(self, hits: list[bool], admitted: list[int], evicted: list[int]) -> bool:
-        """The loop below, compiled (``priority_kernel``): the same decisions and heap;
-        whether it served (not where numba is missing or a key exceeds int64)."""
-        out = self._compiled()
-        if out is None:
-            return False
-        hits.extend(out[0].tolist())
-        admitted.extend(out[1].tolist())
-        evicted.extend(out[2].tolist())
-        return True
-
     def _compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The prepared batch through the compiled loop: its hits, and the ids it put and
-        removed in order (repeats kept); None where it cannot run."""
+        """The prepared batch through ``_access``'s loop compiled (``priority_kernel``):
+        the same decisions and heap; its hits, and the ids it put and removed in order
+        (repeats kept); None where it cannot run (numba missing, a key beyond int64)."""
         heap = self._heap
         if not isinstance(heap, CompiledHeap):  # (a template's heap, holding nothing)
             return None
