@@ -78,7 +78,7 @@ def _rank(job: str, rank: int, world: int, per_node: int, init: str, address: st
 def run_case(jobs: list[str], args: argparse.Namespace, tmp: Path) -> dict:
     """``jobs`` at once on a fresh Redis and service; what they read and served."""
     from hotset.service.server import start_service
-    from hotset.testing import RedisServer
+    from hotset.testing import RedisServer, run_processes
 
     redis = RedisServer(tmp)
     redis.start()
@@ -93,16 +93,10 @@ def run_case(jobs: list[str], args: argparse.Namespace, tmp: Path) -> dict:
              for job in jobs for r in range(world)]  # fmt: skip
     start = time.perf_counter()
     try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(1200)
-        if any(p.exitcode != 0 for p in procs):
-            raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+        codes = run_processes(procs, 1200)
+        if any(codes):
+            raise SystemExit(f"a rank failed: exit codes {codes}")
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
         service.terminate()
         service.join(10)
         redis.shutdown()

@@ -23,6 +23,7 @@ import hotset
 from hotset.feedback import per_sample_loss
 from hotset.models import TinyCNN
 from hotset.storage import FileStorage
+from hotset.testing import run_processes
 
 CAPACITY_FRACTION = 0.2
 
@@ -158,14 +159,7 @@ def run_ranks(world: int, data: str, system: dict, tmp: Path, target=None) -> li
         ctx.Process(target=target or _rank, args=(r, world, init, data, system, str(tmp)))
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    for p in procs:
-        if p.is_alive():  # a hang: fail, do not wait forever
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * world
+    assert run_processes(procs, 300) == [0] * world
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -352,12 +346,10 @@ def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path, options):
     assert len(hits) == 2 and hits[1] > hits[0], out.stdout  # the second epoch hits
 
 
-def _service_rank(rank: int, world: int, init: str, address: str, data: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    storage = FileStorage(data)
-    client = hotset.connect(address, timeout_s=20)
-    loader = client.make_loader(storage, batch_size=25, num_workers=1, name="ddp-job")
-    record = {"len": len(loader), "epochs": [], "jobs": len(client.stats()["jobs"])}
+def _two_epochs(loader, storage) -> list[dict]:
+    """Two epochs of ``loader`` (losses fed back): per epoch the ids served and how many
+    came with a label that is not their sample's."""
+    epochs = []
     for epoch in range(2):
         loader.set_epoch(epoch)
         ids_seen, wrong = [], 0
@@ -365,7 +357,17 @@ def _service_rank(rank: int, world: int, init: str, address: str, data: str, out
             wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
             ids_seen += ids.tolist()
             loader.feedback(ids, torch.ones(len(ids)))
-        record["epochs"].append({"ids": ids_seen, "wrong": wrong})
+        epochs.append({"ids": ids_seen, "wrong": wrong})
+    return epochs
+
+
+def _service_rank(rank: int, world: int, init: str, address: str, data: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    storage = FileStorage(data)
+    client = hotset.connect(address, timeout_s=20)
+    loader = client.make_loader(storage, batch_size=25, num_workers=1, name="ddp-job")
+    record = {"len": len(loader), "jobs": len(client.stats()["jobs"]),
+              "epochs": _two_epochs(loader, storage)}  # fmt: skip
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()  # tear down together: gloo aborts a rank whose peer left mid-teardown
     loader.close()
@@ -383,16 +385,9 @@ def test_a_job_of_several_ranks_registers_once_with_the_service(fmnist_dir, tmp_
     procs = [ctx.Process(target=_service_rank, args=(r, 2, init, address, data, str(tmp_path)))
              for r in range(2)]  # fmt: skip
     try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(240)
-        assert [p.exitcode for p in procs] == [0, 0]
+        assert run_processes(procs, 240) == [0, 0]
         stats = hotset.connect(address, timeout_s=20).stats()
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
         service.terminate()
         service.join(10)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -420,16 +415,8 @@ def _pooled_service_rank(rank: int, job: str, init: str, address: str, data: str
         refused = str(exc)
     client = hotset.connect(address, timeout_s=30)
     loader = client.make_loader(storage, batch_size=25, num_workers=1, name=job)
-    record = {"epochs": [], "store": type(loader.dataset.store.inner).__name__,
-              "refused": refused}  # fmt: skip
-    for epoch in range(2):
-        loader.set_epoch(epoch)
-        ids_seen, wrong = [], 0
-        for _, y, ids in loader:
-            wrong += int((y.numpy() != storage.labels[ids.numpy()]).sum())
-            ids_seen += ids.tolist()
-            loader.feedback(ids, torch.ones(len(ids)))
-        record["epochs"].append({"ids": ids_seen, "wrong": wrong})
+    record = {"epochs": _two_epochs(loader, storage), "refused": refused,
+              "store": type(loader.dataset.store.inner).__name__}  # fmt: skip
     c = loader.counters()
     record.update(reads=c["storage_reads"], hits=c["hits"], late=c["late_misses"])
     Path(out, f"{job}-{rank}.json").write_text(json.dumps(record))
@@ -459,16 +446,9 @@ def test_two_jobs_whose_ranks_span_nodes_share_a_service_pooled_in_redis(
         for job in ("a", "b") for r in range(2)
     ]  # fmt: skip
     try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(300)
-        assert [p.exitcode for p in procs] == [0] * 4
+        assert run_processes(procs, 300) == [0] * 4
         stats = hotset.connect(address, timeout_s=20).stats()
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
         for s in (service, on_its_node):
             s.terminate()
             s.join(10)

@@ -16,6 +16,22 @@ from pathlib import Path
 REDIS_SERVER = os.environ.get("HOTSET_REDIS_SERVER") or shutil.which("redis-server")
 
 
+def run_processes(procs: list, timeout_s: float) -> list[int | None]:
+    """Start ``procs`` (``multiprocessing`` processes), wait up to ``timeout_s`` for each,
+    kill those still running (a hang fails, never waits forever); their exit codes."""
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    return [p.exitcode for p in procs]
+
+
 def forget_redis_leases(*addresses: str) -> int:
     """Remove the leases of Redis namespaces drawn on a server at one of ``addresses`` (its
     URL, or ``host:port``), a server gone for good with its data (a test's saves nothing):
