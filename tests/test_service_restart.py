@@ -183,7 +183,10 @@ def test_the_id_space_grows_to_a_larger_dataset_and_the_running_job_rejoins(data
             assert np.array_equal(y.numpy(), small.labels[ids.numpy()])
             served_a += ids.tolist()
             if k == 2:  # mid-epoch: a dataset of 1000 ids joins a service of 300
+                assert client.stats()["cached"] > 0
                 b = client.make_loader(full, batch_size=50, num_workers=0, name="full")
+                # the cache starts again empty: the plan and the store alike
+                assert client.stats()["cached"] == 0 and len(b.dataset.store.inner) == 0
                 served_b = []
                 for _, yb, idb in b:
                     assert np.array_equal(yb.numpy(), full.labels[idb.numpy()])
