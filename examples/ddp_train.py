@@ -5,7 +5,8 @@
 Each rank draws the same global list (every rank's losses are shared), serves its shard
 with the same batch count, and all ranks pool one cache: ``--store shared`` on one node,
 ``--store shared+redis+cluster://host:port`` across nodes (node copies in front of a Redis Cluster).
-``--planner-process`` plans in a process of its own per rank (Linux), beside the step.
+``--planner-process`` plans in a process of its own per rank (Linux), beside the step;
+``--planner-process node`` in one process per node for all of its ranks.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def main() -> None:
     ap.add_argument("--store", default="shared")
     ap.add_argument("--system", default="shade", help="shade, icache, spider, lru, minio, ...")
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--planner-process", action="store_true",
-                    help="plan in a process of its own, a batch ahead (hotset's option)")
+    ap.add_argument("--planner-process", nargs="?", const="rank", choices=("rank", "node"),
+                    help="plan in a process of its own, a batch ahead: each rank's, or one "
+                    "for the node's ranks (hotset's option)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" on GPUs: hotset keeps a gloo group of its own
@@ -35,7 +37,8 @@ def main() -> None:
     loader = hotset.make_loader(  # ranks, shards and the shared store come from the group
         storage, batch_size=64, system=args.system,
         cache_fraction=0.2, store=args.store, num_workers=2,
-        planner_process=args.planner_process, epochs=args.epochs,
+        planner_process={None: False, "rank": True}.get(args.planner_process, "node"),
+        epochs=args.epochs,
     )  # fmt: skip
     model = nn.parallel.DistributedDataParallel(TinyCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

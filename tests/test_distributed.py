@@ -44,8 +44,9 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
     torch.manual_seed(0)
     system = dict(system)
     kill = system.pop("kill_at", None)  # (epoch, batch, pid): rank 0 kills that process
-    if system.pop("rank_per_node", False):  # as torchrun tells each node's agent
-        os.environ["GROUP_RANK"] = str(rank)
+    per_node = system.pop("ranks_per_node", None)
+    if per_node:  # each node's ranks, as torchrun tells each node's agent
+        os.environ["GROUP_RANK"] = str(rank // per_node)
     storage = FileStorage(data)
     loader = hotset.make_loader(
         storage, batch_size=25, cache_fraction=CAPACITY_FRACTION, num_workers=1, seed=0,
@@ -139,6 +140,10 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             ],
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
+    if rank == 1:  # a state saved by one rank alone (its own epoch, its own batches)
+        record["saved_alone"] = loader.state_dict()["planner"]["epoch"]
+    # whether this rank's process plans (its own planner, or its node's), or another's
+    record["plans_here"] = not process or loader.planner._proc is not None
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()  # tear down together: gloo aborts a rank whose peer left mid-teardown
     loader.close()
@@ -312,7 +317,7 @@ def test_two_nodes_keep_local_copies_over_a_pooled_cluster(fmnist_dir, tmp_path,
     copies, the pooled Redis Cluster holds the plan's entries under its budget, both
     ranks hit, and after each epoch a node's copies are all still in the plan."""
     data = str(fmnist_dir / "train")
-    system = {**SYSTEMS["uniform"], "store": "shared+" + redis_cluster.url, "rank_per_node": True}
+    system = {**SYSTEMS["uniform"], "store": "shared+" + redis_cluster.url, "ranks_per_node": 1}
     records = run_ranks(2, data, system, tmp_path)
     n = len(FileStorage(data))
     for e in range(3):
@@ -326,7 +331,42 @@ def test_two_nodes_keep_local_copies_over_a_pooled_cluster(fmnist_dir, tmp_path,
     assert abs(hits / (2 * n) - CAPACITY_FRACTION) < 0.02  # MinIO at C over both nodes
 
 
-@pytest.mark.parametrize("options", [[], ["--planner-process"]], ids=["default", "process"])
+def test_one_planner_process_per_node_serves_each_rank_what_its_own_would(
+    fmnist_dir, tmp_path, redis_server
+):
+    """``planner_process="node"``: 3 ranks on 2 nodes (2 + 1, torchrun's node rank) over
+    a Redis store pooled across them: the first rank of each node alone plans, for the
+    node's ranks, and each rank is served exactly what it is served with a planner
+    process of its own (SHADE, feedback exchanged every 2 steps: the same orders, hits
+    and admissions); the planners meet as often, and every label is right."""
+    import redis
+
+    data = str(fmnist_dir / "train")
+    base = {**SYSTEMS["shade"], "sync_every": 2, "store": redis_server.url}
+    modes = {"rank": {"planner_process": True},
+             "node": {"planner_process": "node", "ranks_per_node": 2}}  # fmt: skip
+    runs = {}
+    for mode, options in modes.items():
+        redis.Redis.from_url(redis_server.url).flushall()  # (each starts from an empty store)
+        (tmp_path / mode).mkdir()
+        runs[mode] = run_ranks(3, data, {**base, **options}, tmp_path / mode)
+    assert [r["plans_here"] for r in runs["rank"]] == [True, True, True]
+    assert [r["plans_here"] for r in runs["node"]] == [True, False, True]  # one per node
+    n = len(FileStorage(data))
+    for e in range(3):
+        for rank in range(3):
+            mine, theirs = (runs[m][rank]["epochs"][e] for m in ("node", "rank"))
+            assert mine["ids"] == theirs["ids"], (e, rank)  # served alike, in one order
+            assert mine["plans"] == theirs["plans"]  # the planner's state alike
+            assert mine["sync_calls"] == theirs["sync_calls"]
+            assert mine["wrong"] == mine["corrupt"] == mine["over_budget"] == 0
+        served = [i for r in runs["node"] for i in r["epochs"][e]["ids"]]
+        assert len(served) >= n and len(set(served)) > 0.5 * n  # (SHADE repeats some)
+    assert runs["node"][1]["saved_alone"] == runs["rank"][1]["saved_alone"] == 3  # (all done)
+
+
+@pytest.mark.parametrize("options", [[], ["--planner-process"], ["--planner-process", "node"]],
+                         ids=["default", "process", "node"])
 def test_the_readme_torchrun_example_runs(fmnist_dir, tmp_path, options):
     import re
     import subprocess

@@ -120,7 +120,7 @@ def make_loader(
     readahead_bytes: Int | None = None,
     cache_decoded: bool = False,
     defer_feedback: bool | None = None,
-    planner_process: bool = False,
+    planner_process: bool | str = False,
     order: str = "paper",
     block_size: Int = 2048,
     epochs: Int | None = None,
@@ -192,7 +192,10 @@ def make_loader(
             beside the training step on another core instead of on the training thread
             (where, under many ranks and a short step, SHADE's and iCACHE's planning of
             the global batch is as long as the step). Plans see feedback a batch later.
-            hotset's option.
+            ``"node"``: one such process for all the ranks of a node (its first rank's
+            child; the ranks take their shards of each plan from it over a Unix socket),
+            so a node keeps one control plane, not one per rank; the same plans as
+            ``True``. hotset's option.
         defer_feedback: ``feedback`` of a batch whose losses are on a GPU is learnt when
             the next batch's comes (default ``None``: so; ``True``: every batch's, also
             from the CPU; ``False``: each at once, waiting for its step to finish). The
@@ -343,17 +346,20 @@ def _replicas(ranks, num_replicas, rank, sampler, policy, sampler_options, polic
     return num_replicas, rank, sampler_options, policy_options
 
 
-def _planner_in(in_process: bool, plan_with, dataset, ranks):
-    """The planner, in a process of its own (``planner_process``) or in this one."""
+def _planner_in(in_process: bool | str, plan_with, dataset, ranks):
+    """The planner, in a process of its own (``planner_process``: the rank's, or the
+    node's) or in this one."""
+    if in_process not in (False, True, "node"):
+        raise ConfigError(f"planner_process must be False, True or 'node', got {in_process!r}")
     if not in_process:
         return plan_with(ranks)
     if not dataset.store.shared_across_processes:
         raise ConfigError(
-            f"planner_process=True: store {type(dataset.store.inner).__name__} is private "
-            "to one process, and the planner's process reconciles with it (iCACHE's "
+            f"planner_process={in_process!r}: store {type(dataset.store.inner).__name__} is "
+            "private to one process, and the planner's process reconciles with it (iCACHE's "
             "packager writes to it): use a shared store ('shared' or a Redis URL)"
         )
-    return PlannerProcess(plan_with, dataset, ranks)
+    return PlannerProcess(plan_with, dataset, ranks, per_node=in_process == "node")
 
 
 def _streamed_start(args: dict) -> HotsetLoader | None:

@@ -77,6 +77,13 @@ class RankGroup:
 
     #: the collectives this rank has made
     calls = 0
+    #: whether this process plans for a node's ranks (``NodeRanks``), not for one rank
+    node = False
+
+    @property
+    def here(self) -> tuple[int, ...]:
+        """The ranks this process plans for: itself."""
+        return (self.rank,)
 
     def _collective(self, name: str, fn, *args, **kwargs) -> None:
         self.calls += 1
@@ -130,7 +137,7 @@ class RankGroup:
 
     def hosts(self) -> int:
         """How many machines the ranks run on (a collective)."""
-        return len(set(self.all_gather(node_name(), call="make_loader's hosts")))
+        return len(nodes_of(self))
 
 
 class _Unregistered:
@@ -169,6 +176,48 @@ class _Unregistered:
     @staticmethod
     def barrier(group) -> None:
         group.barrier().wait()
+
+
+class NodeRanks:
+    """The ranks of one node, seen from the one process that plans for all of them
+    (``make_loader(planner_process="node")``, hotset's): ``here`` are their global ranks,
+    ``rank`` the first of them; its collectives run over ``nodes``, a group of one such
+    process per node, in the order of their first ranks (node 0 holds rank 0)."""
+
+    node = True
+
+    def __init__(self, nodes: RankGroup, here: tuple[int, ...], world: int) -> None:
+        self.nodes, self.here, self.world = nodes, tuple(here), int(world)
+        self.rank, self.timeout = self.here[0], nodes.timeout
+
+    @property
+    def calls(self) -> int:
+        return self.nodes.calls
+
+    def all_gather(self, obj, call: str = "all_gather") -> list:
+        """Every node's ``obj``, in the nodes' order."""
+        return self.nodes.all_gather(obj, call=call)
+
+    def broadcast(self, obj, src: int = 0, call: str = "broadcast"):
+        """Rank 0's node's ``obj`` on every node."""
+        if src != 0:
+            raise ValueError("a node's planner broadcasts from rank 0's node alone")
+        return self.nodes.broadcast(obj, 0, call=call)
+
+    def barrier(self) -> None:
+        self.nodes.barrier()
+
+    def close(self) -> None:
+        self.nodes.close()
+
+
+def nodes_of(ranks: RankGroup) -> list[tuple[int, ...]]:
+    """The job's ranks grouped by machine (``node_name``), each node's in rank order,
+    the nodes in the order of their first ranks (a collective)."""
+    names = ranks.all_gather(node_name(), call="the ranks' nodes")
+    return sorted(
+        tuple(r for r, n in enumerate(names) if n == name) for name in set(names)
+    )
 
 
 def node_name() -> str:

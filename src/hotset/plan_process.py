@@ -16,7 +16,9 @@ plans batch ``i + 1`` as soon as batch ``i`` is handed out: a plan is made a bat
 earlier than in the training process and sees the feedback learnt by then. The same
 sequence of events on every rank, so the ranks' planners decide alike. Under ranks the children
 form a gloo group of their own (over a TCP store that rank 0's training process serves)
-and make the planner's collectives there.
+and make the planner's collectives there. With ``planner_process="node"`` one child plans
+for all the ranks of a node (``distributed.NodeRanks``), each rank's training process
+connected to it over a Unix socket; the children of the nodes form that group.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from multiprocessing.connection import Client, Listener
 from typing import TYPE_CHECKING
 
-from hotset.distributed import RankGroup
-from hotset.errors import ConfigError, HotsetError
+from hotset.distributed import NodeRanks, RankGroup, nodes_of
+from hotset.errors import ConfigError, HotsetError, RankError
+from hotset.plan.batch import shard
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,26 +66,30 @@ class PlannerProcess:
 
     def __init__(
         self,
-        build: Callable[[RankGroup | None], Planner],
+        build: Callable[[RankGroup | NodeRanks | None], Planner],
         dataset,
         ranks: RankGroup | None = None,
+        per_node: bool = False,
     ) -> None:
         if "fork" not in mp.get_all_start_methods():
-            raise ConfigError("planner_process=True needs the fork start method (Linux)")
+            raise ConfigError("planner_process needs the fork start method (Linux)")
         self.ranks = ranks
         self._server = None  # rank 0's: the TCP store where the children meet
-        meet = None
-        if ranks is not None:
-            meet, self._server = _meeting_point(ranks)
         ctx = mp.get_context("fork")
-        self._conn, theirs = ctx.Pipe()
-        proc = ctx.Process(
-            target=_serve, args=(theirs, self._conn, build, dataset, meet), name="hotset-planner",
-            daemon=True,
-        )  # fmt: skip
-        proc.start()
-        theirs.close()
-        self._proc = proc
+        if per_node and ranks is not None:
+            self._conn, proc, self._server = _node_planner(ctx, build, dataset, ranks)
+        else:
+            meet = None
+            if ranks is not None:
+                meet, self._server = _meeting_point(ranks, ranks.rank, ranks.world)
+            self._conn, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_serve, args=(theirs, self._conn, build, dataset, meet),
+                name="hotset-planner", daemon=True,
+            )  # fmt: skip
+            proc.start()
+            theirs.close()
+        self._proc = proc  # (None: another rank's process plans for this node)
         self._ahead: deque[BatchPlan | None] = deque()  # answers to plan requests, not taken
         self._asked = 0  # plan requests not answered yet
         self.planner_wait_s = 0.0
@@ -218,39 +226,44 @@ class PlannerProcess:
                 return value
 
     def _gone(self) -> PlannerGone:
-        self._proc.join(1.0)
+        if self._proc is None:
+            which = "this node's planner process (its first rank's child) ended"
+        else:
+            self._proc.join(1.0)
+            which = (f"hotset's planner process (pid {self._proc.pid}) ended (exit code "
+                     f"{self._proc.exitcode})")  # fmt: skip
         return PlannerGone(
-            f"hotset's planner process (pid {self._proc.pid}) ended (exit code "
-            f"{self._proc.exitcode}) while the loader needed it: it was killed, or ran out "
-            "of memory; the plans it held are lost (the store is reconciled when a new "
-            "loader starts)"
+            f"{which} while the loader needed it: it was killed, ran out of memory, or a "
+            "rank it plans for ended; the plans it held are lost (the store is reconciled "
+            "when a new loader starts)"
         )
 
 
 def _stop(proc, conn) -> None:
     """End the child: it exits when its pipe closes; killed where it does not."""
     conn.close()
+    if proc is None:
+        return
     proc.join(10.0)
     if proc.is_alive():
         proc.kill()
         proc.join()
 
 
-def _meeting_point(ranks: RankGroup) -> tuple[tuple, object]:
-    """Where the ranks' planner processes meet: a TCP store that rank 0 serves (on a
-    port of the system's choosing, at ``MASTER_ADDR`` or its host name), its address
-    broadcast; returns it and rank 0's server (kept alive by its training process)."""
+def _meeting_point(ranks: RankGroup, rank: int, world: int) -> tuple[tuple, object]:
+    """Where the planner processes (``world`` of them, this one ``rank``) meet: a TCP
+    store that rank 0 serves (on a port of the system's choosing, at ``MASTER_ADDR`` or
+    its host name), its address broadcast to the job's ``ranks``; returns it and rank
+    0's server (kept alive by its training process)."""
     import torch.distributed as dist
 
     timeout = ranks.timeout or DEFAULT_TIMEOUT
     server, address = None, None
     if ranks.rank == 0:
-        server = dist.TCPStore(
-            "0.0.0.0", 0, ranks.world, True, timeout=timeout, wait_for_workers=False
-        )
+        server = dist.TCPStore("0.0.0.0", 0, world, True, timeout=timeout, wait_for_workers=False)
         address = (os.environ.get("MASTER_ADDR") or socket.gethostname(), server.port)
     host, port = ranks.broadcast(address, call="the planner process's address")
-    return (host, port, ranks.rank, ranks.world, timeout), server
+    return (host, port, rank, world, timeout), server
 
 
 def _join(meet: tuple) -> RankGroup:
@@ -263,62 +276,251 @@ def _join(meet: tuple) -> RankGroup:
     return RankGroup.over(group, rank, world, timeout)
 
 
+def _node_planner(ctx, build: Callable, dataset, ranks: RankGroup) -> tuple:
+    """``planner_process="node"``: the first rank of each node forks the node's planner
+    process, which listens on a Unix socket (in multiprocessing's private directory, its
+    key sent over the job's group) for every rank of the node, itself included. Returns
+    this rank's connection, the process (``None`` on the node's other ranks) and rank
+    0's meeting point (collectives of all ranks)."""
+    nodes = nodes_of(ranks)
+    here = next(n for n in nodes if ranks.rank in n)
+    meet, server = _meeting_point(ranks, nodes.index(here), len(nodes))
+    proc = address = None
+    if ranks.rank == here[0]:
+        key = os.urandom(32)
+        told, theirs = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_serve_node, args=(theirs, key, build, dataset, meet, here, ranks.world),
+            name="hotset-node-planner", daemon=True,
+        )  # fmt: skip
+        proc.start()
+        theirs.close()
+        with contextlib.suppress(EOFError):
+            address = (told.recv(), key)
+        told.close()
+    addresses = ranks.all_gather(address, call="the node planner's address")
+    if addresses[here[0]] is None:
+        raise PlannerGone(f"the planner process of rank {here[0]}'s node could not start")
+    path, key = addresses[here[0]]
+    conn = Client(path, family="AF_UNIX", authkey=key)
+    conn.send(ranks.rank)
+    return conn, proc, server
+
+
 def _serve(conn, parents, build: Callable, dataset, meet: tuple | None) -> None:
-    """The child: make the planner, then answer the training process's messages in
-    their order until it asks to close or the pipe ends; then close the planner (its
-    feeder's threads stop writing to the store) and say so. An error is sent as the
-    answer to the next message that wants one, and to every one after it (the planner's
-    state is not trusted once a step of it failed)."""
+    """The child of ``planner_process=True``: make the planner and answer its training
+    process (``_answer``)."""
     parents.close()  # (its end, copied by the fork: else the pipe never ends here)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's
-    # messages are read as they come, so that the training process never waits to send
+    _answer([conn], lambda: build(None if meet is None else _join(meet)), dataset, None)
+
+
+def _serve_node(told, key: bytes, build: Callable, dataset, meet: tuple,
+                here: tuple[int, ...], world: int) -> None:  # fmt: skip
+    """The node's planner process: listen, take each of the node's ranks' connection,
+    make the planner for them all (``NodeRanks``) and answer them (``_answer``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listener = Listener(family="AF_UNIX", backlog=len(here), authkey=key)
+    told.send(listener.address)
+    told.close()
+    conns = {}
+    while len(conns) < len(here):
+        conn = listener.accept()
+        conns[conn.recv()] = conn
+    listener.close()
+    _answer([conns[r] for r in here], lambda: build(NodeRanks(_join(meet), here, world)),
+            dataset, (here, world))  # fmt: skip
+
+
+#: calls that read the planner, made by any rank at any time (a rank's counters, the
+#: state rank 0 saves): answered once the planner stands where that rank's calls put it
+QUERIES = frozenset({"counters", "state_dict", "__len__", "resumed_batches", "drain"})
+CLOSE = ("call", "close")
+
+
+def _answer(conns: list, make: Callable[[], Planner], dataset, node: tuple | None) -> None:
+    """Make the planner, then answer the training processes' messages (one connection
+    each, the node's ranks under ``node``: their ranks and the job's world) until they
+    ask to close or their connections end; then close the planner (its feeder's threads
+    stop writing to the store) and say so. Each process sends the same sequence of
+    steps: the k-th of each is applied once, as one call of all (``_apply``), and a plan
+    is sent each process's shard of it; a query (``QUERIES``) is answered when every
+    step its process sent before it is applied. An error is sent as the answer to the
+    next message that wants one, and to every one after it (the planner's state is not
+    trusted once a step of it failed)."""
+    # messages are read as they come, so that a training process never waits to send
     # while this one waits to send it a plan (each side's send blocks on a full pipe)
     inbox: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read, args=(conn, inbox), daemon=True).start()
-    failed: BaseException | None = None
-    planner = plans = None
+    for j, conn in enumerate(conns):
+        threading.Thread(target=_read, args=(conn, j, inbox), daemon=True).start()
+    state = _Steps(conns, dataset, node)
     try:
-        planner = build(None if meet is None else _join(meet))
+        state.planner = make()
     except BaseException as exc:
-        failed = exc
-    while (message := inbox.get()) is not None:
-        kind, answer = message[0], None
-        if kind == "call" and message[1] == "close":
-            break
-        if failed is None:
-            try:
-                if kind == "next":
-                    answer = ("plan", next(plans, None))
-                elif kind == "iter":
-                    plans = iter(planner)
-                else:
-                    value = _run(planner, dataset, message[1], message[2])
-                    answer = ("value", value) if kind == "call" else None
-            except BaseException as exc:
-                failed = exc
-        if failed is not None and kind in ("call", "next"):
-            answer = ("error", _portable(failed))
-        if answer is not None:
-            try:
-                conn.send(answer)
-            except OSError:
-                break  # the training process is gone
-    if planner is not None:
+        state.failed = exc
+    while state.live:
+        state.take(*inbox.get())
+        state.advance()
+    if state.planner is not None:
         with contextlib.suppress(Exception):  # (an error that stopped it is told already)
-            planner.close()
-    if message is not None:  # asked to close: closed
-        with contextlib.suppress(OSError):
-            conn.send(("value", None))
-    conn.close()
+            state.planner.close()
+    for j in state.closing:  # asked to close: closed
+        _send(conns[j], ("value", None))
+    for conn in conns:
+        conn.close()
 
 
-def _read(conn, inbox: queue.SimpleQueue) -> None:
-    """Move the training process's messages to ``inbox`` (``None``: the pipe ended)."""
+class _Steps:
+    """The planner process's account of its training processes: the steps each sent
+    and not applied yet, the queries waiting for their step, who is still there."""
+
+    def __init__(self, conns: list, dataset, node: tuple | None) -> None:
+        self.conns, self.dataset, self.node = conns, dataset, node
+        self.planner: Planner | None = None
+        self.plans: Iterator | None = None
+        self.failed: BaseException | None = None
+        self.live, self.closing = list(range(len(conns))), []
+        self.steps: list[deque] = [deque() for _ in conns]
+        self.queries: list[deque] = [deque() for _ in conns]
+        self.sent, self.applied = [0] * len(conns), 0
+
+    def take(self, j: int, message) -> None:
+        """Process ``j``'s next message (``None``: its connection ended)."""
+        if message is None:
+            self._leave([j], closed=False)
+        elif message[0] == "call" and message[1] in QUERIES:
+            self.queries[j].append((self.sent[j], message))
+        else:
+            self.steps[j].append(message)
+            self.sent[j] += 1
+
+    def _leave(self, gone: list[int], closed: bool) -> None:
+        """``gone`` closed their loaders (``closed``: they are told so at the end, or at
+        once where others go on) or ended; the steps of those left fail from here."""
+        self.live = [j for j in self.live if j not in gone]
+        if closed:
+            self.closing += gone
+        if self.live:
+            if self.failed is None:
+                self.failed = RankError(_left(self.node, len(self.conns), self.live))
+            for k in self.closing:  # (it must not wait for the others)
+                _send(self.conns[k], ("value", None))
+            self.closing = []
+
+    def advance(self) -> None:
+        """Answer the queries whose step has come, and apply every step all have sent."""
+        while True:
+            for j in self.live:
+                while self.queries[j] and self.queries[j][0][0] == self.applied:
+                    _, (_, method, args) = self.queries[j].popleft()
+                    self._reply([j], "call", lambda m=method, a=args: _run(
+                        self.planner, self.dataset, m, a))  # fmt: skip
+            if not self.live or not all(self.steps[j] for j in self.live):
+                return
+            messages = [self.steps[j].popleft() for j in self.live]
+            self.applied += 1
+            self._step(messages)
+
+    def _step(self, messages: list) -> None:
+        """Apply the step every live process sent: one call of all."""
+        closers = [j for j, m in zip(self.live, messages, strict=True) if m[:2] == CLOSE]
+        if closers:
+            messages = [m for m in messages if m[:2] != CLOSE]
+            self._leave(closers, closed=True)
+        if len({m[:1] if m[0] in ("next", "iter") else m[:2] for m in messages}) > 1:
+            if self.failed is None:
+                self.failed = RankError(_differ(self.node, self.live, messages))
+            for j, m in zip(self.live, messages, strict=True):
+                self._reply([j], m[0], lambda: None)
+            return
+        if not self.live:
+            return
+        kind = messages[0][0]
+        if kind == "iter":
+            self._reply(self.live, "cast", lambda: setattr(self, "plans", iter(self.planner)))
+        elif kind == "next":
+            plan = self._reply([], "cast", lambda: next(self.plans, None))
+            for j in self.live:
+                self._reply([j], "next", lambda j=j: _shard(plan, self.node, j))
+        else:
+            self._reply(self.live, kind, lambda: _apply(self.planner, self.dataset, messages))
+
+    def _reply(self, to: list[int], kind: str, do: Callable):
+        """``do()`` (unless a step failed before), its value sent to ``to`` where the
+        message wants an answer (``call``: a value, ``next``: a plan); an error instead
+        once a step failed. Returns the value."""
+        value = None
+        if self.failed is None:
+            try:
+                value = do()
+            except BaseException as exc:
+                self.failed = exc
+        if kind == "cast":
+            return value
+        answer = ("plan" if kind == "next" else "value", value)
+        if self.failed is not None:
+            answer = ("error", _portable(self.failed))
+        for j in to:
+            if not _send(self.conns[j], answer) and j in self.live:
+                self.live.remove(j)  # that training process is gone
+        return value
+
+
+def _send(conn, answer) -> bool:
+    """Send ``answer``; whether the training process was there to take it."""
+    try:
+        conn.send(answer)
+    except OSError:
+        return False
+    return True
+
+
+def _shard(plan: BatchPlan | None, node: tuple | None, j: int) -> BatchPlan | None:
+    """What the ``j``-th connection serves of ``plan``: itself, or under ``node`` the
+    shard of that rank of the node."""
+    if plan is None or node is None:
+        return plan
+    here, world = node
+    return shard(plan, here[j], world)
+
+
+def _apply(planner: Planner, dataset, messages: list):
+    """One call of the planner's made by every connection alike: what each rank reports
+    is passed on together (``Planner.*_of_ranks``), the rest is called once."""
+    _, method, args = messages[0]
+    if method == "feedback":
+        return planner.feedback_of_ranks([m[2] for m in messages])
+    if method == "batch_consumed":
+        reports = [m[2][0] for m in messages]
+        return planner.consumed_of_ranks(None if reports[0] is None else reports)
+    if method == "report_accuracy":
+        return planner.accuracy_of_ranks([m[2][0] for m in messages])
+    return _run(planner, dataset, method, args)
+
+
+def _left(node: tuple | None, every: int, live: list[int]) -> str:
+    ranks = node[0] if node else range(every)
+    gone = [r for j, r in enumerate(ranks) if j not in live]
+    return (f"ranks {gone} of this node closed their loader or ended while ranks "
+            f"{[ranks[j] for j in live]} still plan with it: every rank makes the same "
+            "calls (iterate the loader, feedback, close)")  # fmt: skip
+
+
+def _differ(node: tuple | None, live: list[int], messages: list) -> str:
+    ranks = node[0] if node else range(len(messages))
+    calls = ", ".join(f"rank {ranks[j]} {m[1] if m[0] in ('cast', 'call') else m[0]}"
+                      for j, m in zip(live, messages, strict=True))  # fmt: skip
+    return (f"the ranks of this node made different calls of their planner: {calls}; every "
+            "rank must make the same hotset calls in the same order")
+
+
+def _read(conn, j: int, inbox: queue.SimpleQueue) -> None:
+    """Move connection ``j``'s messages to ``inbox`` (``None``: the connection ended)."""
     try:
         while True:
-            inbox.put(conn.recv())
+            inbox.put((j, conn.recv()))
     except (EOFError, OSError):
-        inbox.put(None)
+        inbox.put((j, None))
 
 
 def _run(planner: Planner, dataset, method: str, args: tuple):

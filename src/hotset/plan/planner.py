@@ -117,11 +117,16 @@ class Planner:
         """Per-sample losses (and, for graph importance, embeddings) of the ids a batch
         served: to the sampler's scores, then to a policy that keys on them (with ranks,
         every rank learns every rank's, in rank order)."""
+        self.feedback_of_ranks([(ids, losses, embeddings)])
+
+    def feedback_of_ranks(self, items: list[tuple]) -> None:
+        """One batch's ``feedback`` of each rank this planner plans for (``ranks.here``:
+        a node's ranks, ``NodeRanks``), in their order."""
         if not self.sampler.learns_from_feedback:
             return
         if self.sync is None:
-            self._learn(ids, losses, embeddings)
-        elif self.sync.add_feedback(ids, losses, embeddings):
+            self._learn(*items[0])
+        elif self.sync.add_feedback(items):
             self._exchange()
 
     def _learn(self, ids, losses, embeddings) -> None:
@@ -153,10 +158,18 @@ class Planner:
 
     def report_accuracy(self, accuracy: float) -> None:
         """Validation accuracy (with ranks: the mean of every rank's, a collective)."""
-        self.sampler.report_accuracy(accuracy if self.sync is None else self.sync.mean(accuracy))
+        self.accuracy_of_ranks([accuracy])
+
+    def accuracy_of_ranks(self, values: list[float]) -> None:
+        """``report_accuracy`` of each rank this planner plans for."""
+        self.sampler.report_accuracy(values[0] if self.sync is None else self.sync.mean(values))
 
     def batch_consumed(self, report: PlanReport | None = None) -> None:
         """Release the oldest plan in flight and reconcile the policy with its report."""
+        self.consumed_of_ranks(None if report is None else [report])
+
+    def consumed_of_ranks(self, reports: list[PlanReport] | None) -> None:
+        """``batch_consumed`` with the report of each rank this planner plans for."""
         with self.lock:
             seq = self.inflight.consumed()
         if seq is None:
@@ -164,15 +177,17 @@ class Planner:
         self.at.consumed_one(len(self.inflight.plans))
         if self.readahead is not None:
             self.readahead.consumed(self.at.consumed - 1)
-        if report is None:
+        if reports is None:
             return
+        if self.sync is not None:
+            if self.sync.add_report(seq, reports, self.sampler.learns_from_feedback):
+                self._exchange()
+            return
+        report = reports[0]
         if self.latency is not None:
             self.latency.observe(report.requests, report.wire_bytes, report.storage_s,
                                  report.in_flight_s)  # fmt: skip
-        if self.sync is None:
-            self._reconcile(seq, report)
-        elif self.sync.add_report(seq, report, self.sampler.learns_from_feedback):
-            self._exchange()
+        self._reconcile(seq, report)
 
     def _reconcile(self, seq: int, report: PlanReport) -> None:
         """The policy learns what plan ``seq`` really did."""
@@ -349,7 +364,7 @@ class Planner:
                 ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
                 plan = self._plan(epoch, index, ids)
             self.at.made.append(plan)
-            if self.ranks is not None:  # this rank's shard of the global plan
+            if self.ranks is not None and not self.ranks.node:  # this rank's shard
                 plan = shard(plan, self.ranks.rank, self.world)
             self.planning_s += time.perf_counter() - start
             yield plan
