@@ -14,6 +14,11 @@ making the policy takes whatever the ids, numba's compiled loops for SHADE's, Re
 and iCACHE's caches, apart as ``compiled_MB`` and in the node's total).
 
     python benchmarks/distributed_plan.py --ids 14000000 --ranks 8 --systems lru,shade
+
+``--planner node`` plans with one planner process for the node's ranks
+(``make_loader(planner_process="node")``), ``--planner process`` with one per rank; the
+node's control plane (``node_GB``) is then what every process of it added: the ranks'
+proportional memory (PSS) since before the plan was made, and the planner processes'.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ from _report import report  # noqa: E402
 from test_distributed import SYSTEMS, run_ranks  # noqa: E402
 
 CASES = [("uniform", 2), ("uniform", 4), ("shade", 2), ("shade", 4), ("icache", 2), ("spider", 2)]
+
+
+def _pss(pid: int | str = "self") -> int:
+    """A process's proportional set size (shared pages split among their processes)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
 
 
 def _rss() -> dict:
@@ -50,6 +61,7 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
 
     from hotset.distributed import RankGroup
     from hotset.plan import Planner, PlanReport
+    from hotset.plan_process import PlannerProcess
     from hotset.policy.base import make_policy
     from hotset.sampling.base import make_sampler
     from hotset.storage.manifest import Manifest
@@ -61,27 +73,37 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
     before = _rss()
     sysdef = resolve_system(system)
     compiled_bytes(sysdef.policy)  # (numba and compiled loops: once, whatever the ids)
-    base = _rss()
+    base, pss0 = _rss(), _pss()
     manifest = Manifest.map_columns(columns)
     n = len(manifest)
     opts = dict(sysdef.sampler_options)
     if sysdef.sampler == "spider":
         opts.update(labels=manifest.labels, total_epochs=10)
-    policy = make_policy(sysdef.policy, int(0.1 * manifest.total_bytes), sizes=manifest.sizes)
-    sampler = make_sampler(sysdef.sampler, n, seed=0, **opts)
-    ranks = RankGroup()
     sent: list[int] = []
-    gather = ranks.all_gather
 
-    def counted(obj):
-        sent.append(len(pickle.dumps(obj)))
-        return gather(obj)
+    def build(ranks):
+        gather = ranks.all_gather
 
-    ranks.all_gather = counted
-    # a store makes the planner track plans in flight and exchange the reports, as under
-    # a loader (nothing is written: the reports say each admission landed)
-    planner = Planner(sampler, policy, args.batch_size, feed_future=False, ranks=ranks,
-                      store=MemoryStore(1), sync_every=args.sync_every)  # fmt: skip
+        def counted(obj, call="all_gather"):
+            sent.append(len(pickle.dumps(obj)))
+            return gather(obj, call=call)
+
+        ranks.all_gather = counted
+        policy = make_policy(sysdef.policy, int(0.1 * manifest.total_bytes), sizes=manifest.sizes)
+        sampler = make_sampler(sysdef.sampler, n, seed=0, **opts)
+        # a store makes the planner track plans in flight and exchange the reports, as
+        # under a loader (nothing is written: the reports say each admission landed)
+        return Planner(sampler, policy, args.batch_size, feed_future=False, ranks=ranks,
+                       store=MemoryStore(1), sync_every=args.sync_every)  # fmt: skip
+
+    if args.planner == "rank":
+        planner = build(RankGroup())
+        sampler, wants_embeddings = planner.sampler, planner.wants_embeddings
+        counters = lambda: {**vars(planner), "graph_s": getattr(sampler, "graph_s", 0.0)}  # noqa: E731
+    else:  # (its collectives, and their bytes, are the planner process's)
+        planner = PlannerProcess(build, None, RankGroup(), per_node=args.planner == "node")
+        wants_embeddings = planner.wants_embeddings
+        counters = planner.counters
     centers = np.random.default_rng(1).normal(size=(CLASSES, args.dim)).astype(np.float32)
     starts = []
     for epoch in range(2):
@@ -91,33 +113,30 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
         for k, plan in zip(range(args.batches), it, strict=False):
             if k == 0:
                 starts.append(time.perf_counter() - t0)
-                plan0, sync0, calls0, sent0 = planner.planning_s, planner.sync_s, \
-                    planner.sync_calls, len(sent)
-                fb0, graph0 = planner.feedback_s, getattr(sampler, "graph_s", 0.0)
+                c0, sent0 = counters(), len(sent)
             emb = embeddings_of(plan.ids, manifest.labels, centers) \
-                if sampler.needs_embeddings else None
+                if wants_embeddings else None
             planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / args.batches), emb)
             planner.batch_consumed(PlanReport(stored=plan.admitted))
         it.close()
         planner.flush()
         wall = time.perf_counter() - t0 - starts[-1]
     steps = args.batches - 1  # the second epoch's, after its start
-    mem = _rss()
+    mem, c = _rss(), counters()
+    proc = getattr(planner, "_proc", None)
     record = {
         "system": system, "ranks": world, "ids": n, "rank": rank,
         "epoch_start_ms": 1e3 * starts[-1],
         "step_ms": 1e3 * wall / steps,  # a step's wall time, all of it (this loop's)
-        "plan_ms_per_step": 1e3 * (planner.planning_s - plan0) / steps,
-        "sync_ms_per_step": 1e3 * (planner.sync_s - sync0) / steps,
-        # learning the feedback on the planner's thread, and SpiderCache's graph scoring
-        # (on the rank that keeps the graph, in its worker)
-        "feedback_ms_per_step": 1e3 * (planner.feedback_s - fb0) / steps,
-        "graph_ms_per_step": 1e3 * (getattr(sampler, "graph_s", 0.0) - graph0) / steps,
-        "collectives_per_step": (planner.sync_calls - calls0) / steps,
+        **{f"{k}_ms_per_step": 1e3 * (c.get(f"{k}_s", 0) - c0.get(f"{k}_s", 0)) / steps
+           for k in ("planning", "sync", "feedback", "graph")},  # fmt: skip
+        "collectives_per_step": (c["sync_calls"] - c0["sync_calls"]) / steps,
         "bytes_per_collective": float(np.mean(sent[sent0:])) if sent[sent0:] else 0.0,
         "private_B_per_id": (mem["RssAnon"] - base["RssAnon"]) / n,
         "mapped_MB": (mem["RssFile"] - base["RssFile"]) / 1e6,
         "compiled_MB": (base["RssAnon"] - before["RssAnon"]) / 1e6,
+        # what this rank and its planner process (if it has one) added to the node
+        "added_GB": (_pss() - pss0 + (_pss(proc.pid) if proc is not None else 0)) / 1e9,
     }  # fmt: skip
     Path(out).write_text(__import__("json").dumps(record))
     planner.close()
@@ -153,20 +172,20 @@ def _dry_run(args, tmp: Path) -> None:
             continue
         recs = [json.loads((tmp / f"{system}-{r}.json").read_text()) for r in range(args.ranks)]
         row = {k: max(r[k] for r in recs) for k in recs[0] if k != "rank"}  # the worst rank
-        row["system"] = system
+        row["system"], row["planner"] = system, args.planner
         row["least_private_B_per_id"] = min(r["private_B_per_id"] for r in recs)  # the best
-        row["node_private_GB"] = (sum(r["private_B_per_id"] for r in recs) * args.ids
-                                  + sum(r["compiled_MB"] for r in recs) * 1e6) / 1e9  # fmt: skip
+        row["node_GB"] = sum(r["added_GB"] for r in recs)
         rows.append(row)
         print(f"  {system} done", file=sys.stderr)
     report("distributed_dry_run", rows, [
-        ("system", "s"), ("ranks", "d"), ("ids", ",d"), ("epoch_start_ms", ".0f"),
+        ("system", "s"), ("planner", "s"), ("ranks", "d"), ("ids", ",d"),
+        ("epoch_start_ms", ".0f"),
         ("step_ms", ".0f"),
-        ("plan_ms_per_step", ".1f"), ("sync_ms_per_step", ".1f"),
+        ("planning_ms_per_step", ".1f"), ("sync_ms_per_step", ".1f"),
         ("feedback_ms_per_step", ".1f"), ("graph_ms_per_step", ".1f"),
         ("collectives_per_step", ".2f"), ("bytes_per_collective", ",.0f"),
         ("private_B_per_id", ".0f"), ("least_private_B_per_id", ".0f"), ("compiled_MB", ".0f"),
-        ("node_private_GB", ".1f"),
+        ("node_GB", ".2f"),
         ("mapped_MB", ",.0f"),
     ], meta={"batch_size_per_rank": args.batch_size, "batches": args.batches,
              "sync_every": args.sync_every, "dim": args.dim})  # fmt: skip
@@ -182,6 +201,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40, help="global steps planned per epoch")
     ap.add_argument("--sync-every", type=int, default=1)
     ap.add_argument("--dim", type=int, default=16, help="SpiderCache's embeddings' width")
+    ap.add_argument("--planner", choices=("rank", "process", "node"), default="rank",
+                    help="a dry run's planners: in each rank, a process per rank, one per node")
     args = ap.parse_args()
     if args.ids:
         return dry_run(args)

@@ -140,7 +140,7 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
             ],
         })  # fmt: skip
         loader.report_accuracy(0.5 + 0.1 * rank)  # ranks disagree: the mean is used
-    if rank == 1:  # a state saved by one rank alone (its own epoch, its own batches)
+    if rank == 1 and process:  # a state saved by one rank alone (where it stands)
         record["saved_alone"] = loader.state_dict()["planner"]["epoch"]
     # whether this rank's process plans (its own planner, or its node's), or another's
     record["plans_here"] = not process or loader.planner._proc is not None
