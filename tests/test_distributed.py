@@ -9,6 +9,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import time
 from pathlib import Path
@@ -599,6 +600,48 @@ def test_a_call_made_on_one_rank_only_is_a_rank_error_naming_it(fmnist_dir, tmp_
     assert ended[1].startswith("RankError: hotset's collectives differ"), ended[1]
     assert "report_accuracy" in ended[1] and "feedback sync" in ended[1]
     assert "distributed=False" in ended[0]  # what a loader one rank makes alone takes
+
+
+def _node_ranks_go_astray(rank: int, world: int, init: str, data: str, out: str) -> None:
+    """Two ranks on one node's planner process: both train a batch; then rank 0 alone
+    calls ``report_accuracy`` (``differ`` in ``out``) or kills the node's planner
+    (``kill``), and both read on; each rank writes what ended its epoch."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    loader = hotset.make_loader(FileStorage(data), batch_size=25, system="shade",
+                                cache_fraction=0.2, num_workers=0, planner_process="node")
+    batches = iter(loader)
+    _, _, ids = next(batches)
+    loader.feedback(ids, torch.rand(len(ids)))
+    try:
+        if rank == 0 and Path(out, "differ").exists():
+            loader.report_accuracy(0.5)
+        elif rank == 0:
+            os.kill(loader.planner._proc.pid, signal.SIGKILL)
+        for _, _, ids in batches:
+            loader.feedback(ids, torch.rand(len(ids)))
+        ended = "no error"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        ended = f"{type(exc).__name__}: {exc}"
+    Path(out, f"rank{rank}.txt").write_text(ended)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("astray", ["differ", "kill"])
+def test_a_nodes_ranks_that_differ_or_lose_its_planner_are_told(fmnist_dir, tmp_path, astray):
+    """``planner_process="node"``: ranks of one node whose calls differ get a RankError
+    naming each one's call; where the node's planner process dies, every rank of the node
+    gets a PlannerGone (not a wait), rank 0's naming its pid and exit code."""
+    (tmp_path / astray).touch()
+    _two_ranks(_node_ranks_go_astray, fmnist_dir, tmp_path, wait_for=[0, 1], timeout=120)
+    ended = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    if astray == "differ":
+        for text in ended:
+            assert text.startswith("RankError: the ranks of this node made different calls"), text
+            assert "rank 0 report_accuracy" in text and "rank 1 " in text
+    else:
+        assert re.match(r"PlannerGone: hotset's planner process \(pid \d+\) ended \(exit "
+                        r"code -9\)", ended[0]), ended[0]  # fmt: skip
+        assert ended[1].startswith("PlannerGone: this node's planner process"), ended[1]
 
 
 def _resuming_rank(rank: int, world: int, init: str, data: str, run: dict, out: str) -> None:
