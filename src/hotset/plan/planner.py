@@ -364,6 +364,8 @@ class Planner:
                 ids = np.asarray(order[lo : lo + step], np.int64)  # an order may be int32
                 plan = self._plan(epoch, index, ids)
             self.at.made.append(plan)
+            if not self.inflight.executes:  # (no report comes: consumed as it is handed out)
+                self.at.consumed_one(0)
             if self.ranks is not None and not self.ranks.node:  # this rank's shard
                 plan = shard(plan, self.ranks.rank, self.world)
             self.planning_s += time.perf_counter() - start
