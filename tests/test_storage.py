@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -73,6 +74,39 @@ def test_imagefolder_on_a_memory_filesystem_is_indexed_outside_the_tree(tmp_path
     assert s.read(3) == fs.cat_file(f"/tree/{s.manifest.paths[3]}")
     fs.pipe_file("/tree/cat/new.png", (src / "cat" / "img0.png").read_bytes())
     assert len(FileStorage("memory://tree")) == 16  # the listing changed: indexed again
+
+
+def test_an_imagefolder_indexed_a_class_at_a_time_is_its_whole_listing(tmp_path, monkeypatch):
+    """The index built a class at a time (columns, no object per file) holds what the
+    whole listing says: each image under its class's label, in path order, with its
+    location key and size; a class without images keeps its label; a file rewritten at
+    the same path with other bytes gets a new key."""
+    import fsspec
+
+    from hotset.storage.base import TAG
+    from hotset.storage.files import index_imagefolder, list_imagefolder
+    from hotset.storage.manifest import location_key
+
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_imagefolder(tmp_path / "src", classes=("cat", "dog", "eel"), per_class=4)
+    (src / "dog" / "deep").mkdir()
+    (src / "dog" / "img0.png").rename(src / "dog" / "deep" / "img9.png")
+    (src / "bat").mkdir()  # (a class of no images: its label is kept)
+    (src / "bat" / "notes.txt").write_text("no image here")
+    fs, root = fsspec.core.url_to_fs(str(src))
+    classes, files = list_imagefolder(fs, root)
+    m = index_imagefolder(fs, root, "file://src")
+    assert m.classes == classes == ["bat", "cat", "dog", "eel"]
+    assert list(m.paths) == [rel for rel, _, _ in files] and "dog/deep/img9.png" in m.paths
+    assert m.labels.tolist() == [label for _, label, _ in files] and 0 not in m.labels
+    assert m.sizes.tolist() == [info["size"] + TAG for _, _, info in files]
+    assert list(m.keys) == [location_key("file://src", rel, info["size"], info["mtime"])
+                            for rel, _, info in files]  # fmt: skip
+    before = list(m.keys)
+    os.utime(src / "eel" / "img1.png", (1, 1))  # (rewritten: another version)
+    after = list(index_imagefolder(fs, root, "file://src").keys)
+    changed = [p for p, a, b in zip(m.paths, before, after, strict=True) if a != b]
+    assert changed == ["eel/img1.png"]
 
 
 def test_prepare_imagefolder_splits_and_copies(tmp_path):

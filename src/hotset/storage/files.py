@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import posixpath
@@ -15,6 +16,7 @@ from hotset.errors import ConfigError, CorruptSampleError, MissingSampleError, S
 from hotset.ids import ids_within
 from hotset.io.reader import Retry, read_failure
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
+from hotset.storage.columns import StringColumn, concat, key_column
 from hotset.storage.formats import FALLBACK, Format, register_format
 from hotset.storage.index_cache import cached_path
 from hotset.storage.manifest import (
@@ -121,11 +123,8 @@ def _version(info: dict) -> str:
     return ""
 
 
-def list_imagefolder(
-    fs: fsspec.AbstractFileSystem, root: str
-) -> tuple[list[str], list[tuple[str, int, dict]]]:
-    """Classes (sorted by name) and ``(relative path, label, listing info)`` of an
-    ImageFolder tree (``root/<class>/<image>``), from the listing alone."""
+def imagefolder_classes(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """An ImageFolder tree's classes (``root/<class>/``), sorted by name."""
     classes = sorted(
         posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False) if fs.isdir(p)
     )
@@ -134,39 +133,69 @@ def list_imagefolder(
             f"{root}: neither a {MANIFEST_NAME} nor class sub-folders (an ImageFolder is "
             "root/<class>/<image>); name another format with format="
         )
-    files = []
-    for label, cls in enumerate(classes):
-        found = fs.find(posixpath.join(root, cls), detail=True)
-        for f in sorted(found):
-            if f.lower().endswith(IMAGE_SUFFIXES):
-                files.append((posixpath.relpath(f, root), label, found[f]))
+    return classes
+
+
+def class_files(fs: fsspec.AbstractFileSystem, root: str, cls: str) -> list[tuple[str, dict]]:
+    """``(relative path, listing info)`` of one class's image files, sorted by path."""
+    found = fs.find(posixpath.join(root, cls), detail=True)
+    return [(posixpath.relpath(f, root), found[f]) for f in sorted(found)
+            if f.lower().endswith(IMAGE_SUFFIXES)]  # fmt: skip
+
+
+def _no_images(root: str) -> ConfigError:
+    return ConfigError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) in class folders")
+
+
+def list_imagefolder(
+    fs: fsspec.AbstractFileSystem, root: str
+) -> tuple[list[str], list[tuple[str, int, dict]]]:
+    """Classes (sorted by name) and ``(relative path, label, listing info)`` of an
+    ImageFolder tree (``root/<class>/<image>``), from the listing alone."""
+    classes = imagefolder_classes(fs, root)
+    files = [(rel, label, info) for label, cls in enumerate(classes)
+             for rel, info in class_files(fs, root, cls)]  # fmt: skip
     if not files:
-        raise ConfigError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) in class folders")
+        raise _no_images(root)
     return classes, files
 
 
 def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Manifest:
     """The manifest of an ImageFolder tree from its listing (no file is read), kept in the
-    user's index cache under the URL and a fingerprint of the listing."""
-    classes, files = list_imagefolder(fs, root)
-    sizes = [info.get("size") for _, _, info in files]
-    if any(s is None for s in sizes):  # a listing without sizes (HTTP): ask per file
-        sizes = [s if s is not None else fs.size(posixpath.join(root, rel))
-                 for s, (rel, _, _) in zip(sizes, files, strict=True)]  # fmt: skip
-    listing = [(rel, int(size), _version(info)) for (rel, _, info), size in
-               zip(files, sizes, strict=True)]  # fmt: skip
-    fingerprint = json.dumps([COLUMNS_MAGIC.decode(), classes, listing])
+    user's index cache under the URL and a fingerprint of the listing. The listing is
+    taken a class at a time and kept as columns (paths, sizes, versions), so a tree of
+    millions of files never holds a Python object per file; a cached index is mapped."""
+    classes = imagefolder_classes(fs, root)
+    fingerprint = hashlib.blake2b(json.dumps([COLUMNS_MAGIC.decode(), classes]).encode())
+    parts = []  # per class: its label, paths, sizes and versions
+    for label, cls in enumerate(classes):
+        files = class_files(fs, root, cls)
+        if not files:
+            continue
+        sizes = [info.get("size") for _, info in files]
+        if any(s is None for s in sizes):  # a listing without sizes (HTTP): ask per file
+            sizes = [s if s is not None else fs.size(posixpath.join(root, rel))
+                     for s, (rel, _) in zip(sizes, files, strict=True)]  # fmt: skip
+        rels, versions = [rel for rel, _ in files], [_version(info) for _, info in files]
+        sizes = [int(size) for size in sizes]
+        fingerprint.update(json.dumps([rels, sizes, versions]).encode())
+        parts.append((label, StringColumn(rels), np.asarray(sizes, np.int64),
+                      StringColumn(versions)))  # fmt: skip
+    if not parts:
+        raise _no_images(root)
 
     def build() -> bytes:
+        keys = [key_column(location_key(url, rel, size, version) for rel, size, version
+                           in zip(paths, sizes.tolist(), versions, strict=True))
+                for _, paths, sizes, versions in parts]  # fmt: skip
         return Manifest(
-            [rel for rel, _, _ in listing],
-            [location_key(url, rel, size, version) for rel, size, version in listing],
-            [size + TAG for _, size, _ in listing],
-            [label for _, label, _ in files],
+            concat(*(p[1] for p in parts)), concat(*keys),
+            np.concatenate([p[2] for p in parts]) + TAG,
+            np.concatenate([np.full(len(p[1]), p[0], np.int64) for p in parts]),
             classes, posixpath.basename(root.rstrip("/")), LOCATION_KIND,
         ).to_columns()  # fmt: skip
 
-    return _mapped("imagefolder", url, fingerprint, build, f"index of {url}")
+    return _mapped("imagefolder", url, fingerprint.hexdigest(), build, f"index of {url}")
 
 
 def _mapped(kind: str, url: str, fingerprint: str, build, where: str) -> Manifest:
