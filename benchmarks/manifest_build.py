@@ -4,11 +4,14 @@ peak (``tracemalloc``, numpy's buffers included) and seconds.
 * ``tar``: a WebDataset tar set of ``--samples`` samples in ``--shards`` shards (two small
   members each), opened from its cached indexes (the second opening: what every run
   after the first pays), its manifest's paths and keys built as columns shard by shard;
+* ``imagefolder``: an ImageFolder tree of ``--files`` small files in 200 classes, listed
+  and its index built, then listed again with its index cached (what every start pays);
 * ``columns``: an ImageNet-like manifest (``plan_scale.make_manifest``: keys, paths,
   sizes, labels) built from its strings, then written as the columns file a node's
   processes map (``Manifest.to_columns``): its peak against the file's bytes.
 
-    python benchmarks/manifest_build.py [--samples 200000] [--shards 20] [--ids 1000000]
+    python benchmarks/manifest_build.py [--samples 200000] [--shards 20] [--files 200000]
+        [--ids 1000000]
 """
 
 from __future__ import annotations
@@ -65,6 +68,25 @@ def bench_tar(work: Path, samples: int, shards: int) -> dict:
             "columns_B_per_id": len(storage.manifest.to_columns()) / n}  # fmt: skip
 
 
+def bench_imagefolder(work: Path, files: int, classes: int = 200) -> list[dict]:
+    from hotset.storage.files import FileStorage
+
+    root = work / "imagefolder"
+    for i in range(files):
+        folder = root / f"c{i % classes:04d}"
+        if i < classes:
+            folder.mkdir(parents=True)
+        (folder / f"{i:08d}.jpg").write_bytes(b"x" * (100 + i % 7))
+    os.environ["HOTSET_CACHE_DIR"] = str(work / "index-cache")
+    rows = []
+    for part in ("imagefolder, index built", "imagefolder, index cached"):
+        storage, r = measure(lambda: FileStorage(str(root)))
+        rows.append({"part": part, "ids": len(storage), "seconds": r["seconds"],
+                     "held_B_per_id": r["held"] / files, "peak_B_per_id": r["peak"] / files,
+                     "columns_B_per_id": len(storage.manifest.to_columns()) / files})  # fmt: skip
+    return rows
+
+
 def bench_columns(ids: int) -> dict:
     from plan_scale import make_manifest
 
@@ -79,10 +101,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=200_000, help="tar samples")
     ap.add_argument("--shards", type=int, default=20)
+    ap.add_argument("--files", type=int, default=200_000, help="ImageFolder files")
     ap.add_argument("--ids", type=int, default=1_000_000, help="the columns part's ids")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="hotset-manifest-") as tmp:
-        rows = [bench_tar(Path(tmp), args.samples, args.shards), bench_columns(args.ids)]
+        rows = [bench_tar(Path(tmp), args.samples, args.shards),
+                *bench_imagefolder(Path(tmp), args.files), bench_columns(args.ids)]
     report(
         "manifest_build", rows,
         [("part", "s"), ("ids", ",d"), ("seconds", ".2f"), ("held_B_per_id", ".0f"),
