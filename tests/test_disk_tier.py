@@ -629,3 +629,22 @@ def test_threads_of_one_process_read_hand_over_and_evict_at_once(tmp_path):
     assert errors == []
     assert tier.evicted > 0 and tier.corrupt == 0
     tier.close()
+
+
+def test_a_directory_another_process_makes_meanwhile_is_shared_not_refused(tmp_path, monkeypatch):
+    """Two ranks (or runs) that start at once both find ``disk_dir`` missing; the one
+    whose ``makedirs`` comes second finds it made: it checks and shares it, not a
+    ConfigError (which stopped one rank of a job in CI)."""
+    import hotset.store.disk as disk
+
+    path = tmp_path / "nvme"
+    DiskTier(path, 1 << 24).close()  # (the first one made it)
+    seen = os.path.lexists
+    monkeypatch.setattr(disk.os.path, "lexists", lambda p: False if p == str(path) else seen(p))
+    tier = DiskTier(path, 1 << 24)  # (the second looked before it was made)
+    assert tier.directory == os.path.realpath(path)
+    tier.close()
+    monkeypatch.undo()
+    os.chmod(path, 0o777)  # and what it finds is still checked
+    with pytest.raises(ConfigError, match="nvme"):
+        DiskTier(path, 1 << 24)

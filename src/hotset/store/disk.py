@@ -689,6 +689,8 @@ def _own_directory(path: str) -> str:
     if not os.path.lexists(path):
         try:
             os.makedirs(path, mode=0o700)
+        except FileExistsError:
+            pass  # another process made it meanwhile (a job's ranks, two runs): checked below
         except OSError as exc:
             raise ConfigError(f"disk_dir={path}: cannot create it: {exc}") from exc
     lease.check_own_dir(path)
