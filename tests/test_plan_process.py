@@ -108,7 +108,7 @@ def test_a_wrong_option_is_named_from_the_planner_process(fmnist_dir):
     assert any("planner process" in n for n in info.value.__notes__)
     with pytest.raises(hotset.ConfigError, match="private to one process"):
         _make(storage, store="memory")
-    assert set(os.listdir("/proc/self/task")) == children  # no thread left behind
+    assert set(os.listdir("/proc/self/task")) <= children  # no thread left behind
 
 
 def test_a_planner_process_that_dies_is_named_not_waited_for(fmnist_dir):
