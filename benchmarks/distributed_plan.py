@@ -98,12 +98,13 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
 
     if args.planner == "rank":
         planner = build(RankGroup())
-        sampler, wants_embeddings = planner.sampler, planner.wants_embeddings
-        counters = lambda: {**vars(planner), "graph_s": getattr(sampler, "graph_s", 0.0)}  # noqa: E731
     else:  # (its collectives, and their bytes, are the planner process's)
         planner = PlannerProcess(build, None, RankGroup(), per_node=args.planner == "node")
-        wants_embeddings = planner.wants_embeddings
-        counters = planner.counters
+
+    def counters() -> dict:
+        """The planner's, and SpiderCache's graph seconds where it runs in this process."""
+        graph_s = getattr(getattr(planner, "sampler", None), "graph_s", 0.0)
+        return {**planner.counters(), "graph_s": graph_s}
     centers = np.random.default_rng(1).normal(size=(CLASSES, args.dim)).astype(np.float32)
     starts = []
     for epoch in range(2):
@@ -115,7 +116,7 @@ def dry_rank(rank: int, world: int, init: str, columns: str, system: str, args, 
                 starts.append(time.perf_counter() - t0)
                 c0, sent0 = counters(), len(sent)
             emb = embeddings_of(plan.ids, manifest.labels, centers) \
-                if wants_embeddings else None
+                if planner.wants_embeddings else None
             planner.feedback(plan.ids, losses_of(plan.ids, epoch + k / args.batches), emb)
             planner.batch_consumed(PlanReport(stored=plan.admitted))
         it.close()

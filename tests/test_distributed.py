@@ -544,15 +544,7 @@ def _two_ranks(target, fmnist_dir, tmp_path, wait_for: list[int], timeout: float
     init, data = f"file://{tmp_path}/pg", str(fmnist_dir / "train")
     procs = [ctx.Process(target=target, args=(r, 2, init, data, str(tmp_path)))
              for r in range(2)]  # fmt: skip
-    try:
-        for p in procs:
-            p.start()
-        for r in wait_for:
-            procs[r].join(timeout)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    run_processes(procs, timeout, wait_for)
     return procs
 
 

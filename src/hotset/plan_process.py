@@ -24,6 +24,7 @@ connected to it over a Unix socket; the children of the nodes form that group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -410,11 +411,11 @@ class _Steps:
     def advance(self) -> None:
         """Answer the queries whose step has come, and apply every step all have sent."""
         while True:
-            for j in self.live:
+            for j in list(self.live):
                 while self.queries[j] and self.queries[j][0][0] == self.applied:
                     _, (_, method, args) = self.queries[j].popleft()
-                    self._reply([j], "call", lambda m=method, a=args: _run(
-                        self.planner, self.dataset, m, a))  # fmt: skip
+                    read = functools.partial(_run, self.planner, self.dataset, method, args)
+                    self._tell([j], "call", self._do(read))
             if not self.live or not all(self.steps[j] for j in self.live):
                 return
             messages = [self.steps[j].popleft() for j in self.live]
@@ -430,40 +431,43 @@ class _Steps:
         if len({m[:1] if m[0] in ("next", "iter") else m[:2] for m in messages}) > 1:
             if self.failed is None:
                 self.failed = RankError(_differ(self.node, self.live, messages))
-            for j, m in zip(self.live, messages, strict=True):
-                self._reply([j], m[0], lambda: None)
+            for j, m in zip(list(self.live), messages, strict=True):
+                self._tell([j], m[0], None)  # (the error, to each that waits for an answer)
             return
         if not self.live:
             return
         kind = messages[0][0]
         if kind == "iter":
-            self._reply(self.live, "cast", lambda: setattr(self, "plans", iter(self.planner)))
+            self.plans = self._do(lambda: iter(self.planner))
         elif kind == "next":
-            plan = self._reply([], "cast", lambda: next(self.plans, None))
-            for j in self.live:
-                self._reply([j], "next", lambda j=j: _shard(plan, self.node, j))
+            plan = self._do(lambda: next(self.plans, None))
+            for j in list(self.live):
+                self._tell([j], "next", self._do(lambda j=j: _shard(plan, self.node, j)))
         else:
-            self._reply(self.live, kind, lambda: _apply(self.planner, self.dataset, messages))
+            self._tell(self.live, kind, self._do(
+                lambda: _apply(self.planner, self.dataset, messages)))  # fmt: skip
 
-    def _reply(self, to: list[int], kind: str, do: Callable):
-        """``do()`` (unless a step failed before), its value sent to ``to`` where the
-        message wants an answer (``call``: a value, ``next``: a plan); an error instead
-        once a step failed. Returns the value."""
-        value = None
+    def _do(self, fn: Callable):
+        """``fn()``, unless a step failed before (the planner is not trusted after it);
+        an error it raises is kept as that failure."""
         if self.failed is None:
             try:
-                value = do()
+                return fn()
             except BaseException as exc:
                 self.failed = exc
-        if kind == "cast":
-            return value
+        return None
+
+    def _tell(self, to: list[int], kind: str, value) -> None:
+        """Answer a ``call`` (its value) or a ``next`` (its plan), or the failure once a
+        step failed; a ``cast`` wants no answer."""
+        if kind not in ("call", "next"):
+            return
         answer = ("plan" if kind == "next" else "value", value)
         if self.failed is not None:
             answer = ("error", _portable(self.failed))
-        for j in to:
+        for j in list(to):
             if not _send(self.conns[j], answer) and j in self.live:
                 self.live.remove(j)  # that training process is gone
-        return value
 
 
 def _send(conn, answer) -> bool:

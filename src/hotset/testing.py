@@ -16,14 +16,17 @@ from pathlib import Path
 REDIS_SERVER = os.environ.get("HOTSET_REDIS_SERVER") or shutil.which("redis-server")
 
 
-def run_processes(procs: list, timeout_s: float) -> list[int | None]:
-    """Start ``procs`` (``multiprocessing`` processes), wait up to ``timeout_s`` for each,
-    kill those still running (a hang fails, never waits forever); their exit codes."""
+def run_processes(
+    procs: list, timeout_s: float, wait_for: list[int] | None = None
+) -> list[int | None]:
+    """Start ``procs`` (``multiprocessing`` processes), wait up to ``timeout_s`` for each
+    (of ``wait_for``, their indexes, where given: the rest are not waited for), kill
+    those still running (a hang fails, never waits forever); their exit codes."""
     try:
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(timeout_s)
+        for i in range(len(procs)) if wait_for is None else wait_for:
+            procs[i].join(timeout_s)
     finally:
         for p in procs:
             if p.is_alive():
