@@ -627,7 +627,43 @@ def test_threads_of_one_process_read_hand_over_and_evict_at_once(tmp_path):
     finally:
         sys.setswitchinterval(switch)
     assert errors == []
-    assert tier.evicted > 0 and tier.corrupt == 0
+    assert tier.evicted > 0 and tier.corrupt == 0 and tier.failures == 0
+    tier.close()
+
+
+def test_a_segment_evicted_while_a_read_of_it_is_in_flight_keeps_its_handle(tmp_path,
+                                                                          monkeypatch):
+    """A thread's read waits in its ``pread`` while another thread's put evicts that
+    segment (and opens files meanwhile, which would take a closed handle's number): the
+    read still returns the entry's bytes, no failure, no corruption counted."""
+    tier = DiskTier(tmp_path / "tier", 4 * SEGMENT_MIN)
+    values = {f"k{i}": bytes([i]) * 4096 for i in range(64)}
+    tier.put(values)
+    tier.get_many(["k0"])  # (its segment's handle open)
+    in_pread, go, pread = threading.Event(), threading.Event(), os.pread
+
+    def held_pread(fd: int, length: int, offset: int) -> bytes:
+        if threading.current_thread().name == "reader":
+            in_pread.set()
+            go.wait(30)
+        return pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", held_pread)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(tier.get_many(["k0"])), name="reader")
+    reader.start()
+    assert in_pread.wait(30)
+    n = 0
+    while tier.evicted < len(values):  # (the oldest segment first: k0's)
+        tier.put({f"fill{n}-{k}": b"f" * 65536 for k in range(4)})
+        n += 1
+    opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(4)]
+    go.set()
+    reader.join(30)
+    for fd in opened:
+        os.close(fd)
+    assert got == [[values["k0"]]]
+    assert tier.failures == tier.corrupt == 0
     tier.close()
 
 

@@ -41,7 +41,7 @@ import os
 import shutil
 import struct
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -71,8 +71,8 @@ READ_THREADS = 8
 HOT_BATCH = 256
 
 
-def digest(data: bytes) -> bytes:
-    return xxhash.xxh3_128_digest(data)
+#: an entry's digest of its bytes
+digest = xxhash.xxh3_128_digest
 
 
 def segment_bytes(capacity_bytes: int) -> int:
@@ -99,6 +99,7 @@ class DiskTier:
         self.directory = _own_directory(os.fspath(directory))
         self.path = lease.own_private_dir(os.path.join(self.directory, SUBDIR))
         self.seg_max = segment_bytes(self.capacity_bytes)
+        self._map_size = max(1 << 30, self.capacity_bytes // 8)  # the index's
         # counters of this process
         self.hits = self.misses = self.corrupt = self.failures = self.refused = 0
         self.hit_bytes = self.written_bytes = self.evicted = 0
@@ -111,12 +112,12 @@ class DiskTier:
     def _ix(self) -> _Index:
         """This process's index handles (shared by its tiers of this directory)."""
         self._here()
-        return _index(self.path, max(1 << 30, self.capacity_bytes // 8))
+        return _index(self.path, self._map_size)
 
     def _here(self) -> None:
         """Per-process state of this object: a forked worker makes its own."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
+        if self._pid != _PID:
+            self._pid = _PID
             self._fds: dict[int, int] = {}
             self._writing: tuple[int, int, int] | None = None  # segment, fd, bytes written
             self._pool: ThreadPoolExecutor | None = None
@@ -124,24 +125,34 @@ class DiskTier:
             self._hot: set[bytes] = set()  # read since their bits were last written
             self._put_lock = threading.Lock()
             # handles: a process's threads read at once (iCACHE's feeder beside the
-            # loader); one closed while another reads would be a miss, or another file
+            # loader); one closed while another reads would be a miss, or another file.
+            # A read marks itself in flight (a list's append and pop: atomic) before it
+            # looks a handle up, and a handle leaves ``_fds`` before ``_inflight`` is
+            # looked at: a handle a read holds is never closed (opening and closing take
+            # the lock)
             self._fd_lock = threading.Lock()
-            self._reading = 0  # reads in flight in this process
+            self._inflight: list[None] = []
             self._retired: list[int] = []  # handles to close once none is
             self._evictions: bytes | None = b"-"  # the tier's evictions at the last look
 
     def _fd(self, seg: int) -> int:
+        """``seg``'s read handle in this process, opened if need be (the caller in
+        flight)."""
+        fd = self._fds.get(seg)
+        if fd is not None:
+            return fd
         with self._fd_lock:
             fd = self._fds.get(seg)
-            if fd is None:
-                fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
-                # samples are read in a random order: the kernel's read-ahead would read
-                # (and a RWF_NOWAIT probe start reading) pages no hit asked for
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                if len(self._fds) >= 256:  # close the oldest handle
-                    self._retire(next(iter(self._fds)))
-                self._fds[seg] = fd
-            return fd
+            if fd is not None:
+                return fd
+            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+            # samples are read in a random order: the kernel's read-ahead would read (and
+            # a RWF_NOWAIT probe start reading) pages no hit asked for
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            if len(self._fds) >= 256:  # close the oldest handle
+                self._retire(next(iter(self._fds)))
+            self._fds[seg] = fd
+        return fd
 
     def _retire(self, seg: int) -> None:
         """Close ``seg``'s handle once no read of this process is in flight (lock held)."""
@@ -152,7 +163,7 @@ class DiskTier:
 
     def _close_retired(self) -> None:
         """Close the retired handles if no read of this process is in flight (lock held)."""
-        if not self._reading:
+        if not self._inflight:
             while self._retired:
                 os.close(self._retired.pop())
 
@@ -161,92 +172,105 @@ class DiskTier:
         """Each key's bytes, checked against their digest, or None."""
         if not keys:
             return []
-        self._here()
-        with self._fd_lock:
-            self._reading += 1
+        if self._pid != _PID:
+            self._here()
         try:
-            return self._get_many(keys)
-        finally:
-            with self._fd_lock:
-                self._reading -= 1
-                self._close_retired()
-
-    def _get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        kbs = [k.encode() for k in keys]
-        try:
-            ix = self._ix
+            ix = _INDEXES.get(self.path) or _index(self.path, self._map_size)
             with ix.env.begin() as txn:
-                self._drop_stale_handles(txn, ix)
-                get = txn.get
-                found = [get(k, db=ix.entries) for k in kbs]
-                hot = self._hot
-                cold = [k for k, f in zip(kbs, found, strict=True)
-                        if f is not None and k not in hot and get(k, db=ix.hot) is None]
+                get, entries, hot_db, hot = txn.get, ix.entries, ix.hot, self._hot
+                if get(_EVICTIONS, db=ix.meta) != self._evictions:
+                    self._drop_stale_handles(txn, ix)
+                wanted = []  # (place in keys, key, segment, offset, length, digest)
+                cold = []  # keys read whose hit bit is not set yet
+                for n, key in enumerate(keys):
+                    kb = key.encode()
+                    entry = get(kb, db=entries)
+                    if entry is not None:
+                        wanted.append((n, kb, *_ENTRY.unpack(entry)))
+                        if kb not in hot and get(kb, db=hot_db) is None:
+                            cold.append(kb)
         except lmdb.Error as exc:
             self.failures += 1
             log.debug("disk tier %s: %s", self.path, exc)
             return [None] * len(keys)
-        wanted = [(n, _ENTRY.unpack(f)) for n, f in enumerate(found) if f is not None]
         out: list[bytes | None] = [None] * len(keys)
-        for n, data in self._read([e for _, e in wanted]):
-            out[wanted[n][0]] = data
-        bad = [kbs[wanted[n][0]] for n, (pos, _) in enumerate(wanted) if out[pos] is None]
+        self._inflight.append(None)
+        try:
+            reads = []  # (place in keys, handle, offset, length, digest)
+            for n, _, seg, off, length, dig in wanted:
+                with contextlib.suppress(OSError):  # (its segment evicted since: a miss)
+                    reads.append((n, self._fd(seg), off, length, dig))
+            if len(reads) == 1:  # (one read: here, neither probed nor handed to a thread)
+                n, *read = reads[0]
+                out[n] = self._pread(*read)
+            else:
+                self._read(reads, out)
+        finally:
+            self._inflight.pop()
+            if self._retired:
+                with self._fd_lock:
+                    self._close_retired()
+        bad, nbytes = [], 0
+        for n, kb, *_ in wanted:
+            if out[n] is None:
+                bad.append(kb)
+            else:
+                nbytes += len(out[n])
         self.hits += len(wanted) - len(bad)
         self.misses += len(keys) - len(wanted) + len(bad)
-        self.hit_bytes += sum(len(v) for v in out if v is not None)
-        self._hot.update(cold)
-        self._hot.difference_update(bad)
-        if bad or len(self._hot) >= HOT_BATCH:
+        self.hit_bytes += nbytes
+        if cold:
+            hot.update(cold)
+        if bad:
+            hot.difference_update(bad)
+        if bad or len(hot) >= HOT_BATCH:
             self._write_txn(lambda txn: self._mark(txn, bad))
         return out
 
     def _drop_stale_handles(self, txn, ix: _Index) -> None:
         """Close the handles of segments evicted since the last look (an unlinked file
         keeps its blocks while a handle is open)."""
-        evictions = txn.get(_EVICTIONS, db=ix.meta)
-        if evictions != self._evictions:
-            self._evictions = evictions
-            with self._fd_lock:
-                for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
-                    self._retire(seg)
+        self._evictions = txn.get(_EVICTIONS, db=ix.meta)
+        with self._fd_lock:
+            for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
+                self._retire(seg)
 
-    def _read(self, entries: list[tuple]) -> Iterable[tuple[int, bytes | None]]:
-        """``(n, bytes or None)`` for each entry: those in the page cache read here
-        (``RWF_NOWAIT``), the rest on threads (a cold disk answers several at once); one
-        entry, or those after the first that was not cached, read as they come."""
-        later, probe = [], self._nowait and len(entries) > 1
-        for n, (seg, off, length, dig) in enumerate(entries):
-            try:
-                fd = self._fd(seg)
-            except OSError:  # its segment was evicted since the index was read
-                yield n, None
-                continue
+    def _read(self, reads: list[tuple], out: list[bytes | None]) -> None:
+        """Fill ``out[n]`` for each of several ``(n, fd, offset, length, digest)``: those
+        in the page cache read here (``RWF_NOWAIT``), the rest on threads (a cold disk
+        answers several at once; those after the first not cached go unprobed)."""
+        later, probe = [], self._nowait
+        for n, fd, off, length, dig in reads:
             if probe:
                 buf = bytearray(length)
                 try:
                     if os.preadv(fd, [buf], off, os.RWF_NOWAIT) == length:
-                        yield n, self._checked(bytes(buf), dig)
+                        out[n] = self._checked(bytes(buf), dig)
                         continue
                 except BlockingIOError:
                     probe = False  # (a cold disk: the rest go to threads unprobed)
                 except OSError as exc:
                     if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        yield n, None
                         continue
                     self._nowait = probe = False  # (a filesystem without it)
             later.append((n, fd, off, length, dig))
-        if len(later) <= 1:  # (one read: no hand-off to a thread)
-            yield from ((t[0], self._pread(*t[1:])) for t in later)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hotset-disk")
-        yield from self._pool.map(lambda t: (t[0], self._pread(*t[1:])), later)
+        if len(later) == 1:  # (one read: no hand-off to a thread)
+            n, *read = later[0]
+            out[n] = self._pread(*read)
+        elif later:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hotset-disk")
+            for n, data in self._pool.map(lambda t: (t[0], self._pread(*t[1:])), later):
+                out[n] = data
 
     def _pread(self, fd: int, off: int, length: int, dig: bytes) -> bytes | None:
         try:
-            return self._checked(os.pread(fd, length, off), dig)
-        except OSError:
+            data = os.pread(fd, length, off)
+        except OSError as exc:  # (the disk's error: counted, the source serves)
+            self.failures += 1
+            log.debug("disk tier %s: %s", self.path, exc)
             return None
+        return self._checked(data, dig)
 
     def _checked(self, data: bytes, dig: bytes) -> bytes | None:
         if digest(data) == dig:
@@ -455,17 +479,20 @@ class DiskTier:
                     break
                 keys.append(bytes(k[len(prefix) :]))
         kept = 0
+        try:  # (a handle of its own: the process's may be closed by its other threads)
+            fd = os.open(os.path.join(self.path, f"seg-{seg}"), _OPEN_READ)
+        except OSError:  # (its file gone: nothing to keep)
+            fd = None
         for k in keys:
             entry = txn.get(k, db=self._ix.entries)
-            if entry is not None and txn.get(k, db=self._ix.hot) is not None:
-                try:
-                    data = self._pread(self._fd(seg), *_ENTRY.unpack(entry)[1:])
-                except OSError:  # (its file gone: nothing to keep)
-                    data = None
+            if fd is not None and entry is not None and txn.get(k, db=self._ix.hot) is not None:
+                data = self._pread(fd, *_ENTRY.unpack(entry)[1:])
                 if data is not None:
                     survivors[k] = data
                     kept += len(data)
             self._drop(txn, k)
+        if fd is not None:
+            os.close(fd)
         self.evicted += len(keys)
         with self._fd_lock:
             self._retire(seg)
@@ -551,7 +578,7 @@ class DiskTier:
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("_fds", "_writing", "_pool", "_nowait", "_evictions", "_hot",
-                              "_put_lock", "_fd_lock", "_reading", "_retired")}
+                              "_put_lock", "_fd_lock", "_inflight", "_retired")}
         state["_pid"] = -1  # the receiving process makes its own
         return state
 
@@ -678,7 +705,14 @@ def _close_before_fork() -> None:
     _INDEXES.clear()
 
 
-os.register_at_fork(before=_close_before_fork)
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+#: this process's id (a forked child's set at the fork: no system call a read)
+_PID = os.getpid()
+os.register_at_fork(before=_close_before_fork, after_in_child=_forked)
 
 
 def _own_directory(path: str) -> str:
