@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hotset.sampling.draw as draw
+from hotset.sampling import draw_kernel
 from hotset.sampling.draw import draw_weighted, sorted_search
 
 
@@ -61,15 +62,22 @@ def test_draw_in_pieces_follows_the_weights(monkeypatch):
     a=st.lists(st.integers(0, 20), max_size=50).map(lambda x: np.cumsum(x, dtype=float)),
     v=st.lists(st.floats(-5, 1100, allow_nan=False), max_size=60).map(np.sort),
     block=st.integers(1, 7),
+    compiled=st.booleans(),
 )
-def test_sorted_search_is_searchsorted(a, v, block):
-    """Repeated values in ``a`` (ids with no weight) and queries on them included."""
+def test_sorted_search_is_searchsorted(a, v, block, compiled):
+    """Repeated values in ``a`` (ids with no weight) and queries on them included; the
+    compiled walk (``draw_kernel``) and numpy's blocks alike."""
     v = np.concatenate([v, a[: v.size // 3]])
     v.sort()
-    got = sorted_search(a, v, block)
-    assert np.array_equal(got, np.searchsorted(a, v, side="right"))
-    into = np.full(v.size, -1, np.int32)  # a draw's ids, written in place
-    assert sorted_search(a, v, block, out=into) is into and np.array_equal(into, got)
+    assert draw_kernel.load()
+    draw_kernel._ready = compiled
+    try:
+        got = sorted_search(a, v, block)
+        assert np.array_equal(got, np.searchsorted(a, v, side="right"))
+        into = np.full(v.size, -1, np.int32)  # a draw's ids, written in place
+        assert sorted_search(a, v, block, out=into) is into and np.array_equal(into, got)
+    finally:
+        draw_kernel._ready = True
 
 
 @pytest.mark.parametrize("block", [1, 2, 4096])
@@ -177,3 +185,37 @@ def test_a_subset_is_m_distinct_ids_each_as_likely(n, m):
         counts[got] += 1
     want = draws * m / n
     assert float(((counts - want) ** 2 / want).sum()) < {40: 72.1, 30: 58.3, 12: 31.3}[n]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    score=st.lists(st.sampled_from([0.0, -1.0, 1e-13, 0.5, 2.0, 7.25, float("nan")]),
+                   min_size=1, max_size=40),
+    held=st.lists(st.booleans(), min_size=40, max_size=40),
+    repetition=st.sampled_from([1.0, 3.0, 2.5]),
+    dtype=st.sampled_from([np.int32, np.int64]),
+)  # fmt: skip
+def test_the_compiled_passes_give_numpys_values(score, held, repetition, dtype):
+    """SHADE's weights split and the cumulative sum in place: the compiled passes
+    (``draw_kernel``) give numpy's steps' values, bit for bit, so a plan does not depend
+    on whether numba is there."""
+    assert draw_kernel.load()
+    score, cached = np.asarray(score), np.asarray(held[: len(score)])
+    out = []
+    for compiled in (True, False):
+        draw_kernel._ready = compiled
+        try:
+            w = np.empty(score.size)
+            ids, w_held = draw_kernel.split_weights(score, cached, repetition, w, dtype)
+            sums = draw_kernel.cumsum_inplace(np.abs(np.nan_to_num(w)) + 0.1)
+            out.append((ids, w_held, w, sums))
+        finally:
+            draw_kernel._ready = True
+    (ids, w_held, w, sums), (ids2, w_held2, w2, sums2) = out
+    assert ids.dtype == ids2.dtype == dtype and np.array_equal(ids, np.flatnonzero(cached))
+    assert np.array_equal(w_held, w_held2, equal_nan=True)
+    assert np.array_equal(w, w2, equal_nan=True) and np.all(w[cached] == 0)
+    assert np.array_equal(sums, sums2)
+    weights = np.maximum(score, 1e-12)
+    weights[cached] *= repetition
+    assert np.array_equal(w_held, weights[cached], equal_nan=True)

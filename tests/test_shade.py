@@ -625,3 +625,23 @@ def test_a_score_of_its_own_is_one_registered_function(tmp_path):
             make_sampler("shade", 10, b0=1.0)
     finally:
         del SCORERS["test-loss-average"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 99), max_size=12),
+    whole=st.integers(1, 3),
+    extra=st.integers(0, 12),
+    n=st.integers(1, 50),
+)
+def test_the_repeated_hits_are_written_as_numpy_repeats_them(ids, whole, extra, n):
+    """``repetition_mode="repeat"``: each drawn hit ``whole`` times, then the first
+    ``extra`` once more, cut at ``n``, written in place: numpy's repeat and concatenate."""
+    from hotset.sampling.pads import repeat_into
+
+    ids = np.asarray(ids, np.int32)
+    extra = min(extra, ids.size)
+    out = np.full(n, -1, np.int32)
+    want = np.concatenate([np.repeat(ids, whole), ids[:extra]])[:n]
+    assert repeat_into(out, ids, whole, extra) == want.size
+    assert np.array_equal(out[: want.size], want) and np.all(out[want.size :] == -1)

@@ -97,23 +97,24 @@ def frozen(a: np.ndarray) -> np.ndarray:
 _loaded: bool | None = None  # None: not tried yet
 
 
-def _njit(namespace: dict, names) -> bool:
+def njit_all(namespace: dict, names, nogil: bool = False) -> bool:
     """Replace the functions ``names`` of a module's ``namespace`` by numba's compiled
-    ones (its code cached on disk); whether numba is there."""
+    ones (its code cached on disk; ``nogil``: they release the GIL); whether numba is
+    there."""
     try:
         from numba import njit
     except ImportError:  # pragma: no cover - a dependency; Python's steps serve
         return False
     for name in names:
         if not hasattr(namespace[name], "py_func"):  # (compiled already: a load that failed)
-            namespace[name] = njit(cache=True)(namespace[name])
+            namespace[name] = njit(cache=True, nogil=nogil)(namespace[name])
     return True
 
 
 def jit_all(namespace: dict, names) -> bool:
-    """``_njit`` for a kernel module's loops, once this module's steps, which they call,
+    """``njit_all`` for a kernel module's loops, once this module's steps, which they call,
     are compiled; whether they are (a kernel's ``load`` then runs each once)."""
-    return compile_steps() and _njit(namespace, names)
+    return compile_steps() and njit_all(namespace, names)
 
 
 def compile_steps() -> bool:
@@ -124,7 +125,7 @@ def compile_steps() -> bool:
     global _loaded
     if _loaded is None:
         steps = ("siftdown", "siftup", "push", "pop", "push_all", "drop_stale")
-        _loaded = _njit(globals(), steps)
+        _loaded = njit_all(globals(), steps)
         if not _loaded:
             return False
         h = np.zeros(4, np.int64)  # each called as a Python step is, to compile it now

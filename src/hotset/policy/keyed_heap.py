@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.ids import BLOCK
 from hotset.policy.base import Policy
 
 
@@ -162,8 +163,10 @@ class KeyedHeap:
         return keys if isinstance(keys, list) else keys.tolist()
 
     def members(self) -> np.ndarray:
-        """The members' ids, ascending."""
-        return np.flatnonzero(self.levels >= 0)
+        """The members' ids, ascending (a block of ids at a time: no mask of them all)."""
+        parts = [np.flatnonzero(self.levels[s : s + BLOCK] >= 0) + s
+                 for s in range(0, self.levels.size, BLOCK)]  # fmt: skip
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def in_order(self) -> np.ndarray:
         """The members' ids in the order ``pop`` gives them: by level, then id."""

@@ -15,6 +15,7 @@ import numpy as np
 from hotset.errors import ConfigError
 from hotset.ids import index_dtype
 from hotset.sampling.ahead import OrderAhead
+from hotset.sampling.draw_kernel import cumsum_inplace, search_sorted
 
 #: draws per piece of :func:`draw_weighted` at most (pieces run on two threads)
 DRAW_PIECE = 1 << 22
@@ -146,6 +147,8 @@ def sorted_search(
     14M: 172 to 134 ms). ``out``: where to write the positions (an integer array of
     ``v``'s size that holds them)."""
     out = np.empty(v.size, np.intp) if out is None else out
+    if search_sorted(a, v, out):  # (compiled: each answer walked to from the one before)
+        return out
     starts = np.arange(0, v.size, block)
     lo = np.searchsorted(a, v[starts], side="right")
     hi = np.searchsorted(a, v[np.minimum(starts + block, v.size) - 1], side="right")
@@ -172,8 +175,10 @@ def draw_weighted(
     ``p``, a float64 array of the caller's, may hold the cumulative sums (no second
     array of ``len(p)``: 112 MB at 14M ids). ``shuffle=False``: each piece is left in
     ascending order, for a caller that shuffles the draw later (:class:`ShuffledAsRead`)."""
-    in_place = overwrite and p.dtype == np.float64 and p.flags.writeable
-    cdf = np.cumsum(p, dtype=np.float64, out=p if in_place else None)
+    if overwrite and p.dtype == np.float64 and p.flags.writeable:
+        cdf = cumsum_inplace(p)
+    else:
+        cdf = np.cumsum(p, dtype=np.float64)
     out = np.empty(n, index_dtype(len(p))) if out is None else out
     pieces = 2 * -(-n // (2 * DRAW_PIECE)) if n > DRAW_PIECE else 1
     size = -(-n // pieces) if n else 1

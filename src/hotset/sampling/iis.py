@@ -150,6 +150,8 @@ class IISSampler(Sampler):
     def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
         """The epoch's kept ids, put in their random order as they are read."""
         if epoch not in self._orders:  # decided once per epoch, at its start
+            # the order two epochs back goes before this one is drawn (two at most)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             rng = np.random.default_rng([self.seed, epoch])
             pct, ranked = self._ranked_percentiles()
             due = self.coverage.due(epoch)
@@ -170,7 +172,6 @@ class IISSampler(Sampler):
                 hot = None  # the cache's size decides
             else:
                 hot = pct >= 1.0 - self.h_fraction
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = ShuffledAsRead(selected, rng)  # two kept: 4 B per id each
             self._hints = {
                 epoch: {"hot": hot, "importance": pct, "epoch": epoch, "due": due}

@@ -38,8 +38,9 @@ from functools import partial
 import numpy as np
 
 from hotset.errors import ConfigError
-from hotset.ids import index_dtype, nonzero_as
+from hotset.ids import as_ids, index_dtype
 from hotset.importance import SCORERS, ScoreBoard
+from hotset.sampling import draw_kernel
 from hotset.sampling.ahead import OrderAhead
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
@@ -47,6 +48,18 @@ from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
 
 ORDERS = ("hits_first", "shuffled")
 CACHE_TIERS = ("both", "ram")
+
+
+def repeat_into(out: np.ndarray, ids: np.ndarray, whole: int, extra: int) -> int:
+    """``np.concatenate([np.repeat(ids, whole), ids[:extra]])`` written at the start of
+    ``out`` as far as it fits, without the two arrays between; returns how far."""
+    m = min(whole * ids.size, out.size)
+    k = m // whole  # ids repeated whole, then one repeated in part where cut
+    out[: k * whole].reshape(k, whole)[:] = ids[:k, None]
+    out[k * whole : m] = ids[k : k + 1]
+    e = min(extra, out.size - m)
+    out[m : m + e] = ids[:e]
+    return m + e
 
 
 @register_sampler
@@ -110,6 +123,7 @@ class PADSSampler(Sampler):
         self._loss_n: dict[int, int] = {}
         self._accuracy: list[float] = []
         self._orders: dict[int, np.ndarray] = {}
+        draw_kernel.load()  # (compiled here, not at an epoch start)
 
     # -- feedback ------------------------------------------------------------------------
     def feedback(self, ids: np.ndarray, losses: np.ndarray, embeddings=None) -> np.ndarray:
@@ -137,7 +151,7 @@ class PADSSampler(Sampler):
 
     def set_cached(self, ids: np.ndarray) -> None:
         self._cached[:] = False
-        self._cached[np.asarray(ids, np.int64)] = True
+        self._cached[as_ids(ids)] = True
 
     # -- sampling ------------------------------------------------------------------------
     def weights(self, out: np.ndarray | None = None) -> np.ndarray:
@@ -165,34 +179,32 @@ class PADSSampler(Sampler):
         read); returns the ids, where the hits end, and (``in_thread``) the thread still
         drawing the misses, which are read after the hits (the same draws: the misses'
         generators are spawned from ``rng``, whose reads do not spawn)."""
-        for drawn in self._orders.values():  # (a thread may still draw from the buffer)
-            drawn.drawn()
-        w = self.weights(out=self._buffer("weights", np.float64))
-        held = nonzero_as(self._cached, index_dtype(self.num_samples))
-        w_held = w[held]
-        w[held] = 0.0  # the weights of the misses
+        w = self._buffer("weights", np.float64)  # (becomes the misses' weights)
+        r = self.repetition if self.repetition_mode == "weight" else 1.0
+        held, w_held = draw_kernel.split_weights(
+            self.board.score, self._cached, r, w, index_dtype(self.num_samples)
+        )
         w_hit, w_miss = float(w_held.sum()), float(w.sum())
         n = self.num_samples
         h = n if w_miss <= 0.0 else int(rng.binomial(n, w_hit / (w_hit + w_miss)))
-        hits = held[draw_weighted(rng, w_held, h, shuffle=False)]
+        hits = held[draw_weighted(rng, w_held, h, overwrite=True, shuffle=False)]
+        order = np.empty(n, index_dtype(n))  # the hits, then the misses drawn after them
         if self.repetition_mode == "repeat":
             whole = int(self.repetition)  # r copies of each hit; a fractional r: some once more
             extra = int((self.repetition - whole) * hits.size)
             if extra or whole * hits.size > n:  # random hits get the extra copy, or are cut
                 rng.shuffle(hits)
-            hits = np.concatenate([np.repeat(hits, whole), hits[:extra]])[:n]
-        order = np.empty(n, index_dtype(n))  # the hits, then the misses drawn after them
-        order[: hits.size] = hits
+            h = repeat_into(order, hits, whole, extra)
+        else:
+            order[:h] = hits
 
         def misses(_epoch: int) -> np.ndarray:
-            return draw_weighted(
-                rng, w, n - hits.size, out=order[hits.size :], overwrite=True, shuffle=False
-            )  # fmt: skip
+            return draw_weighted(rng, w, n - h, out=order[h:], overwrite=True, shuffle=False)
 
         if in_thread:
-            return order, hits.size, OrderAhead(misses, self.epoch)
+            return order, h, OrderAhead(misses, self.epoch)
         misses(self.epoch)
-        return order, hits.size, None
+        return order, h, None
 
     def _guard(self, epoch: int) -> bool:
         means = [
@@ -213,6 +225,10 @@ class PADSSampler(Sampler):
         random order as they are read: a uniform permutation of all ids, or the draw,
         its hits before its misses (``hits_first``, each part shuffled) or not."""
         if epoch not in self._orders:
+            for drawn in self._orders.values():  # (a thread may still draw from the buffer)
+                drawn.drawn()
+            # the order two epochs back goes before this one is drawn (two at most)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             rng = np.random.default_rng([self.seed, epoch])
             dtype, ends, filling = index_dtype(self.num_samples), None, None
             if self.prior is None:
@@ -227,7 +243,6 @@ class PADSSampler(Sampler):
                 order, hits, filling = self._draw(rng, later)
                 order = self.coverage.ensure(order, epoch, rng)
                 ends = [hits] if self.order == "hits_first" else None
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = ShuffledAsRead(order, rng, ends, filling=filling,
                                                  fill_from=ends[0] if filling else 0)  # fmt: skip
         return self._orders[epoch]

@@ -47,6 +47,7 @@ from hotset.ids import ids_within, index_dtype
 from hotset.importance import ScoreBoard
 from hotset.importance.elastic import RatioController
 from hotset.importance.graph import GraphImportance
+from hotset.sampling import draw_kernel
 from hotset.sampling.base import Sampler, register_sampler
 from hotset.sampling.coverage import DEFAULT_COVERAGE_EPOCHS, Coverage
 from hotset.sampling.draw import ShuffledAsRead, draw_weighted, final
@@ -143,6 +144,7 @@ class SpiderSampler(Sampler):
         self._role: str | None = None  # under ranks: "graph" (scores for all) or "peer"
         # the graph rank's scores, not yet exchanged (saved: handed on after a restore)
         self._outbox: list[tuple] = []
+        draw_kernel.load()  # (compiled here, not at an epoch start)
 
     def plan_with_ranks(self, rank: int, world: int) -> None:
         if self.graph_rank >= world:
@@ -348,6 +350,8 @@ class SpiderSampler(Sampler):
     def order_as_read(self, epoch: int) -> np.ndarray | ShuffledAsRead:
         """The epoch's ids, drawn once and put in their random order as they are read."""
         if epoch not in self._orders:
+            # the order two epochs back goes before this one is drawn (two at most)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             rng = np.random.default_rng([self.seed, epoch])
             n = self.num_samples
             if epoch == 0 or self.prior is None:
@@ -355,6 +359,5 @@ class SpiderSampler(Sampler):
             else:
                 order = draw_weighted(rng, self.weights(), n, overwrite=True, shuffle=False)
                 order = self.coverage.ensure(order, epoch, rng)
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
             self._orders[epoch] = ShuffledAsRead(order, rng)
         return self._orders[epoch]
