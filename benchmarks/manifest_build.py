@@ -11,7 +11,7 @@ peak (``tracemalloc``, numpy's buffers included) and seconds.
   processes map (``Manifest.to_columns``): its peak against the file's bytes.
 
     python benchmarks/manifest_build.py [--samples 200000] [--shards 20] [--files 200000]
-        [--ids 1000000]
+        [--ids 1000000] [--parts tar,imagefolder,columns]
 """
 
 from __future__ import annotations
@@ -103,10 +103,16 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=20)
     ap.add_argument("--files", type=int, default=200_000, help="ImageFolder files")
     ap.add_argument("--ids", type=int, default=1_000_000, help="the columns part's ids")
+    ap.add_argument("--parts", default="tar,imagefolder,columns")
     args = ap.parse_args()
+    parts, rows = args.parts.split(","), []
     with tempfile.TemporaryDirectory(prefix="hotset-manifest-") as tmp:
-        rows = [bench_tar(Path(tmp), args.samples, args.shards),
-                *bench_imagefolder(Path(tmp), args.files), bench_columns(args.ids)]
+        if "tar" in parts:
+            rows.append(bench_tar(Path(tmp), args.samples, args.shards))
+        if "imagefolder" in parts:
+            rows += bench_imagefolder(Path(tmp), args.files)
+        if "columns" in parts:
+            rows.append(bench_columns(args.ids))
     report(
         "manifest_build", rows,
         [("part", "s"), ("ids", ",d"), ("seconds", ".2f"), ("held_B_per_id", ".0f"),
