@@ -5,6 +5,7 @@ against the shards' bytes (``disk_job.py``). No speed is asserted here
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -664,6 +665,23 @@ def test_a_segment_evicted_while_a_read_of_it_is_in_flight_keeps_its_handle(tmp_
         os.close(fd)
     assert got == [[values["k0"]]]
     assert tier.failures == tier.corrupt == 0
+    tier.close()
+
+
+def test_a_read_the_disk_fails_is_counted_and_is_a_miss(tmp_path, monkeypatch):
+    """An I/O error under a hit (the disk's, injected: a real one cannot be made here)
+    counts in ``failures`` and serves nothing: the caller reads the source."""
+    tier = DiskTier(tmp_path / "tier", 4 * SEGMENT_MIN)
+    tier.put({"a": b"x" * 4096, "b": b"y" * 4096})
+
+    def failing(fd: int, length: int, offset: int) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", failing)
+    assert tier.get_many(["a"]) == [None]
+    assert tier.failures == 1 and tier.corrupt == 0
+    monkeypatch.undo()
+    assert tier.get_many(["b"]) == [b"y" * 4096]
     tier.close()
 
 
