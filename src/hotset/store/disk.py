@@ -178,8 +178,9 @@ class DiskTier:
             ix = _INDEXES.get(self.path) or _index(self.path, self._map_size)
             with ix.env.begin() as txn:
                 get, entries, hot_db, hot = txn.get, ix.entries, ix.hot, self._hot
-                if get(_EVICTIONS, db=ix.meta) != self._evictions:
-                    self._drop_stale_handles(txn, ix)
+                evictions = get(_EVICTIONS, db=ix.meta)
+                if evictions != self._evictions:
+                    self._drop_stale_handles(txn, ix, evictions)
                 wanted = []  # (place in keys, key, segment, offset, length, digest)
                 cold = []  # keys read whose hit bit is not set yet
                 for n, key in enumerate(keys):
@@ -227,10 +228,10 @@ class DiskTier:
             self._write_txn(lambda txn: self._mark(txn, bad))
         return out
 
-    def _drop_stale_handles(self, txn, ix: _Index) -> None:
-        """Close the handles of segments evicted since the last look (an unlinked file
-        keeps its blocks while a handle is open)."""
-        self._evictions = txn.get(_EVICTIONS, db=ix.meta)
+    def _drop_stale_handles(self, txn, ix: _Index, evictions: bytes | None) -> None:
+        """Close the handles of segments evicted since the last look (``evictions``: the
+        tier's count now; an unlinked file keeps its blocks while a handle is open)."""
+        self._evictions = evictions
         with self._fd_lock:
             for seg in [s for s in self._fds if txn.get(_SEG.pack(s), db=ix.segs) is None]:
                 self._retire(seg)
