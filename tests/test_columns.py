@@ -34,6 +34,13 @@ def test_a_string_column_holds_what_it_was_given(strings, data):
 
 
 @settings(max_examples=60, deadline=None)
+@given(texts, st.text(max_size=6))
+def test_a_prefixed_column_holds_each_string_after_the_prefix(strings, prefix):
+    col = StringColumn(strings).prefixed(prefix)
+    assert list(col) == [prefix + s for s in strings] and len(col) == len(strings)
+
+
+@settings(max_examples=60, deadline=None)
 @given(digests, st.data())
 def test_a_digest_column_holds_the_keys_and_finds_them(keys, data):
     col = key_column(keys)

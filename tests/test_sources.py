@@ -138,6 +138,33 @@ def test_tar_index_reads_headers_only_and_is_cached(tmp_path, monkeypatch):
     assert len(os.listdir(tmp_path / "cache" / "index")) == 1  # the stale index removed
 
 
+def test_a_tar_index_cached_by_the_version_before_is_converted_without_reading_the_shard(
+    tmp_path, monkeypatch
+):
+    """An index of the kind before (names and keys as numpy text) is converted at the
+    first opening: the same samples and keys, the shard's headers not read again."""
+    from hotset.storage import tar
+    from hotset.storage.index_cache import index_path
+
+    shard = tmp_path / "a.tar"
+    _write_tar(shard, _images(12), 0)
+    first = hotset.TarStorage(str(shard))
+    url, version = first.urls[0], first._versions[first.urls[0]]
+    new = index_path(tar.INDEX_KIND, url, version)
+    arrays = tar.load_index(new.read_bytes())
+    arrays["names"] = np.asarray(list(arrays["names"]), dtype=str)
+    arrays["keys"] = np.asarray(list(arrays["keys"]))
+    old = index_path(tar.OLD_INDEX_KIND, url, version)
+    with open(old, "wb") as f:
+        np.savez(f, **arrays)
+    new.unlink()
+    monkeypatch.setattr(tar, "index_shard", lambda *a: pytest.fail("the shard was indexed again"))
+    again = hotset.TarStorage(str(shard))
+    assert again.keys == first.keys and again.manifest.paths == first.manifest.paths
+    assert again.read_many(range(12)) == first.read_many(range(12))
+    assert new.exists() and not old.exists()
+
+
 def test_tar_reads_neighbours_in_one_request(tmp_path):
     images = _images(20)
     _write_tar(tmp_path / "a.tar", images, 0)

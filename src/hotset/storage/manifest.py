@@ -68,8 +68,13 @@ def content_key(data: bytes) -> str:
 def location_key(*parts: object) -> str:
     """Key of a sample known by where it lives (source, member, size, version...) before
     its bytes are read: a BLAKE2b-128 digest of the parts, in hex."""
+    return location_digest(*parts).hex()
+
+
+def location_digest(*parts: object) -> bytes:
+    """``location_key``'s 16 raw bytes."""
     text = "\x00".join(str(p) for p in parts)
-    return hashlib.blake2b(text.encode(), digest_size=16, person=b"hotset-loc").hexdigest()
+    return hashlib.blake2b(text.encode(), digest_size=16, person=b"hotset-loc").digest()
 
 
 @dataclass(eq=False)

@@ -40,11 +40,11 @@ from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
-from hotset.storage.columns import StringColumn, concat, key_column
+from hotset.storage.columns import DigestColumn, StringColumn, concat
 from hotset.storage.files import _version
 from hotset.storage.formats import Format, register_format
 from hotset.storage.index_cache import cached_index, index_path
-from hotset.storage.manifest import LOCATION_KIND, Manifest, location_key
+from hotset.storage.manifest import LOCATION_KIND, Manifest, location_digest
 from hotset.storage.records import check_fields, encode_record, record_size
 
 #: a remote shard this small is indexed from one read of it (a request per member header
@@ -95,12 +95,12 @@ def index_shard(fileobj, url: str) -> list[list]:
     return samples
 
 
-def shard_arrays(url: str, samples: list[list], version: str) -> dict[str, np.ndarray]:
-    """A shard's index as arrays: per sample its name, key (of the shard's URL and
-    ``version``, its size and ETag or mtime: ``fingerprint``, and the sample's place),
-    byte range (from its first header to its last payload's padding, so that the next
-    sample's range starts where it ends) and record size; per member its field, offset in
-    the range and size."""
+def shard_arrays(url: str, samples: list[list], version: str) -> dict:
+    """A shard's index: per sample its name (a ``StringColumn``), key (a ``DigestColumn``
+    of the shard's URL and ``version``, its size and ETag or mtime: ``fingerprint``, and
+    the sample's place), byte range (from its first header to its last payload's padding,
+    so that the next sample's range starts where it ends) and record size; per member its
+    field, offset in the range and size."""
     fields: dict[str, int] = {}
     m_field, m_off, m_size, m_ptr, start, end, sizes, keys = [], [], [], [0], [], [], [], []
     for key, lo, members in samples:
@@ -113,10 +113,11 @@ def shard_arrays(url: str, samples: list[list], version: str) -> dict[str, np.nd
         start.append(lo)
         end.append(hi)
         sizes.append(record_size((f, n) for f, _, n in members) + TAG)
-        keys.append(location_key(url, version, key, lo, hi))
+        keys.append(location_digest(url, version, key, lo, hi))
     i64 = np.int64
     return {
-        "names": np.asarray([key for key, _, _ in samples], dtype=str), "keys": np.asarray(keys),
+        "names": StringColumn(key for key, _, _ in samples),
+        "keys": DigestColumn.of_raw(np.frombuffer(b"".join(keys), np.uint8)),
         "start": np.asarray(start, i64), "end": np.asarray(end, i64),
         "sizes": np.asarray(sizes, i64), "m_ptr": np.asarray(m_ptr, i64),
         "m_field": np.asarray(m_field, np.int16), "m_off": np.asarray(m_off, i64),
@@ -124,13 +125,13 @@ def shard_arrays(url: str, samples: list[list], version: str) -> dict[str, np.nd
     }  # fmt: skip
 
 
-def shard_records(data: bytes, arrays: dict[str, np.ndarray]) -> dict[str, bytes]:
+def shard_records(data: bytes, arrays: dict) -> dict[str, bytes]:
     """Each sample's record (as ``TarStorage.read_many`` gives it), by key, from a whole
     shard's bytes and its index."""
     start, ptr, fields = arrays["start"], arrays["m_ptr"], arrays["fields"].tolist()
     m_field, m_off, m_size = arrays["m_field"], arrays["m_off"], arrays["m_size"]
     out = {}
-    for j, key in enumerate(arrays["keys"].tolist()):
+    for j, key in enumerate(arrays["keys"]):
         lo, a, b = int(start[j]), int(ptr[j]), int(ptr[j + 1])
         out[key] = encode_record({
             fields[f]: data[lo + o : lo + o + n]
@@ -142,18 +143,57 @@ def shard_records(data: bytes, arrays: dict[str, np.ndarray]) -> dict[str, bytes
 
 def index_file(url: str, samples: list[list], version: str) -> bytes:
     """A shard's index (``shard_arrays``) as the index cache keeps it."""
+    return index_bytes(shard_arrays(url, samples, version))
+
+
+def index_bytes(arrays: dict) -> bytes:
+    """``arrays`` as an ``.npz`` of plain arrays: the names' UTF-8 text back to back and
+    their ends, the keys' 16 raw bytes each (read back with no Python string per sample)."""
+    plain = {k: v for k, v in arrays.items() if k not in ("names", "keys")}
+    names = arrays["names"]
     buf = io.BytesIO()
-    np.savez(buf, **shard_arrays(url, samples, version))
+    np.savez(buf, name_text=np.frombuffer(names._blob, np.uint8), name_ends=names._ends,
+             keys=arrays["keys"].raw, **plain)  # fmt: skip
     return buf.getvalue()
 
 
-def load_index(data: bytes) -> dict[str, np.ndarray]:
+def load_index(data: bytes) -> dict:
+    """An index ``index_bytes`` wrote, its names and keys as columns."""
     with np.load(io.BytesIO(data)) as z:
-        return {k: z[k] for k in z.files}
+        arrays = {k: z[k] for k in z.files}
+    arrays["names"] = StringColumn._of(arrays.pop("name_text"), arrays.pop("name_ends"))
+    arrays["keys"] = DigestColumn.of_raw(arrays["keys"])
+    return arrays
 
 
 #: the index cache's kind for tar shards (its keys name the shard's version)
-INDEX_KIND = "tar-v2"
+INDEX_KIND = "tar-v3"
+#: the kind before it (names and keys as numpy text), converted where it is found
+OLD_INDEX_KIND = "tar-v2"
+
+
+def shard_indexed(url: str, version: str) -> bool:
+    """Whether shard ``url``'s index as of ``version`` is cached (of either kind)."""
+    return any(index_path(k, url, version).exists() for k in (INDEX_KIND, OLD_INDEX_KIND))
+
+
+def cached_shard_index(url: str, version: str, build: Callable[[], bytes]) -> dict:
+    """Shard ``url``'s index as of ``version``: from the cache, converted from the kind
+    before it where that is cached (no read of the shard), else ``build()`` and kept."""
+    old = index_path(OLD_INDEX_KIND, url, version)
+
+    def converted() -> bytes:
+        if not old.exists():
+            return build()
+        with np.load(old) as z:
+            arrays = {k: z[k] for k in z.files}
+        arrays["names"] = StringColumn(arrays["names"].tolist())
+        arrays["keys"] = DigestColumn(arrays["keys"].tolist())
+        data = index_bytes(arrays)
+        old.unlink(missing_ok=True)
+        return data
+
+    return load_index(cached_index(INDEX_KIND, url, version, converted))
 
 
 def member_header_matches(block: bytes, name: str, size: int) -> bool:
@@ -303,39 +343,34 @@ class TarStorage(FsspecStorage):
         if not sum(len(p["start"]) for p in parts):
             raise ConfigError(f"{url}: the shards hold no samples")
         self.fields = list(dict.fromkeys(f for p in parts for f in p["fields"].tolist()))
-        self._shard = np.concatenate(
-            [np.full(len(p["start"]), s, np.int64) for s, p in enumerate(parts)]
-        )
-        self._start, self._end, sizes = (
-            np.concatenate([p[k] for p in parts]) for k in ("start", "end", "sizes")
-        )
-        base = np.cumsum([0] + [len(p["m_off"]) for p in parts[:-1]])
-        self._m_ptr = np.concatenate(
-            [[0]] + [p["m_ptr"][1:] + b for p, b in zip(parts, base, strict=True)]
-        ).astype(np.int64)
-        self._m_off, self._m_size = (
-            np.concatenate([p[k] for p in parts]) for k in ("m_off", "m_size")
-        )
-        self._m_field = np.concatenate([
-            np.asarray([self.fields.index(f) for f in p["fields"].tolist()], np.int16)[
-                p["m_field"]
-            ] for p in parts
-        ])  # fmt: skip
-        keys = concat(*(p["keys"] for p in parts))
+        counts = [len(p["start"]) for p in parts]
+        members = [len(p["m_off"]) for p in parts]
+        codes = [np.asarray([self.fields.index(f) for f in p.pop("fields").tolist()], np.int16)
+                 for p in parts]  # fmt: skip
+
+        def joined(k: str, each=lambda a, s: a) -> np.ndarray:
+            """Column ``k`` of every shard, one after another, the shards' copies let go
+            (the peak holds one column twice, not every column)."""
+            return np.concatenate([each(p.pop(k), s) for s, p in enumerate(parts)])
+
+        self._shard = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+        self._start, self._end, sizes = joined("start"), joined("end"), joined("sizes")
+        base = np.cumsum([0] + members[:-1])
+        self._m_ptr = np.concatenate([[0], joined("m_ptr", lambda a, s: a[1:] + base[s])])
+        self._m_off, self._m_size = joined("m_off"), joined("m_size")
+        self._m_field = joined("m_field", lambda a, s: codes[s][a])
+        keys = concat(*(p.pop("keys") for p in parts))
+        paths = concat(*(p.pop("paths") for p in parts))
         self.input_field, self.target_field = chosen_fields(self.fields, input_field, target_field)
         self.manifest = Manifest(
-            concat(*(p["paths"] for p in parts)), keys, sizes, np.full(len(keys), -1), [],
+            paths, keys, sizes, np.full(len(keys), -1), [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
 
     def _compact_index(self, url: str, path: str) -> dict:
-        """``_index``, its names (as ``shard#name`` paths) and keys as columns
-        (``columns.py``: a key in 16 B, a path in its bytes, where numpy's fixed-width
-        text takes 128 B a key): a shard's Python strings live only while it is read."""
+        """``_index``, its names as ``shard#name`` paths."""
         p = dict(self._index(url, path))
-        prefix = posixpath.basename(path) + "#"
-        p["paths"] = StringColumn(prefix + name for name in p.pop("names").tolist())
-        p["keys"] = key_column(p["keys"].tolist())
+        p["paths"] = p.pop("names").prefixed(posixpath.basename(path) + "#")
         return p
 
     def _index(self, url: str, path: str) -> dict[str, np.ndarray]:
@@ -379,15 +414,15 @@ class TarStorage(FsspecStorage):
         version = fingerprint(info)
         self._versions[url] = version
         built: list[str] = []
-        arrays = load_index(cached_index(INDEX_KIND, url, version, build))
+        arrays = cached_shard_index(url, version, build)
         keys = arrays["keys"]
         if whole and not built and self._keep is not None and self._wanted(keys, size or 0):
             self._keep(shard_records(read_whole(), arrays))  # the index cached, not the bytes
         return arrays
 
-    def _wanted(self, keys: np.ndarray, nbytes: int) -> bool:
+    def _wanted(self, keys: DigestColumn, nbytes: int) -> bool:
         """Whether a shard of ``keys`` read whole (``nbytes``) is to be kept."""
-        return bool(keys.size) and (self._wants is None or self._wants(str(keys[0]), nbytes))
+        return bool(len(keys)) and (self._wants is None or self._wants(str(keys[0]), nbytes))
 
     def _call(self, url: str, call: Callable[[], T]) -> T:
         return remote_call(self._fs, url, call, self.retry, self._count_retry)

@@ -27,16 +27,15 @@ import numpy as np
 
 from hotset.errors import ShardError
 from hotset.io.reader import Retry, remote_call
-from hotset.storage.index_cache import cached_index, index_path
 from hotset.storage.tar import (
     INDEX_BLOCK,
-    INDEX_KIND,
     WHOLE_SHARD_BYTES,
+    cached_shard_index,
     fingerprint,
     index_file,
     index_shard,
-    load_index,
     locate_shards,
+    shard_indexed,
     shard_records,
 )
 from hotset.store import lease
@@ -107,7 +106,7 @@ class ShardSpool:
     def indexed(self) -> bool:
         """Whether every shard's index, as the shard is now, is in the index cache."""
         return all(
-            index_path(INDEX_KIND, u, fingerprint(info)).exists()
+            shard_indexed(u, fingerprint(info))
             for u, info in zip(self.urls, self._infos, strict=True)
         )
 
@@ -178,8 +177,7 @@ class ShardSpool:
         with open(dst, "rb") as f:
             samples = index_shard(f, url)
         version = fingerprint(info)
-        arrays = load_index(cached_index(INDEX_KIND, url, version,
-                                         lambda: index_file(url, samples, version)))  # fmt: skip
+        arrays = cached_shard_index(url, version, lambda: index_file(url, samples, version))
         if self.keep is not None:  # (the disk tier: the shard is not read again)
             self.keep(shard_records(dst.read_bytes(), arrays))
         return dst, arrays
