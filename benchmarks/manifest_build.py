@@ -6,18 +6,24 @@ peak (``tracemalloc``, numpy's buffers included) and seconds.
   after the first pays), its manifest's paths and keys built as columns shard by shard;
 * ``imagefolder``: an ImageFolder tree of ``--files`` small files in 200 classes, listed
   and its index built, then listed again with its index cached (what every start pays);
+* ``tar-scale``: a tar set of ``--scale-ids`` samples (10,000 a shard) opened from its
+  cached indexes in a fresh process: seconds, and the process's peak resident bytes
+  (``VmHWM``, less its peak before opening) per id. The indexes are written as hotset
+  keeps them (two members a sample, random keys) and the shards are sparse files of the
+  indexed sizes: opening from cached indexes reads no shard's bytes;
 * ``columns``: an ImageNet-like manifest (``plan_scale.make_manifest``: keys, paths,
   sizes, labels) built from its strings, then written as the columns file a node's
   processes map (``Manifest.to_columns``): its peak against the file's bytes.
 
     python benchmarks/manifest_build.py [--samples 200000] [--shards 20] [--files 200000]
-        [--ids 1000000] [--parts tar,imagefolder,columns]
+        [--ids 1000000] [--scale-ids 50000000] [--parts tar,imagefolder,columns,tar-scale]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import sys
 import tarfile
@@ -68,6 +74,74 @@ def bench_tar(work: Path, samples: int, shards: int) -> dict:
             "columns_B_per_id": len(storage.manifest.to_columns()) / n}  # fmt: skip
 
 
+PER_SHARD = 10_000
+
+
+def write_indexed_sparse_tars(root: Path, ids: int) -> None:
+    """Shards of ``PER_SHARD`` samples (``sample########``, members ``cls`` and ``txt``
+    of 1 and 10 bytes: 2 KB a sample) as sparse files, each with its index cached."""
+    import numpy as np
+
+    from hotset.io.reader import Retry
+    from hotset.storage.columns import DigestColumn, StringColumn
+    from hotset.storage.index_cache import cached_index
+    from hotset.storage.tar import INDEX_KIND, fingerprint, index_bytes, locate_shards
+
+    shards = -(-ids // PER_SHARD)
+    for s in range(shards):
+        with open(root / f"shard-{s:05d}.tar", "wb") as f:
+            f.truncate(min(PER_SHARD, ids - s * PER_SHARD) * 2048 + 1024)
+    fs, urls, paths = locate_shards(f"{root}/", {}, Retry())
+    rng = np.random.default_rng(0)
+    for s in range(shards):
+        n = min(PER_SHARD, ids - s * PER_SHARD)
+        i = s * PER_SHARD + np.arange(n, dtype=np.int64)
+        digits = (i[:, None] // 10 ** np.arange(7, -1, -1)) % 10 + ord("0")
+        text = np.hstack([np.tile(np.frombuffer(b"sample", np.uint8), (n, 1)), digits])
+        start = np.arange(n, dtype=np.int64) * 2048
+        arrays = {
+            "names": StringColumn._of(text.astype(np.uint8).ravel(), 14 * np.arange(1, n + 1)),
+            "keys": DigestColumn.of_raw(rng.integers(0, 256, (n, 16), np.uint8)),
+            "start": start, "end": start + 2048, "sizes": np.full(n, 40, np.int64),
+            "m_ptr": 2 * np.arange(n + 1, dtype=np.int64),
+            "m_field": np.tile(np.array([0, 1], np.int16), n),
+            "m_off": np.tile(np.array([512, 1536], np.int64), n),
+            "m_size": np.tile(np.array([1, 10], np.int64), n), "fields": np.array(["cls", "txt"]),
+        }  # fmt: skip
+        version = fingerprint(fs.info(paths[s]))
+        cached_index(INDEX_KIND, urls[s], version, lambda a=arrays: index_bytes(a))
+
+
+def open_at_scale(root: str) -> dict:
+    """Open the tar set at ``root`` (in this fresh process): seconds and peak bytes."""
+    from hotset.storage.tar import TarStorage
+
+    def hwm() -> int:
+        with open("/proc/self/status") as f:
+            return 1024 * next(int(x.split()[1]) for x in f if x.startswith("VmHWM"))
+
+    before = hwm()
+    t = time.perf_counter()
+    storage = TarStorage(f"{root}/")
+    seconds = time.perf_counter() - t
+    n = len(storage)
+    return {"part": "tar at scale, from cached indexes", "ids": n, "seconds": seconds,
+            "held_B_per_id": float("nan"), "peak_B_per_id": (hwm() - before) / n,
+            "columns_B_per_id": len(storage.manifest.to_columns()) / n}  # fmt: skip
+
+
+def bench_tar_scale(work: Path, ids: int) -> dict:
+    import subprocess
+
+    root = work / "sparse-tars"
+    root.mkdir()
+    os.environ["HOTSET_CACHE_DIR"] = str(work / "index-cache")
+    write_indexed_sparse_tars(root, ids)
+    out = subprocess.run([sys.executable, __file__, "--open-at-scale", str(root)],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def bench_imagefolder(work: Path, files: int, classes: int = 200) -> list[dict]:
     from hotset.storage.files import FileStorage
 
@@ -103,8 +177,13 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=20)
     ap.add_argument("--files", type=int, default=200_000, help="ImageFolder files")
     ap.add_argument("--ids", type=int, default=1_000_000, help="the columns part's ids")
+    ap.add_argument("--scale-ids", type=int, default=50_000_000, help="tar-scale's samples")
     ap.add_argument("--parts", default="tar,imagefolder,columns")
+    ap.add_argument("--open-at-scale", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.open_at_scale:
+        print(json.dumps(open_at_scale(args.open_at_scale)))
+        return
     parts, rows = args.parts.split(","), []
     with tempfile.TemporaryDirectory(prefix="hotset-manifest-") as tmp:
         if "tar" in parts:
@@ -113,6 +192,8 @@ def main() -> None:
             rows += bench_imagefolder(Path(tmp), args.files)
         if "columns" in parts:
             rows.append(bench_columns(args.ids))
+        if "tar-scale" in parts:
+            rows.append(bench_tar_scale(Path(tmp), args.scale_ids))
     report(
         "manifest_build", rows,
         [("part", "s"), ("ids", ",d"), ("seconds", ".2f"), ("held_B_per_id", ".0f"),

@@ -556,19 +556,20 @@ def _shade_over_tiers(tmp_path: Path, cache_tiers: str) -> tuple[list[float], li
     )  # fmt: skip
     planner, storage = loader.planner, loader.dataset.storage
     told, sampler = [], planner.sampler
-    set_cached = sampler.set_cached
+    set_cached = sampler.set_cached_mask
 
-    def checked(ids):  # what the tiers hold, asked of the tier's index
+    def checked(mask):  # what the tiers hold, asked of the tier's index
         expected = planner.policy.cached_ids()
         if cache_tiers == "both" and sampler.prior is not None:
             budget = planner.policy.capacity_bytes + storage.disk_capacity
             top = most_important(sampler.board.score, storage.sizes, budget)
             held, _ = storage.tier.contains_many(list(storage.manifest.keys.take(top)))
             expected = np.union1d(expected, top[held])
-        told.append("as said" if np.array_equal(np.unique(ids), np.unique(expected)) else "other")
-        set_cached(ids)
+        same = np.array_equal(np.flatnonzero(mask), np.unique(expected))
+        told.append("as said" if same else "other")
+        set_cached(mask)
 
-    sampler.set_cached = checked
+    sampler.set_cached_mask = checked
     losses = np.exp(2.0 * ((np.arange(3000) * 7919) % 97 / 97.0))
     hits = []
     with loader:

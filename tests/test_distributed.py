@@ -70,14 +70,14 @@ def _rank(rank: int, world: int, init: str, data: str, system: dict, out: str) -
         loader.planner._plan = recorded
         sampler = loader.planner.sampler
         if sampler.cache_aware:  # what it is told the cache holds: the RAM tier's alone
-            told, set_cached = record.setdefault("told_ram_alone", []), sampler.set_cached
+            told, set_cached = record.setdefault("told_ram_alone", []), sampler.set_cached_mask
 
-            def telling(ids):
+            def telling(mask):
                 ram = loader.planner.policy.cached_ids()
-                told.append(bool(np.array_equal(np.unique(ids), np.unique(ram))))
-                set_cached(ids)
+                told.append(bool(np.array_equal(np.flatnonzero(mask), np.unique(ram))))
+                set_cached(mask)
 
-            sampler.set_cached = telling
+            sampler.set_cached_mask = telling
     for epoch in range(3):
         loader.set_epoch(epoch)
         announced = len(loader)

@@ -166,3 +166,28 @@ def test_a_planner_without_a_store_keeps_its_last_plans_not_the_epochs():
     again.load_state_dict(state)
     assert np.array_equal(np.concatenate([p.ids for p in again]), rest)
     assert np.array_equal(np.sort(np.concatenate([*served, rest])), np.arange(n))
+
+
+def test_a_cache_aware_sampler_of_your_own_is_told_the_cached_ids_at_each_epoch_start():
+    """docs/extending.md: ``set_cached(ids)`` at each epoch start, the policy's residents."""
+    from hotset.sampling.base import Sampler
+
+    class Told(Sampler):
+        cache_aware = True
+
+        def global_order(self, epoch):
+            return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+
+        def set_cached(self, ids):
+            told.append(np.sort(ids).tolist())
+
+    told = []
+    policy = make_policy("lru", 40, sizes=np.ones(100, np.int64))
+    planner = Planner(Told(100, seed=0), policy, 10)
+    residents = []
+    for epoch in range(2):
+        planner.set_epoch(epoch)
+        residents.append(sorted(policy.cached_ids().tolist()))
+        for _ in planner:
+            pass
+    assert told == residents and len(told[1]) == 40

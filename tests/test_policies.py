@@ -47,6 +47,8 @@ def run(policy, seq, batch=7):
                 assert i in before or i in seen, f"hit on {i} that was never admitted"
             seen.add(i)
         resident = set(policy.cached_ids().tolist())
+        mask = policy.cached_mask(np.ones(policy.num_samples, bool))  # what a sampler is told
+        assert set(np.flatnonzero(mask).tolist()) == resident
         # net changes take the store from the old resident set to the new one
         assert resident == (before - set(r.evicted.tolist())) | set(r.admitted.tolist())
         assert set(r.admitted.tolist()) <= set(ids)
@@ -243,7 +245,7 @@ def test_registry_errors():
         st.tuples(
             st.lists(st.integers(0, 19), min_size=1, max_size=6),  # a batch of accesses
             st.lists(
-                st.tuples(st.integers(0, 19), st.sampled_from([0.5, 1.0, 2.0])), max_size=6
+                st.tuples(st.integers(0, 19), st.sampled_from([0.0, 0.5, 1.0, 2.0])), max_size=6
             ),  # then feedback: few values, so scores flip back
         ),
         max_size=30,
@@ -262,6 +264,7 @@ def test_priority_policies_keep_invariants_while_scores_move(name, steps, sizes,
             p.cached_ids().tolist()
         )
         resident = set(p.cached_ids().tolist())
+        assert set(np.flatnonzero(p.cached_mask(np.ones(20, bool))).tolist()) == resident
         assert p.used == sum(sizes[i] for i in resident) <= capacity
         if updates:
             ids = np.array([i for i, _ in updates])

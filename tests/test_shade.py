@@ -456,6 +456,22 @@ def test_repeat_mode_fills_the_epoch_with_cached_repeats_as_the_prototype():
         make_sampler("shade", n, repetition_mode="twice")
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=300), st.sampled_from(["weight", "repeat"]))
+def test_a_mask_of_the_cached_ids_draws_the_order_their_list_draws(mask, mode):
+    """What the planner hands at an epoch start (a mask of every id) draws the same epoch
+    as the ids themselves (``set_cached``)."""
+    mask = np.asarray(mask)
+    orders = []
+    for tell in ("ids", "mask"):
+        smp = make_sampler("shade", mask.size, repetition_mode=mode, seed=3)
+        smp.feedback(np.arange(mask.size), np.random.default_rng(0).random(mask.size))
+        smp.set_cached(np.arange(mask.size)[::2])  # told before: the mask replaces it
+        smp.set_cached(np.flatnonzero(mask)) if tell == "ids" else smp.set_cached_mask(mask)
+        orders.append(smp.global_order(1))
+    assert np.array_equal(*orders)
+
+
 @pytest.mark.parametrize("r, share", [(1.5, 0.1), (3.0, 0.5)])
 def test_repeat_mode_repeats_and_cuts_random_hits(r, share):
     """A fractional r gives its extra copy to random drawn hits, and copies beyond the

@@ -35,6 +35,7 @@ class EpochOrder:
         self.needs_future = policy.needs_future and feed_future
         self.block_size, self.disk = int(block_size), disk
         self.objects = None
+        self._mask: np.ndarray | None = None
         if order == "blocks":
             if storage is None or storage.extents is None:
                 raise ConfigError(
@@ -46,16 +47,20 @@ class EpochOrder:
         self.whole = whole or self.needs_future or self.objects is not None
 
     def cached_for_sampler(self) -> np.ndarray:
-        """What a cache-aware sampler is told the cache holds: the policy's residents,
-        and with a disk tier the samples it holds among the most important that both
-        tiers' budgets fit (``importance/tiers.py``)."""
-        cached = self.policy.cached_ids()
+        """What a cache-aware sampler is told the cache holds, as a mask of every id: the
+        policy's residents, and with a disk tier the samples it holds among the most
+        important that both tiers' budgets fit (``importance/tiers.py``). The mask is
+        this object's, written again at each epoch's start."""
+        if self._mask is None:  # kept: a new array of 100M ids is its page faults
+            self._mask = np.empty(self.sampler.num_samples, bool)
+        cached = self.policy.cached_mask(self._mask)
         board = self.sampler.board
         if self.disk is None or board is None or self.sampler.cache_tiers != "both":
             return cached
         budget = self.policy.capacity_bytes + self.disk.disk_capacity
         top = most_important(board.score, self.disk.sizes, budget)
-        return np.union1d(cached, top[self.disk.on_disk(top)])
+        cached[top[self.disk.on_disk(top)]] = True
+        return cached
 
     def start(self, epoch: int, feeder) -> tuple[np.ndarray, Callable[[int], object] | None, int]:
         """The epoch's order, with the cache told what the sampler knows at its start;
@@ -64,7 +69,7 @@ class EpochOrder:
         whole ranks (by wrapping, as DistributedSampler)."""
         sampler = self.sampler
         if sampler.cache_aware:
-            sampler.set_cached(self.cached_for_sampler())
+            sampler.set_cached_mask(self.cached_for_sampler())
         ready = None
         if sampler.num_replicas > 1:
             order = self.arranged(sampler.epoch_order(epoch), epoch)

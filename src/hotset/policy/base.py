@@ -250,6 +250,12 @@ class Policy(ABC):
     def cached_ids(self) -> np.ndarray:
         return np.fromiter(self._resident, dtype=np.int64)  # type: ignore[arg-type]
 
+    def cached_mask(self, out: np.ndarray) -> np.ndarray:
+        """Whether each id is resident, written into ``out`` (bool, one per id)."""
+        out[:] = False
+        out[self.cached_ids()] = True
+        return out
+
     def size_of(self, i: int) -> int:
         """Bytes of sample ``i`` as the policy counts them."""
         return self._sizes[int(i)]

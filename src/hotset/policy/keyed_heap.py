@@ -348,6 +348,12 @@ class HeapPolicy(Policy):
     def cached_ids(self) -> np.ndarray:
         return self._heap.members()
 
+    def cached_mask(self, out: np.ndarray) -> np.ndarray:
+        levels = self._heap.levels
+        if levels.size != out.size:
+            return super().cached_mask(out)
+        return np.greater_equal(levels, 0, out=out)  # one pass, no list of the residents
+
     def _level(self, p: int, i: int) -> int:
         raise TypeError(f"{type(self).__name__} must give _level")
 

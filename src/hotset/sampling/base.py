@@ -175,6 +175,11 @@ class Sampler(ABC):
     def set_cached(self, ids: np.ndarray) -> None:  # noqa: B027 - optional hook
         """The ids the cache holds at an epoch start (cache-aware samplers use it)."""
 
+    def set_cached_mask(self, mask: np.ndarray) -> None:
+        """``set_cached`` as a mask of every id (what the planner hands at an epoch start;
+        a sampler that reads a mask overrides this and skips the list of ids)."""
+        self.set_cached(np.flatnonzero(mask))
+
     def cache_hints(self, epoch: int) -> dict:
         """What the cache should know at the start of ``epoch`` (the planner hands it to
         ``Policy.apply_hints``), e.g. iCACHE's H-list."""

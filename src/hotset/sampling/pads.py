@@ -153,6 +153,9 @@ class PADSSampler(Sampler):
         self._cached[:] = False
         self._cached[as_ids(ids)] = True
 
+    def set_cached_mask(self, mask: np.ndarray) -> None:
+        np.copyto(self._cached, mask)
+
     # -- sampling ------------------------------------------------------------------------
     def weights(self, out: np.ndarray | None = None) -> np.ndarray:
         """Each id's sampling weight for the next draw (proportional to its probability),
