@@ -135,9 +135,14 @@ class StringColumn(_Column):
             return self
         text, ends = np.frombuffer(self._blob, np.uint8), self._ends
         out_ends = ends + head.size * np.arange(1, n + 1, dtype=np.int64)
-        starts = out_ends - np.diff(ends, prepend=0) - head.size
+        lengths = np.diff(ends, prepend=0)
         out = np.empty(int(out_ends[-1]), np.uint8)
-        at = (starts[:, None] + np.arange(head.size)).ravel()
+        if (lengths == lengths[0]).all():  # names of one width: a row each
+            rows = out.reshape(n, -1)
+            rows[:, : head.size], rows[:, head.size :] = head, text.reshape(n, -1)
+            return StringColumn._of(out, out_ends)
+        at = (out_ends - lengths - head.size)[:, None] + np.arange(head.size)
+        at = at.ravel()
         out[at] = np.tile(head, n)
         rest = np.ones(out.size, bool)
         rest[at] = False

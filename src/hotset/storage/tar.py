@@ -23,6 +23,7 @@ import re
 import tarfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -40,10 +41,10 @@ from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
-from hotset.storage.columns import DigestColumn, StringColumn, concat
+from hotset.storage.columns import DigestColumn, StringColumn
 from hotset.storage.files import _version
 from hotset.storage.formats import Format, register_format
-from hotset.storage.index_cache import cached_index, index_path
+from hotset.storage.index_cache import cached_path, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_digest
 from hotset.storage.records import check_fields, encode_record, record_size
 
@@ -157,9 +158,9 @@ def index_bytes(arrays: dict) -> bytes:
     return buf.getvalue()
 
 
-def load_index(data: bytes) -> dict:
-    """An index ``index_bytes`` wrote, its names and keys as columns."""
-    with np.load(io.BytesIO(data)) as z:
+def load_index(source: bytes | Path) -> dict:
+    """An index ``index_bytes`` wrote (its bytes, or the file), names and keys as columns."""
+    with np.load(io.BytesIO(source) if isinstance(source, bytes) else source) as z:
         arrays = {k: z[k] for k in z.files}
     arrays["names"] = StringColumn._of(arrays.pop("name_text"), arrays.pop("name_ends"))
     arrays["keys"] = DigestColumn.of_raw(arrays["keys"])
@@ -177,9 +178,10 @@ def shard_indexed(url: str, version: str) -> bool:
     return any(index_path(k, url, version).exists() for k in (INDEX_KIND, OLD_INDEX_KIND))
 
 
-def cached_shard_index(url: str, version: str, build: Callable[[], bytes]) -> dict:
-    """Shard ``url``'s index as of ``version``: from the cache, converted from the kind
-    before it where that is cached (no read of the shard), else ``build()`` and kept."""
+def cached_shard_index(url: str, version: str, build: Callable[[], bytes]) -> Path:
+    """The file of shard ``url``'s index as of ``version``: in the cache, converted from
+    the kind before it where that is cached (no read of the shard), else ``build()`` and
+    kept."""
     old = index_path(OLD_INDEX_KIND, url, version)
 
     def converted() -> bytes:
@@ -193,7 +195,47 @@ def cached_shard_index(url: str, version: str, build: Callable[[], bytes]) -> di
         old.unlink(missing_ok=True)
         return data
 
-    return load_index(cached_index(INDEX_KIND, url, version, converted))
+    return cached_path(INDEX_KIND, url, version, converted)
+
+
+def join_indexes(files: Sequence[Path], prefixes: Sequence[str]) -> tuple[list[str], dict]:
+    """The shards' cached indexes (``files``) as one: the fields of all, and each column
+    with the shards' one after another (``shard``: each sample's; ``paths``: its name
+    after its shard's prefix). Two passes over the files, their lengths then their
+    columns, each read into its place: the set's columns are the one copy made."""
+    counts, members, text, shard_fields = [], [], [], []
+    for f in files:
+        with np.load(f) as z:
+            ptr, ends = z["m_ptr"], z["name_ends"]
+            counts.append(ptr.size - 1)
+            members.append(int(ptr[-1]))
+            text.append(int(ends[-1]) if ends.size else 0)
+            shard_fields.append(z["fields"].tolist())
+    fields = list(dict.fromkeys(f for names in shard_fields for f in names))
+    codes = [np.asarray([fields.index(f) for f in names], np.int16) for names in shard_fields]
+    heads = [len(p.encode()) for p in prefixes]
+    n, m, i64 = sum(counts), sum(members), np.int64
+    out = {k: np.empty(n, i64) for k in ("start", "end", "sizes", "path_ends")}
+    out.update(m_ptr=np.zeros(n + 1, i64), m_off=np.empty(m, i64), m_size=np.empty(m, i64),
+               m_field=np.empty(m, np.int16), keys=np.empty((n, 16), np.uint8),
+               shard=np.repeat(np.arange(len(files), dtype=i64), counts))  # fmt: skip
+    blob = np.empty(sum(text) + int(np.dot(counts, heads)), np.uint8)
+    a = b = t = 0
+    for s, f in enumerate(files):
+        arrays, k, j = load_index(f), counts[s], members[s]
+        for c in ("start", "end", "sizes"):
+            out[c][a : a + k] = arrays[c]
+        out["m_ptr"][a + 1 : a + k + 1] = arrays["m_ptr"][1:] + b
+        out["m_off"][b : b + j], out["m_size"][b : b + j] = arrays["m_off"], arrays["m_size"]
+        out["m_field"][b : b + j] = codes[s][arrays["m_field"]]
+        out["keys"][a : a + k] = arrays["keys"].raw
+        paths = arrays["names"].prefixed(prefixes[s])
+        blob[t : t + text[s] + k * heads[s]] = np.frombuffer(paths._blob, np.uint8)
+        out["path_ends"][a : a + k] = paths._ends + t
+        a, b, t = a + k, b + j, t + text[s] + k * heads[s]
+    out["paths"] = StringColumn._of(blob, out.pop("path_ends"))
+    out["keys"] = DigestColumn.of_raw(out["keys"])
+    return fields, out
 
 
 def member_header_matches(block: bytes, name: str, size: int) -> bool:
@@ -334,49 +376,28 @@ class TarStorage(FsspecStorage):
         self._versions: dict[str, str] = {}  # each shard's, as indexed
         local = "file" in fs.protocol
         with ThreadPoolExecutor(1 if local else max(self.concurrency, INDEX_THREADS)) as pool:
-            parts = list(progress(
-                pool.map(self._compact_index, self.urls, self._paths), len(self.urls),
+            files = list(progress(
+                pool.map(self._index, self.urls, self._paths), len(self.urls),
                 "indexing tar shards" if local else
                 "indexing tar shards (make_loader(first_epoch='stream') trains meanwhile)",
                 "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
             ))  # fmt: skip
-        if not sum(len(p["start"]) for p in parts):
+        self.fields, index = join_indexes(files, [posixpath.basename(p) + "#" for p in self._paths])
+        if not index["sizes"].size:
             raise ConfigError(f"{url}: the shards hold no samples")
-        self.fields = list(dict.fromkeys(f for p in parts for f in p["fields"].tolist()))
-        counts = [len(p["start"]) for p in parts]
-        members = [len(p["m_off"]) for p in parts]
-        codes = [np.asarray([self.fields.index(f) for f in p.pop("fields").tolist()], np.int16)
-                 for p in parts]  # fmt: skip
-
-        def joined(k: str, each=lambda a, s: a) -> np.ndarray:
-            """Column ``k`` of every shard, one after another, the shards' copies let go
-            (the peak holds one column twice, not every column)."""
-            return np.concatenate([each(p.pop(k), s) for s, p in enumerate(parts)])
-
-        self._shard = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
-        self._start, self._end, sizes = joined("start"), joined("end"), joined("sizes")
-        base = np.cumsum([0] + members[:-1])
-        self._m_ptr = np.concatenate([[0], joined("m_ptr", lambda a, s: a[1:] + base[s])])
-        self._m_off, self._m_size = joined("m_off"), joined("m_size")
-        self._m_field = joined("m_field", lambda a, s: codes[s][a])
-        keys = concat(*(p.pop("keys") for p in parts))
-        paths = concat(*(p.pop("paths") for p in parts))
+        self._shard, self._start, self._end = index["shard"], index["start"], index["end"]
+        self._m_ptr, self._m_off, self._m_size = index["m_ptr"], index["m_off"], index["m_size"]
+        self._m_field = index["m_field"]
         self.input_field, self.target_field = chosen_fields(self.fields, input_field, target_field)
         self.manifest = Manifest(
-            paths, keys, sizes, np.full(len(keys), -1), [],
+            index["paths"], index["keys"], index["sizes"], np.full(index["sizes"].size, -1), [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
 
-    def _compact_index(self, url: str, path: str) -> dict:
-        """``_index``, its names as ``shard#name`` paths."""
-        p = dict(self._index(url, path))
-        p["paths"] = p.pop("names").prefixed(posixpath.basename(path) + "#")
-        return p
-
-    def _index(self, url: str, path: str) -> dict[str, np.ndarray]:
-        """One shard's index (``shard_arrays``), from the cache or its headers; each
-        request retried as ``retry`` says, a failure raised as the shard's
-        ``ShardError``."""
+    def _index(self, url: str, path: str) -> Path:
+        """The file of one shard's index (``shard_arrays``), from the cache or made from
+        its headers; each request retried as ``retry`` says, a failure raised as the
+        shard's ``ShardError``."""
         remote = "file" not in self._fs.protocol
         info = self._call(url, lambda: self._fs.info(path))
         size = info.get("size")
@@ -414,11 +435,12 @@ class TarStorage(FsspecStorage):
         version = fingerprint(info)
         self._versions[url] = version
         built: list[str] = []
-        arrays = cached_shard_index(url, version, build)
-        keys = arrays["keys"]
-        if whole and not built and self._keep is not None and self._wanted(keys, size or 0):
-            self._keep(shard_records(read_whole(), arrays))  # the index cached, not the bytes
-        return arrays
+        file = cached_shard_index(url, version, build)
+        if whole and not built and self._keep is not None:  # the index cached, not the bytes
+            arrays = load_index(file)
+            if self._wanted(arrays["keys"], size or 0):
+                self._keep(shard_records(read_whole(), arrays))
+        return file
 
     def _wanted(self, keys: DigestColumn, nbytes: int) -> bool:
         """Whether a shard of ``keys`` read whole (``nbytes``) is to be kept."""

@@ -34,6 +34,7 @@ from hotset.storage.tar import (
     fingerprint,
     index_file,
     index_shard,
+    load_index,
     locate_shards,
     shard_indexed,
     shard_records,
@@ -177,7 +178,9 @@ class ShardSpool:
         with open(dst, "rb") as f:
             samples = index_shard(f, url)
         version = fingerprint(info)
-        arrays = cached_shard_index(url, version, lambda: index_file(url, samples, version))
+        arrays = load_index(
+            cached_shard_index(url, version, lambda: index_file(url, samples, version))
+        )
         if self.keep is not None:  # (the disk tier: the shard is not read again)
             self.keep(shard_records(dst.read_bytes(), arrays))
         return dst, arrays
