@@ -165,6 +165,30 @@ def test_a_tar_index_cached_by_the_version_before_is_converted_without_reading_t
     assert new.exists() and not old.exists()
 
 
+def test_shards_of_other_fields_name_widths_and_none_join_into_one_index(tmp_path):
+    """Shards whose fields differ, whose names vary in width, and one with no sample,
+    joined into the set's index: every sample is read whole, with its own fields, under
+    its own shard's name, from the index and again from the cached indexes."""
+    from hotset.storage.records import decode_record
+
+    want = {}
+    shards = [[("a", {"cls": b"1"}), ("bb", {"cls": b"2"})], [],
+              [("c", {"txt": b"x" * 700, "cls": b"3"}), ("dddd", {"txt": b"yy"})]]  # fmt: skip
+    for s, samples in enumerate(shards):
+        with tarfile.open(tmp_path / f"shard-{s}.tar", "w") as tf:
+            for name, members in samples:
+                for field, data in members.items():
+                    info = tarfile.TarInfo(f"{name}.{field}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+                want[f"shard-{s}.tar#{name}"] = members
+    for _ in range(2):  # indexed, then from the cache
+        storage = hotset.TarStorage(str(tmp_path / "shard-{0..2}.tar"))
+        assert storage.fields == ["cls", "txt"] and list(storage.manifest.paths) == list(want)
+        got = [decode_record(r) for r in storage.read_many(range(len(want)))]
+        assert got == list(want.values())
+
+
 def test_tar_reads_neighbours_in_one_request(tmp_path):
     images = _images(20)
     _write_tar(tmp_path / "a.tar", images, 0)
