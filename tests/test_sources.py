@@ -127,7 +127,8 @@ def test_tar_index_reads_headers_only_and_is_cached(tmp_path, monkeypatch):
     # the 36 members' headers (and tarfile's one-byte end-of-data probe), no payload
     assert sum(read) <= 36 * (512 + 1) + 3 * 512 < payload / 5
     assert os.listdir(shard.parent) == ["a.tar"]
-    assert len(os.listdir(tmp_path / "cache" / "index")) == 1
+    kinds = ["tar-set-v1", "tar-v3"]  # the shard's index, and the set's (its shards' joined)
+    assert sorted(f.rsplit("-", 2)[0] for f in os.listdir(tmp_path / "cache" / "index")) == kinds
     read.clear()
     assert hotset.TarStorage(str(shard)).keys == storage.keys and not read  # from the cache
     monkeypatch.undo()
@@ -135,7 +136,8 @@ def test_tar_index_reads_headers_only_and_is_cached(tmp_path, monkeypatch):
     os.utime(shard, (1, 1))
     assert len(hotset.TarStorage(str(shard))) == 6
     assert hotset.TarStorage(str(shard)).read(5)
-    assert len(os.listdir(tmp_path / "cache" / "index")) == 1  # the stale index removed
+    # the stale indexes removed
+    assert sorted(f.rsplit("-", 2)[0] for f in os.listdir(tmp_path / "cache" / "index")) == kinds
 
 
 def test_a_tar_index_cached_by_the_version_before_is_converted_without_reading_the_shard(
@@ -187,6 +189,44 @@ def test_shards_of_other_fields_name_widths_and_none_join_into_one_index(tmp_pat
         assert storage.fields == ["cls", "txt"] and list(storage.manifest.paths) == list(want)
         got = [decode_record(r) for r in storage.read_many(range(len(want)))]
         assert got == list(want.values())
+
+
+def test_a_tar_sets_index_is_one_file_that_every_later_opening_maps(tmp_path, monkeypatch):
+    """The shards' indexes joined once into the set's index file; a later opening (another
+    rank or run) maps it read-only and serves the same samples, joining nothing."""
+    from hotset.storage import tar
+
+    for s in range(3):
+        _write_tar(tmp_path / f"shard-{s}.tar", _images(4, seed=s), 4 * s)
+    url = str(tmp_path / "shard-{0..2}.tar")
+    first = hotset.TarStorage(url)
+    monkeypatch.setattr(tar, "write_set_index", lambda *a: pytest.fail("joined again"))
+    again = hotset.TarStorage(url)
+    assert again.keys == first.keys and again.read_many(range(12)) == first.read_many(range(12))
+    assert not again.extents[1].flags.writeable and not again.sizes.flags.writeable  # mapped
+
+
+def test_processes_asking_for_one_index_at_once_make_it_once(tmp_path, monkeypatch):
+    """``cached_file``: the node's processes that ask for an index none has made yet wait
+    for the one that makes it."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("HOTSET_CACHE_DIR", str(tmp_path / "cache"))
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from hotset.storage.index_cache import cached_file\n"
+        "def write(p):\n"
+        "    with open(sys.argv[1], 'a') as f: f.write('made\\n')\n"
+        "    time.sleep(0.5); p.write_bytes(b'index')\n"
+        "print(cached_file('k', 'url', 'v1', write).read_bytes().decode())\n"
+    )
+    log = tmp_path / "made"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(log)], stdout=subprocess.PIPE,
+                              text=True) for _ in range(3)]  # fmt: skip
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert outs == ["index"] * 3 and log.read_text() == "made\n"
 
 
 def test_tar_reads_neighbours_in_one_request(tmp_path):

@@ -9,6 +9,7 @@ same URL is removed.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -49,19 +50,32 @@ def index_path(kind: str, url: str, fingerprint: str) -> Path:
 def cached_path(kind: str, url: str, fingerprint: str, build: Callable[[], bytes]) -> Path:
     """As ``cached_index``, the file's path (to map it: every process of the node that
     opens the same source maps the same file)."""
+    return cached_file(kind, url, fingerprint, lambda tmp: tmp.write_bytes(build()))
+
+
+def cached_file(kind: str, url: str, fingerprint: str, write: Callable[[Path], object]) -> Path:
+    """As ``cached_path``, the file made by ``write(path)`` (a new empty file, moved into
+    place when it returns). One process of the node makes it; another that asks for it
+    meanwhile waits for it (a lock file beside it)."""
     path = index_path(kind, url, fingerprint)
     if path.exists():
         return path
     root, prefix = path.parent, f"{kind}-{_digest(url)}-"
-    data = build()
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    lock = root / f".lock-{path.name}"
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if path.exists():  # made while this process waited
+            return path
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+        os.close(fd)
+        try:
+            write(Path(tmp))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        finally:
+            lock.unlink(missing_ok=True)
     for stale in root.glob(f"{prefix}*"):  # the same source, indexed as it was before
         if stale != path:
             stale.unlink(missing_ok=True)

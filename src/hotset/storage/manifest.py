@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +18,12 @@ import msgspec
 import numpy as np
 
 from hotset.errors import ConfigError
+from hotset.storage import column_file
 from hotset.storage.columns import DigestColumn, StringColumn, key_column, text_column
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "hotset-manifest/1"
-COLUMNS_MAGIC = b"HOTSETC1"  # a manifest's columns, mapped by every process that opens it
+COLUMNS_MAGIC = column_file.MAGIC  # a manifest's columns, mapped by every process that opens it
 KEY_KIND = "blake2b-128"  # keys are digests of the samples' bytes
 LOCATION_KIND = "location-blake2b-128"  # keys name where samples live (location_key)
 KEY_KINDS = (KEY_KIND, LOCATION_KIND)
@@ -158,8 +158,8 @@ class Manifest:
         return cls(paths, keys, sizes, labels, classes, name)
 
     def to_columns(self) -> bytearray:
-        """The manifest as one file of columns (``map_columns``): a header, then each
-        column's bytes at a 64-byte boundary (copied once, into the file's bytes)."""
+        """The manifest as one file of columns (``map_columns``, ``column_file.py``; the
+        columns copied once, into the file's bytes)."""
         paths = self.paths if isinstance(self.paths, StringColumn) else StringColumn(self.paths)
         parts = {"sizes": self.sizes, "labels": self.labels, "path_ends": paths._ends,
                  "path_blob": np.frombuffer(paths._blob, np.uint8)}  # fmt: skip
@@ -169,48 +169,29 @@ class Manifest:
             keys = StringColumn(self.keys)
             parts["key_ends"] = keys._ends
             parts["key_blob"] = np.frombuffer(keys._blob, np.uint8)
-        layout, offset = {}, 0
+        out, columns = column_file.new_buffer(
+            {k: (a.dtype, a.shape) for k, a in parts.items()},
+            {"format": FORMAT, "n": len(self), "classes": self.classes, "name": self.name,
+             "key_kind": self.key_kind},
+        )  # fmt: skip
         for k, a in parts.items():
-            layout[k] = [a.dtype.str, list(a.shape), offset]
-            offset += -(-a.nbytes // 64) * 64
-        header = json.dumps({"format": FORMAT, "n": len(self), "classes": self.classes,
-                             "name": self.name, "key_kind": self.key_kind,
-                             "columns": layout}).encode()  # fmt: skip
-        start = -(-(16 + len(header)) // 64) * 64
-        out = bytearray(start + offset)
-        out[:16] = COLUMNS_MAGIC + struct.pack("<Q", len(header))
-        out[16 : 16 + len(header)] = header
-        for k, a in parts.items():
-            at = start + layout[k][2]
-            np.frombuffer(out, np.uint8, a.nbytes, at)[:] = np.ravel(a).view(np.uint8)
+            columns[k][...] = a
         return out
 
     @classmethod
     def map_columns(cls, path: str, where: str = "manifest") -> Manifest:
         """The manifest ``to_columns`` wrote at ``path``, its columns mapped read-only: the
         processes of a node that open it share its pages (no copy per rank or worker)."""
-        with open(path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            if buf[:8] != COLUMNS_MAGIC:
-                raise ValueError("no header")
-            size = struct.unpack("<Q", buf[8:16])[0]
-            header = json.loads(buf[16 : 16 + size])
-            start = -(-(16 + size) // 64) * 64
+            header, column = column_file.map_file(path)
             if header["format"] != FORMAT:
                 raise ValueError(f"format {header['format']!r}")
-
-            def column(k: str) -> np.ndarray:
-                dtype, shape, offset = header["columns"][k]
-                count = int(np.prod(shape))
-                return np.frombuffer(buf, np.dtype(dtype), count, start + offset).reshape(shape)
-
-            paths = StringColumn._of(column("path_blob"), column("path_ends"))
-            if "keys" in header["columns"]:
-                keys = DigestColumn.of_raw(column("keys"))
+            paths = StringColumn._of(column["path_blob"], column["path_ends"])
+            if "keys" in column:
+                keys = DigestColumn.of_raw(column["keys"])
             else:
-                keys = StringColumn._of(column("key_blob"), column("key_ends"))
-            return cls(paths, keys, column("sizes"), column("labels"), header["classes"],
+                keys = StringColumn._of(column["key_blob"], column["key_ends"])
+            return cls(paths, keys, column["sizes"], column["labels"], header["classes"],
                        header["name"], header["key_kind"])  # fmt: skip
         except (ValueError, KeyError, TypeError, struct.error) as exc:
             raise ConfigError(f"{where}: {path} is not a manifest's columns ({exc})") from exc

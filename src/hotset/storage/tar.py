@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob as globlib
 import io
+import json
 import posixpath
 import re
 import tarfile
@@ -40,11 +41,12 @@ from hotset.ids import ids_within
 from hotset.io.reader import Retry, T, read_failure, remote_call
 from hotset.io.requests import CostModel, coalesce
 from hotset.progress import progress
+from hotset.storage import column_file
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.columns import DigestColumn, StringColumn
 from hotset.storage.files import _version
 from hotset.storage.formats import Format, register_format
-from hotset.storage.index_cache import cached_path, index_path
+from hotset.storage.index_cache import cached_file, cached_path, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_digest
 from hotset.storage.records import check_fields, encode_record, record_size
 
@@ -198,11 +200,16 @@ def cached_shard_index(url: str, version: str, build: Callable[[], bytes]) -> Pa
     return cached_path(INDEX_KIND, url, version, converted)
 
 
-def join_indexes(files: Sequence[Path], prefixes: Sequence[str]) -> tuple[list[str], dict]:
-    """The shards' cached indexes (``files``) as one: the fields of all, and each column
-    with the shards' one after another (``shard``: each sample's; ``paths``: its name
-    after its shard's prefix). Two passes over the files, their lengths then their
-    columns, each read into its place: the set's columns are the one copy made."""
+#: the index cache's kind for a tar set's index: its shards' joined, mapped by every process
+SET_INDEX_KIND = "tar-set-v1"
+
+
+def write_set_index(path: Path, files: Sequence[Path], prefixes: Sequence[str]) -> None:
+    """The shards' cached indexes (``files``) joined into one column file at ``path``
+    (``column_file.py``): the fields of all, and each column with the shards' one after
+    another (``shard``: each sample's; ``path_*``: its name after its shard's prefix;
+    ``labels``: none). Two passes over the files, their lengths then their columns, each
+    read into its place in the mapped file: no copy of the set's index in memory."""
     counts, members, text, shard_fields = [], [], [], []
     for f in files:
         with np.load(f) as z:
@@ -215,11 +222,14 @@ def join_indexes(files: Sequence[Path], prefixes: Sequence[str]) -> tuple[list[s
     codes = [np.asarray([fields.index(f) for f in names], np.int16) for names in shard_fields]
     heads = [len(p.encode()) for p in prefixes]
     n, m, i64 = sum(counts), sum(members), np.int64
-    out = {k: np.empty(n, i64) for k in ("start", "end", "sizes", "path_ends")}
-    out.update(m_ptr=np.zeros(n + 1, i64), m_off=np.empty(m, i64), m_size=np.empty(m, i64),
-               m_field=np.empty(m, np.int16), keys=np.empty((n, 16), np.uint8),
-               shard=np.repeat(np.arange(len(files), dtype=i64), counts))  # fmt: skip
-    blob = np.empty(sum(text) + int(np.dot(counts, heads)), np.uint8)
+    specs = {k: (i64, (n,)) for k in ("start", "end", "sizes", "labels", "shard", "path_ends")}
+    specs.update(m_ptr=(i64, (n + 1,)), m_off=(i64, (m,)), m_size=(i64, (m,)),
+                 m_field=(np.int16, (m,)), keys=(np.uint8, (n, 16)),
+                 path_blob=(np.uint8, (sum(text) + int(np.dot(counts, heads)),)))  # fmt: skip
+    buf, out = column_file.create(path, specs, {"format": SET_INDEX_KIND, "fields": fields})
+    out["labels"][:] = -1
+    out["shard"][:] = np.repeat(np.arange(len(files), dtype=i64), counts)
+    out["m_ptr"][0] = 0
     a = b = t = 0
     for s, f in enumerate(files):
         arrays, k, j = load_index(f), counts[s], members[s]
@@ -230,12 +240,12 @@ def join_indexes(files: Sequence[Path], prefixes: Sequence[str]) -> tuple[list[s
         out["m_field"][b : b + j] = codes[s][arrays["m_field"]]
         out["keys"][a : a + k] = arrays["keys"].raw
         paths = arrays["names"].prefixed(prefixes[s])
-        blob[t : t + text[s] + k * heads[s]] = np.frombuffer(paths._blob, np.uint8)
+        out["path_blob"][t : t + text[s] + k * heads[s]] = np.frombuffer(paths._blob, np.uint8)
         out["path_ends"][a : a + k] = paths._ends + t
         a, b, t = a + k, b + j, t + text[s] + k * heads[s]
-    out["paths"] = StringColumn._of(blob, out.pop("path_ends"))
-    out["keys"] = DigestColumn.of_raw(out["keys"])
-    return fields, out
+    del out
+    buf.flush()
+    buf.close()
 
 
 def member_header_matches(block: bytes, name: str, size: int) -> bool:
@@ -382,15 +392,24 @@ class TarStorage(FsspecStorage):
                 "indexing tar shards (make_loader(first_epoch='stream') trains meanwhile)",
                 "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
             ))  # fmt: skip
-        self.fields, index = join_indexes(files, [posixpath.basename(p) + "#" for p in self._paths])
+        self._set_index = cached_file(
+            SET_INDEX_KIND, url if isinstance(url, str) else "\n".join(self.urls),
+            json.dumps([[u, self._versions[u]] for u in self.urls]),
+            lambda tmp: write_set_index(
+                tmp, files, [posixpath.basename(p) + "#" for p in self._paths]
+            ),
+        )  # fmt: skip
+        header, index = column_file.map_file(self._set_index)
         if not index["sizes"].size:
             raise ConfigError(f"{url}: the shards hold no samples")
+        self.fields = header["fields"]
         self._shard, self._start, self._end = index["shard"], index["start"], index["end"]
         self._m_ptr, self._m_off, self._m_size = index["m_ptr"], index["m_off"], index["m_size"]
         self._m_field = index["m_field"]
         self.input_field, self.target_field = chosen_fields(self.fields, input_field, target_field)
         self.manifest = Manifest(
-            index["paths"], index["keys"], index["sizes"], np.full(index["sizes"].size, -1), [],
+            StringColumn._of(index["path_blob"], index["path_ends"]),
+            DigestColumn.of_raw(index["keys"]), index["sizes"], index["labels"], [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
 
@@ -506,6 +525,7 @@ class TarStorage(FsspecStorage):
         version = self._versions.get(url)
         if version is not None:
             index_path(INDEX_KIND, url, version).unlink(missing_ok=True)
+        self._set_index.unlink(missing_ok=True)  # (its shards' sizes and versions are as they were)
         raise CorruptSampleError(
             i, self.describe(i), f"the shard changed since it was indexed (no member header "
             f"of the indexed size and name at byte {at}): make a new loader to index it again",

@@ -1,0 +1,83 @@
+"""Files of numpy columns that every process of a node maps read-only (a manifest's, a tar
+set's index): ``MAGIC`` and the header's length, a JSON header naming each column's
+dtype, shape and offset, then each column at a 64-byte boundary."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"HOTSETC1"
+
+#: a column's dtype and shape
+Spec = tuple[np.dtype | type, tuple[int, ...]]
+
+
+def _layout(columns: dict[str, Spec], header: dict) -> tuple[bytes, int]:
+    """The header's bytes (``header`` and each column's place) and the file's size."""
+    places, offset = {}, 0
+    for k, (dtype, shape) in columns.items():
+        dtype = np.dtype(dtype)
+        places[k] = [dtype.str, [int(d) for d in shape], offset]
+        offset += -(-dtype.itemsize * int(np.prod(shape)) // 64) * 64
+    head = json.dumps({**header, "columns": places}).encode()
+    return head, _start(len(head)) + offset
+
+
+def _start(head_size: int) -> int:
+    return -(-(16 + head_size) // 64) * 64
+
+
+def _views(buf, header: dict, start: int) -> dict[str, np.ndarray]:
+    out = {}
+    for k, (dtype, shape, offset) in header["columns"].items():
+        count = int(np.prod(shape))
+        out[k] = np.frombuffer(buf, np.dtype(dtype), count, start + offset).reshape(shape)
+    return out
+
+
+def _write_header(buf, head: bytes) -> None:
+    buf[:16] = MAGIC + struct.pack("<Q", len(head))
+    buf[16 : 16 + len(head)] = head
+
+
+def new_buffer(columns: dict[str, Spec], header: dict) -> tuple[bytearray, dict[str, np.ndarray]]:
+    """A file's bytes in memory, and its columns to fill (writable views into them)."""
+    head, size = _layout(columns, header)
+    buf = bytearray(size)
+    _write_header(buf, head)
+    return buf, _views(buf, json.loads(head), _start(len(head)))
+
+
+def create(path: Path, columns: dict[str, Spec], header: dict) -> tuple[mmap.mmap, dict]:
+    """A new file at ``path``, mapped to be written, and its columns (views into it): the
+    columns are filled in place, with no copy in memory beside the file's pages. Close
+    the map (``flush`` first) when they are written."""
+    head, size = _layout(columns, header)
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE)
+    _write_header(buf, head)
+    return buf, _views(buf, json.loads(head), _start(len(head)))
+
+
+def read(buf) -> tuple[dict, dict[str, np.ndarray]]:
+    """The header and the columns of a file's bytes (or its map): ``ValueError`` where
+    they are not such a file."""
+    if buf[:8] != MAGIC:
+        raise ValueError("no header")
+    size = struct.unpack("<Q", buf[8:16])[0]
+    header = json.loads(buf[16 : 16 + size])
+    return header, _views(buf, header, _start(size))
+
+
+def map_file(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """``read`` of the file at ``path``, mapped read-only: the processes of a node that
+    map it share its pages."""
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return read(buf)
