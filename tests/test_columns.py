@@ -177,3 +177,15 @@ def test_the_key_index_orders_hashes_as_a_stable_sort(pairs, low):
 
     h = np.array([top << 62 | (x << low) for top, x in pairs], np.uint64)
     assert np.array_equal(_hash_order(h), np.argsort(h, kind="stable"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(digests, st.integers(0, 70_000))
+def test_a_datasets_namespace_is_the_same_from_packed_keys(keys, more):
+    """The store's prefix for a dataset (entries cached by an earlier run stay found)
+    is the same whether its keys are packed digests or strings, past a block of them."""
+    from hotset.build import dataset_namespace
+
+    raw = np.random.default_rng(more).integers(0, 256, (more, 16), np.uint8)
+    keys = keys + [r.tobytes().hex() for r in raw]
+    assert dataset_namespace(DigestColumn(keys)) == dataset_namespace(keys)

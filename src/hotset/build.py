@@ -5,6 +5,7 @@ anything is opened."""
 
 from __future__ import annotations
 
+import binascii
 import difflib
 import functools
 import hashlib
@@ -34,6 +35,7 @@ from hotset.policy.base import make_policy, policy_class
 from hotset.sampling.base import make_sampler, sampler_class
 from hotset.sampling.blocks import check_order
 from hotset.storage.base import Storage
+from hotset.storage.columns import DigestColumn
 from hotset.storage.decoded import DecodedStorage
 from hotset.storage.on_disk import DiskTierStorage
 from hotset.storage.open import detect_format, open_storage
@@ -639,9 +641,14 @@ def _made_by_rank_0(spec: str, capacity: int, ranks: RankGroup) -> Store:
     return store if store is not None else make_store(same, capacity)
 
 
-def dataset_namespace(keys: list[str]) -> str:
-    """A prefix for a dataset's store keys: a digest of its manifest's keys."""
+def dataset_namespace(keys: Sequence[str]) -> str:
+    """A prefix for a dataset's store keys: a digest of its manifest's keys, one after
+    another (packed digests: their hex text a block at a time, no string per key)."""
     digest = hashlib.blake2b(digest_size=6)
-    for k in keys:
-        digest.update(k.encode())
+    if isinstance(keys, DigestColumn):
+        for lo in range(0, len(keys), 1 << 16):
+            digest.update(binascii.hexlify(keys.raw[lo : lo + (1 << 16)]))
+    else:
+        for k in keys:
+            digest.update(k.encode())
     return digest.hexdigest() + ":"
