@@ -19,8 +19,10 @@ from __future__ import annotations
 import glob as globlib
 import io
 import json
+import logging
 import posixpath
 import re
+import struct
 import tarfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +51,8 @@ from hotset.storage.formats import Format, register_format
 from hotset.storage.index_cache import cached_file, cached_path, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_digest
 from hotset.storage.records import check_fields, encode_record, record_size
+
+log = logging.getLogger(__name__)
 
 #: a remote shard this small is indexed from one read of it (a request per member header
 #: costs a round trip each: 20 s a 250-sample shard behind 20 ms); larger ones in blocks
@@ -228,11 +232,11 @@ def write_set_index(path: Path, files: Sequence[Path], prefixes: Sequence[str]) 
                  path_blob=(np.uint8, (sum(text) + int(np.dot(counts, heads)),)))  # fmt: skip
     buf, out = column_file.create(path, specs, {"format": SET_INDEX_KIND, "fields": fields})
     out["labels"][:] = -1
-    out["shard"][:] = np.repeat(np.arange(len(files), dtype=i64), counts)
     out["m_ptr"][0] = 0
     a = b = t = 0
     for s, f in enumerate(files):
         arrays, k, j = load_index(f), counts[s], members[s]
+        out["shard"][a : a + k] = s
         for c in ("start", "end", "sizes"):
             out[c][a : a + k] = arrays[c]
         out["m_ptr"][a + 1 : a + k + 1] = arrays["m_ptr"][1:] + b
@@ -392,14 +396,7 @@ class TarStorage(FsspecStorage):
                 "indexing tar shards (make_loader(first_epoch='stream') trains meanwhile)",
                 "shards", enabled=len(self.urls) >= PROGRESS_SHARDS,
             ))  # fmt: skip
-        self._set_index = cached_file(
-            SET_INDEX_KIND, url if isinstance(url, str) else "\n".join(self.urls),
-            json.dumps([[u, self._versions[u]] for u in self.urls]),
-            lambda tmp: write_set_index(
-                tmp, files, [posixpath.basename(p) + "#" for p in self._paths]
-            ),
-        )  # fmt: skip
-        header, index = column_file.map_file(self._set_index)
+        header, index = self._set_index_of(url, files)
         if not index["sizes"].size:
             raise ConfigError(f"{url}: the shards hold no samples")
         self.fields = header["fields"]
@@ -412,6 +409,33 @@ class TarStorage(FsspecStorage):
             DigestColumn.of_raw(index["keys"]), index["sizes"], index["labels"], [],
             posixpath.basename(self.url.rstrip("/")), LOCATION_KIND,
         )  # fmt: skip
+
+    def _set_index_of(self, url, files: list[Path]) -> tuple[dict, dict[str, np.ndarray]]:
+        """The set's index (``write_set_index``) from the index cache, mapped; made from
+        the shards' ``files`` where it is missing, or damaged (then made again once)."""
+        key = url if isinstance(url, str) else "\n".join(self.urls)
+        shards = json.dumps([[u, self._versions[u]] for u in self.urls])
+        prefixes = [posixpath.basename(p) + "#" for p in self._paths]
+
+        def mapped() -> tuple[dict, dict[str, np.ndarray]]:
+            self._set_index = cached_file(
+                SET_INDEX_KIND, key, shards, lambda tmp: write_set_index(tmp, files, prefixes)
+            )
+            try:
+                header, index = column_file.map_file(self._set_index)
+                if header.get("format") != SET_INDEX_KIND:
+                    raise ValueError(f"format {header.get('format')!r}")
+            except (ValueError, KeyError, TypeError, struct.error) as exc:
+                where = f"{url}: the index file {self._set_index}"
+                raise ConfigError(f"{where} is damaged ({exc})") from exc
+            return header, index
+
+        try:
+            return mapped()
+        except ConfigError as exc:
+            log.warning("%s; making it again", exc)
+            self._set_index.unlink(missing_ok=True)
+        return mapped()
 
     def _index(self, url: str, path: str) -> Path:
         """The file of one shard's index (``shard_arrays``), from the cache or made from
