@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from pathlib import Path
 
@@ -53,16 +54,30 @@ def new_buffer(columns: dict[str, Spec], header: dict) -> tuple[bytearray, dict[
     return buf, _views(buf, json.loads(head), _start(len(head)))
 
 
-def create(path: Path, columns: dict[str, Spec], header: dict) -> tuple[mmap.mmap, dict]:
-    """A new file at ``path``, mapped to be written, and its columns (views into it): the
-    columns are filled in place, with no copy in memory beside the file's pages. Close
-    the map (``flush`` first) when they are written."""
-    head, size = _layout(columns, header)
-    with open(path, "r+b") as f:
-        f.truncate(size)
-        buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE)
-    _write_header(buf, head)
-    return buf, _views(buf, json.loads(head), _start(len(head)))
+class Writer:
+    """A new file at ``path`` (it exists, empty) of ``columns``, written a piece at a time
+    (``put``): each piece goes to its place with ``pwrite``, and no copy of the
+    columns is held in memory."""
+
+    def __init__(self, path: Path, columns: dict[str, Spec], header: dict) -> None:
+        head, size = _layout(columns, header)
+        self._places, self._start = json.loads(head)["columns"], _start(len(head))
+        self._file = open(path, "r+b")  # noqa: SIM115 - closed by ``close``
+        self._file.truncate(size)
+        os.pwrite(self._file.fileno(), MAGIC + struct.pack("<Q", len(head)) + head, 0)
+
+    def put(self, name: str, at: int, values) -> None:
+        """``values`` into column ``name`` from its row ``at`` on."""
+        dtype, shape, offset = self._places[name]
+        row = np.dtype(dtype).itemsize * int(np.prod(shape[1:]))
+        data = memoryview(np.ascontiguousarray(values, np.dtype(dtype)).reshape(-1).view(np.uint8))
+        at = self._start + offset + at * row
+        while data:  # (a write may take part of it)
+            done = os.pwrite(self._file.fileno(), data, at)
+            data, at = data[done:], at + done
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def read(buf) -> tuple[dict, dict[str, np.ndarray]]:

@@ -213,7 +213,7 @@ def write_set_index(path: Path, files: Sequence[Path], prefixes: Sequence[str]) 
     (``column_file.py``): the fields of all, and each column with the shards' one after
     another (``shard``: each sample's; ``path_*``: its name after its shard's prefix;
     ``labels``: none). Two passes over the files, their lengths then their columns, each
-    read into its place in the mapped file: no copy of the set's index in memory."""
+    shard's written into its place in the file: no copy of the set's index in memory."""
     counts, members, text, shard_fields = [], [], [], []
     for f in files:
         with np.load(f) as z:
@@ -230,26 +230,27 @@ def write_set_index(path: Path, files: Sequence[Path], prefixes: Sequence[str]) 
     specs.update(m_ptr=(i64, (n + 1,)), m_off=(i64, (m,)), m_size=(i64, (m,)),
                  m_field=(np.int16, (m,)), keys=(np.uint8, (n, 16)),
                  path_blob=(np.uint8, (sum(text) + int(np.dot(counts, heads)),)))  # fmt: skip
-    buf, out = column_file.create(path, specs, {"format": SET_INDEX_KIND, "fields": fields})
-    out["labels"][:] = -1
-    out["m_ptr"][0] = 0
+    out = column_file.Writer(path, specs, {"format": SET_INDEX_KIND, "fields": fields})
+    out.put("m_ptr", 0, [0])
     a = b = t = 0
-    for s, f in enumerate(files):
-        arrays, k, j = load_index(f), counts[s], members[s]
-        out["shard"][a : a + k] = s
-        for c in ("start", "end", "sizes"):
-            out[c][a : a + k] = arrays[c]
-        out["m_ptr"][a + 1 : a + k + 1] = arrays["m_ptr"][1:] + b
-        out["m_off"][b : b + j], out["m_size"][b : b + j] = arrays["m_off"], arrays["m_size"]
-        out["m_field"][b : b + j] = codes[s][arrays["m_field"]]
-        out["keys"][a : a + k] = arrays["keys"].raw
-        paths = arrays["names"].prefixed(prefixes[s])
-        out["path_blob"][t : t + text[s] + k * heads[s]] = np.frombuffer(paths._blob, np.uint8)
-        out["path_ends"][a : a + k] = paths._ends + t
-        a, b, t = a + k, b + j, t + text[s] + k * heads[s]
-    del out
-    buf.flush()
-    buf.close()
+    try:
+        for s, f in enumerate(files):
+            arrays, k, j = load_index(f), counts[s], members[s]
+            out.put("shard", a, np.full(k, s, i64))
+            out.put("labels", a, np.full(k, -1, i64))
+            for c in ("start", "end", "sizes"):
+                out.put(c, a, arrays[c])
+            out.put("m_ptr", a + 1, arrays["m_ptr"][1:] + b)
+            out.put("m_off", b, arrays["m_off"])
+            out.put("m_size", b, arrays["m_size"])
+            out.put("m_field", b, codes[s][arrays["m_field"]])
+            out.put("keys", a, arrays["keys"].raw)
+            paths = arrays["names"].prefixed(prefixes[s])
+            out.put("path_blob", t, np.frombuffer(paths._blob, np.uint8))
+            out.put("path_ends", a, paths._ends + t)
+            a, b, t = a + k, b + j, t + text[s] + k * heads[s]
+    finally:
+        out.close()
 
 
 def member_header_matches(block: bytes, name: str, size: int) -> bool:
