@@ -235,6 +235,24 @@ def test_processes_asking_for_one_index_at_once_make_it_once(tmp_path, monkeypat
     assert outs == ["index"] * 3 and log.read_text() == "made\n"
 
 
+def test_an_index_is_made_where_the_file_system_has_no_locks(tmp_path, monkeypatch, caplog):
+    """An index cache on a file system without ``flock`` (some NFS homes): the index is
+    made all the same, and the missing lock is said."""
+    import errno
+
+    from hotset.storage import index_cache
+
+    def no_locks(*a):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(index_cache.fcntl, "flock", no_locks)
+    for s in range(2):
+        _write_tar(tmp_path / f"shard-{s}.tar", _images(3, seed=s), 3 * s)
+    storage = hotset.TarStorage(str(tmp_path / "shard-{0..1}.tar"))
+    assert len(storage) == 6 and storage.read_many(range(6))
+    assert "no lock" in caplog.text
+
+
 def test_tar_reads_neighbours_in_one_request(tmp_path):
     images = _images(20)
     _write_tar(tmp_path / "a.tar", images, 0)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -63,7 +66,10 @@ def cached_file(kind: str, url: str, fingerprint: str, write: Callable[[Path], o
     root, prefix = path.parent, f"{kind}-{_digest(url)}-"
     lock = root / f".lock-{path.name}"
     with open(lock, "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS homes): each makes it
+            log.warning("%s: no lock on %s; this process makes the index alone", url, lock)
         if path.exists():  # made while this process waited
             return path
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
