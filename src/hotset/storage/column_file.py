@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hotset.errors import ConfigError
+
 MAGIC = b"HOTSETC1"
 
 #: a column's dtype and shape
@@ -41,16 +43,16 @@ def _views(buf, header: dict, start: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_header(buf, head: bytes) -> None:
-    buf[:16] = MAGIC + struct.pack("<Q", len(head))
-    buf[16 : 16 + len(head)] = head
+def _head(head: bytes) -> bytes:
+    """The file's first bytes: ``MAGIC``, the header's length, the header."""
+    return MAGIC + struct.pack("<Q", len(head)) + head
 
 
 def new_buffer(columns: dict[str, Spec], header: dict) -> tuple[bytearray, dict[str, np.ndarray]]:
     """A file's bytes in memory, and its columns to fill (writable views into them)."""
     head, size = _layout(columns, header)
     buf = bytearray(size)
-    _write_header(buf, head)
+    buf[: 16 + len(head)] = _head(head)
     return buf, _views(buf, json.loads(head), _start(len(head)))
 
 
@@ -64,7 +66,7 @@ class Writer:
         self._places, self._start = json.loads(head)["columns"], _start(len(head))
         self._file = open(path, "r+b")  # noqa: SIM115 - closed by ``close``
         self._file.truncate(size)
-        os.pwrite(self._file.fileno(), MAGIC + struct.pack("<Q", len(head)) + head, 0)
+        os.pwrite(self._file.fileno(), _head(head), 0)
 
     def put(self, name: str, at: int, values) -> None:
         """``values`` into column ``name`` from its row ``at`` on."""
@@ -90,9 +92,16 @@ def read(buf) -> tuple[dict, dict[str, np.ndarray]]:
     return header, _views(buf, header, _start(size))
 
 
-def map_file(path: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """``read`` of the file at ``path``, mapped read-only: the processes of a node that
-    map it share its pages."""
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return read(buf)
+def map_file(path: str | Path, fmt: str, what: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """``read`` of the file at ``path``, mapped read-only (the processes of a node that map
+    it share its pages); ``ConfigError`` naming it as not ``what`` where it is not such a
+    file of format ``fmt``."""
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header, columns = read(buf)
+        if header.get("format") != fmt:
+            raise ValueError(f"format {header.get('format')!r}")
+    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        raise ConfigError(f"{path} is not {what} ({exc})") from exc
+    return header, columns

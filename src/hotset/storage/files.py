@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import posixpath
 from collections.abc import Sequence
 
@@ -18,7 +17,7 @@ from hotset.io.reader import Retry, read_failure
 from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.columns import StringColumn, concat, key_column
 from hotset.storage.formats import FALLBACK, Format, register_format
-from hotset.storage.index_cache import cached_path
+from hotset.storage.index_cache import cached_mapped
 from hotset.storage.manifest import (
     COLUMNS_MAGIC,
     IMAGE_SUFFIXES,
@@ -29,8 +28,6 @@ from hotset.storage.manifest import (
     content_key,
     location_key,
 )
-
-log = logging.getLogger(__name__)
 
 
 class FileStorage(FsspecStorage):
@@ -201,13 +198,8 @@ def index_imagefolder(fs: fsspec.AbstractFileSystem, root: str, url: str) -> Man
 def _mapped(kind: str, url: str, fingerprint: str, build, where: str) -> Manifest:
     """The manifest kept as columns in the index cache, mapped; a damaged file there
     (hotset's own, not the user's data) is built again once."""
-    path = cached_path(kind, url, fingerprint, build)
-    try:
-        return Manifest.map_columns(str(path), where)
-    except ConfigError:
-        log.warning("%s: the index file %s is damaged; building it again", where, path)
-        path.unlink(missing_ok=True)
-    return Manifest.map_columns(str(cached_path(kind, url, fingerprint, build)), where)
+    return cached_mapped(kind, url, fingerprint, lambda tmp: tmp.write_bytes(build()),
+                         lambda path: Manifest.map_columns(str(path), where), where)  # fmt: skip
 
 
 def mapped_manifest(fs: fsspec.AbstractFileSystem, mpath: str, info: dict) -> Manifest:

@@ -16,8 +16,12 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from hotset.errors import ConfigError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -86,3 +90,18 @@ def cached_file(kind: str, url: str, fingerprint: str, write: Callable[[Path], o
         if stale != path:
             stale.unlink(missing_ok=True)
     return path
+
+
+def cached_mapped(
+    kind: str, url: str, fingerprint: str, write: Callable[[Path], object],
+    open_: Callable[[Path], T], where: str,
+) -> T:  # fmt: skip
+    """``open_`` of the file ``cached_file`` makes; one found damaged there (``open_``
+    raises ``ConfigError``: hotset's own file, not the user's data) is made again once."""
+    path = cached_file(kind, url, fingerprint, write)
+    try:
+        return open_(path)
+    except ConfigError:
+        log.warning("%s: the index file %s is damaged; making it again", where, path)
+        path.unlink(missing_ok=True)
+    return open_(cached_file(kind, url, fingerprint, write))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -183,9 +182,7 @@ class Manifest:
         """The manifest ``to_columns`` wrote at ``path``, its columns mapped read-only: the
         processes of a node that open it share its pages (no copy per rank or worker)."""
         try:
-            header, column = column_file.map_file(path)
-            if header["format"] != FORMAT:
-                raise ValueError(f"format {header['format']!r}")
+            header, column = column_file.map_file(path, FORMAT, "a manifest's columns")
             paths = StringColumn._of(column["path_blob"], column["path_ends"])
             if "keys" in column:
                 keys = DigestColumn.of_raw(column["keys"])
@@ -193,7 +190,9 @@ class Manifest:
                 keys = StringColumn._of(column["key_blob"], column["key_ends"])
             return cls(paths, keys, column["sizes"], column["labels"], header["classes"],
                        header["name"], header["key_kind"])  # fmt: skip
-        except (ValueError, KeyError, TypeError, struct.error) as exc:
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        except (KeyError, TypeError) as exc:
             raise ConfigError(f"{where}: {path} is not a manifest's columns ({exc})") from exc
 
     def take(self, idx: np.ndarray, name: str = "") -> Manifest:

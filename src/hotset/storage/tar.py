@@ -19,10 +19,8 @@ from __future__ import annotations
 import glob as globlib
 import io
 import json
-import logging
 import posixpath
 import re
-import struct
 import tarfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,11 +46,9 @@ from hotset.storage.base import TAG, FsspecStorage, concurrency_for
 from hotset.storage.columns import DigestColumn, StringColumn
 from hotset.storage.files import _version
 from hotset.storage.formats import Format, register_format
-from hotset.storage.index_cache import cached_file, cached_path, index_path
+from hotset.storage.index_cache import cached_mapped, cached_path, index_path
 from hotset.storage.manifest import LOCATION_KIND, Manifest, location_digest
 from hotset.storage.records import check_fields, encode_record, record_size
-
-log = logging.getLogger(__name__)
 
 #: a remote shard this small is indexed from one read of it (a request per member header
 #: costs a round trip each: 20 s a 250-sample shard behind 20 ms); larger ones in blocks
@@ -413,30 +409,18 @@ class TarStorage(FsspecStorage):
 
     def _set_index_of(self, url, files: list[Path]) -> tuple[dict, dict[str, np.ndarray]]:
         """The set's index (``write_set_index``) from the index cache, mapped; made from
-        the shards' ``files`` where it is missing, or damaged (then made again once)."""
-        key = url if isinstance(url, str) else "\n".join(self.urls)
-        shards = json.dumps([[u, self._versions[u]] for u in self.urls])
+        the shards' ``files`` where it is missing or damaged."""
         prefixes = [posixpath.basename(p) + "#" for p in self._paths]
 
-        def mapped() -> tuple[dict, dict[str, np.ndarray]]:
-            self._set_index = cached_file(
-                SET_INDEX_KIND, key, shards, lambda tmp: write_set_index(tmp, files, prefixes)
-            )
-            try:
-                header, index = column_file.map_file(self._set_index)
-                if header.get("format") != SET_INDEX_KIND:
-                    raise ValueError(f"format {header.get('format')!r}")
-            except (ValueError, KeyError, TypeError, struct.error) as exc:
-                where = f"{url}: the index file {self._set_index}"
-                raise ConfigError(f"{where} is damaged ({exc})") from exc
-            return header, index
+        def mapped(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+            self._set_index = path
+            return column_file.map_file(path, SET_INDEX_KIND, "a tar set's index")
 
-        try:
-            return mapped()
-        except ConfigError as exc:
-            log.warning("%s; making it again", exc)
-            self._set_index.unlink(missing_ok=True)
-        return mapped()
+        return cached_mapped(
+            SET_INDEX_KIND, url if isinstance(url, str) else "\n".join(self.urls),
+            json.dumps([[u, self._versions[u]] for u in self.urls]),
+            lambda tmp: write_set_index(tmp, files, prefixes), mapped, str(url),
+        )  # fmt: skip
 
     def _index(self, url: str, path: str) -> Path:
         """The file of one shard's index (``shard_arrays``), from the cache or made from
