@@ -22,6 +22,16 @@ the paper does not say) embeddings are L2-normalised first, and ``lambda = 1``,
 >= 0.9945): edges then follow what the model learns (classes that cluster get edges,
 embeddings without structure get few). ``normalize=False`` is the raw Eq. 1.
 
+Compressed vectors (``dim``, ours): a 512-d HNSW index is about 2.1 KB per sample (28 GB
+at 14M). With ``dim=D`` each embedding is stored as its coordinates on the ``D`` principal
+directions of recent embeddings, plus one more coordinate, the norm of what they miss
+(:class:`Projection`): a vector keeps its norm and the index's distances are lower bounds
+of the full ones, so an edge of the full graph stays an edge (measured: ``dim=64`` keeps
+96-98% of a 512-d graph's edges, benchmarks/graph_scale.py). The directions are fitted on
+the first batch, and again at an epoch start where the last epoch's embeddings kept under
+90% of what the fit's own rows kept in them (the model moved): the graph then starts
+again, empty, from that epoch's embeddings.
+
 ``calibrate=True`` (ours) instead divides distances by a unit measured each epoch, so
 that the threshold is the ``edge_quantile`` quantile of the previous epoch's neighbour
 distances: the share of edges is then fixed whatever the model learned.
@@ -29,9 +39,49 @@ distances: the share of edges is then fixed whatever the model learned.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from hotset.errors import ConfigError
+
+FIT_ROWS = 4096  # the latest embeddings kept to fit a projection on
+REFIT_SHARE = 0.9  # refit where an epoch kept under this share of what the fit kept
+HNSW_BYTES = 170  # hnswlib's bytes a sample beside its vector and links (measured, M = 8)
+
+
+def index_bytes(samples: int, dim: int, M: int) -> int:
+    """About what an hnswlib index of ``samples`` vectors of ``dim`` floats takes."""
+    return samples * (4 * dim + 8 * M + 4 + HNSW_BYTES)
+
+
+class Projection:
+    """``dim`` principal directions of ``rows`` (an SVD, uncentred) and, as one more
+    coordinate, the norm of what they miss: ``|x|`` is kept and every distance between
+    two projected vectors is at most the full one."""
+
+    def __init__(self, rows: np.ndarray, dim: int, seed: int = 0) -> None:
+        _, _, vt = np.linalg.svd(rows.astype(np.float64), full_matrices=False)
+        basis = vt[:dim].T
+        if basis.shape[1] < dim:  # fewer rows than directions: completed at random
+            fill = np.random.default_rng(seed).standard_normal((rows.shape[1], dim))
+            basis = np.linalg.qr(np.hstack([basis, fill[:, basis.shape[1] :]]))[0]
+        self.basis = np.ascontiguousarray(basis, np.float32)
+        self.kept = self.share(rows)  # what the fit's own rows keep in the directions
+
+    def low(self, emb: np.ndarray) -> np.ndarray:
+        return emb @ self.basis
+
+    def share(self, emb: np.ndarray) -> float:
+        """The mean share of the rows' squared norm the directions keep."""
+        low = self.low(emb)
+        norm = np.maximum((emb * emb).sum(1), 1e-24)
+        return float(((low * low).sum(1) / norm).mean())
+
+    def __call__(self, emb: np.ndarray) -> np.ndarray:
+        low = self.low(emb)
+        rest = np.sqrt(np.maximum((emb * emb).sum(1) - (low * low).sum(1), 0.0))
+        return np.ascontiguousarray(np.hstack([low, rest[:, None]]), np.float32)
 
 
 def _distance(squared: np.ndarray) -> np.ndarray:
@@ -55,6 +105,7 @@ class GraphImportance:
         calibrate: bool = False,
         edge_quantile: float = 0.5,
         normalize: bool = True,
+        dim: int | None = None,
     ) -> None:
         try:
             import hnswlib  # noqa: F401
@@ -63,6 +114,8 @@ class GraphImportance:
                 "graph importance needs hnswlib: pip install 'hotset[graph]'"
             ) from exc
         k = neighbor_max if k is None else k
+        if dim is not None and dim < 1:
+            raise ConfigError(f"dim (compressed vectors' directions) must be >= 1, got {dim}")
         if lam <= 0 or not 0 < alpha < 1 or k < 1 or neighbor_max < 1 or not 0 < edge_quantile < 1:
             raise ConfigError(
                 f"need lam > 0, 0 < alpha < 1, k >= 1, neighbor_max >= 1, "
@@ -77,6 +130,13 @@ class GraphImportance:
         self.M, self.ef_construction, self.threads, self.seed = M, ef_construction, threads, seed
         self.index = None
         self.indexed = np.full(self.num_samples, False)
+        self.dim = None if dim is None else int(dim)
+        self.projection: Projection | None = None
+        self.refits = 0  # projections fitted again (the graph started again)
+        self._recent: np.ndarray | None = None  # the latest FIT_ROWS embeddings, a ring
+        self._written = 0  # rows written to the ring
+        self._kept = [0.0, 0]  # this epoch's shares kept in the projection: sum, batches
+        self._refit = False
         self.calibrate, self.edge_quantile = bool(calibrate), float(edge_quantile)
         self.scale = 1.0  # the distance unit of Eq. 2
         self._calibrated = False  # from a whole epoch's distances (else each batch's own)
@@ -95,6 +155,54 @@ class GraphImportance:
         if self.calibrate and d.size:
             threshold = -np.log(self.alpha) / self.lam  # Eq. 2-3 in units of the scale
             self.scale = float(np.quantile(d, self.edge_quantile)) / threshold
+
+    def start_epoch(self) -> None:
+        """Once an epoch, at its start: the distance unit (``recalibrate``), and a
+        projection the last epoch's embeddings moved out of is fitted again at the next
+        batch."""
+        self.recalibrate()
+        total, batches = self._kept
+        if self.projection is not None and batches:
+            self._refit = total / batches < REFIT_SHARE * self.projection.kept
+        self._kept = [0.0, 0]
+
+    def check_fits(self, dim: int) -> None:
+        """Refuse, naming ``dim``, a graph this machine's memory cannot hold."""
+        stored = dim if self.dim is None or self.dim >= dim else self.dim + 1
+        need = index_bytes(self.num_samples, stored, self.M)
+        try:
+            have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return
+        if need > have:
+            raise ConfigError(
+                f"the graph of {self.num_samples} samples' {dim}-d embeddings needs about "
+                f"{need / 1e9:.1f} GB, more than this machine's {have / 1e9:.1f} GB: give the "
+                f"sampler option dim=64 (compressed vectors, about "
+                f"{index_bytes(self.num_samples, 65, self.M) / 1e9:.1f} GB)"
+            )
+
+    def _project(self, emb: np.ndarray) -> np.ndarray:
+        """``emb`` in the projection (fitted at the first batch, or again where
+        ``start_epoch`` found it stale: the index then starts again, empty)."""
+        if self._recent is None:
+            self._recent = np.zeros((FIT_ROWS, emb.shape[1]), np.float32)
+        if self._recent.shape[1] != emb.shape[1]:
+            raise ConfigError(f"embeddings changed dimension: {emb.shape[1]} after "
+                              f"{self._recent.shape[1]}")  # fmt: skip
+        if self.projection is None or self._refit:
+            rows = self._recent[: min(self._written, FIT_ROWS)] if self._refit else emb
+            self.projection = Projection(rows, self.dim, self.seed)
+            if self._refit:
+                self.index, self.indexed[:] = None, False
+                self.refits += 1
+            self._refit = False
+        at = (self._written + np.arange(len(emb))) % FIT_ROWS
+        self._recent[at[-FIT_ROWS:]] = emb[-FIT_ROWS:]
+        self._written += len(emb)
+        self._kept[0] += self.projection.share(emb)
+        self._kept[1] += 1
+        return self.projection(emb)
 
     def _query(
         self, emb: np.ndarray, k: int, ids: np.ndarray | None = None
@@ -152,6 +260,8 @@ class GraphImportance:
         emb = emb[first]
         if self.normalize:
             emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        if self.dim is not None and self.dim < emb.shape[1]:
+            emb = self._project(emb)
         self._ensure_index(emb.shape[1])
         self.index.add_items(emb, ids)  # line 15: insert or update
         self.indexed[ids] = True

@@ -11,7 +11,9 @@ every batch is scored, the wait counted in ``graph_wait_s``); ``when_behind="dro
 (ours) drops the oldest instead (counted in ``graph_dropped``: a sample keeps its last
 score). The worker queries hnswlib with ``threads`` threads (default: three quarters of
 the cores, ``graph_threads``). ``background=False`` scores inline (the simulator, for a
-deterministic replay).
+deterministic replay). ``dim`` (ours) stores compressed vectors in the graph: 64 keeps a
+14M-sample graph of 512-d embeddings within about 7 GB (:mod:`hotset.importance.graph`); a
+graph the machine's memory cannot hold is refused at the first feedback, naming ``dim``.
 
 Under ranks (hotset's: the paper trains in one process) one rank keeps the graph,
 ``graph_rank``: it scores every rank's batches (their embeddings come with the ranks'
@@ -97,6 +99,7 @@ class SpiderSampler(Sampler):
         calibrate: bool = False,
         edge_quantile: float = 0.5,
         normalize: bool = True,
+        dim: int | None = None,
         coverage_epochs: int | None = DEFAULT_COVERAGE_EPOCHS,
         graph_rank: int = 0,
         **kwargs,
@@ -115,7 +118,7 @@ class SpiderSampler(Sampler):
             homophily_k=homophily_k, M=M,
             ef_construction=ef_construction, seed=self.seed, calibrate=calibrate,
             threads=graph_threads() if threads is None else threads,
-            edge_quantile=edge_quantile, normalize=normalize,
+            edge_quantile=edge_quantile, normalize=normalize, dim=dim,
         )  # fmt: skip
         self.coverage = Coverage(num_samples, coverage_epochs)
         self.when_behind = when_behind
@@ -168,6 +171,8 @@ class SpiderSampler(Sampler):
         self._fed += ids.size
         if self._role == "peer":  # the graph rank scores them, for every rank
             return
+        if self.graph.index is None and self.graph.projection is None:
+            self.graph.check_fits(shape[1])  # before the first batch: a clear error
         emb = np.array(embeddings, dtype=np.float32)  # a copy: the caller's may change
         if not self.background:
             self._score(ids, emb)
@@ -310,7 +315,7 @@ class SpiderSampler(Sampler):
     # -- hints to the cache ------------------------------------------------------------
     def cache_hints(self, epoch: int) -> dict:
         if epoch not in self._ratio:
-            self.graph.recalibrate()  # this epoch's distance unit: last epoch's neighbours
+            self.graph.start_epoch()  # the distance unit and projection, from last epoch's
             with self._lock:
                 seen = self.board.seen
                 if seen.any():  # the importance monitor, once per epoch (Eq. 5)
