@@ -10,6 +10,11 @@ of the full graph's edges the compressed graph found too, ``extra`` its other ed
 against the full graph's count. With the paper's fixed threshold and ``calibrate``.
 ``B_per_id``: the graph's resident bytes a sample, measured.
 
+``--parts hits``: the same embeddings replayed through SpiderCache's planner (sampler,
+importance and homophily caches, ``--cache`` of the samples) for ``--epochs`` epochs, the
+full graph and each of ``--dims`` on the same batches' embeddings (a sample's own,
+whatever the epoch): ``hit_ratio`` of the epochs after the first, both thresholds.
+
 ``--parts scale``: ``--samples`` ids (14M: ImageNet-21k), SpiderCache as a graph rank
 runs it (sampler, its cache's policy, the planner) with ``dim``, one epoch planned and
 every batch fed back with class-clustered 512-d embeddings, so that every sample is in
@@ -151,24 +156,54 @@ def part_edges(args) -> list[dict]:
     return rows
 
 
-def part_scale(args) -> list[dict]:
+def spider_planner(n: int, labels: np.ndarray, capacity: int, **options):
     from hotset.plan import Planner
     from hotset.policy.base import make_policy
     from hotset.sampling.base import make_sampler
     from hotset.systems import resolve_system
 
+    policy = make_policy(resolve_system("spider").policy, capacity, sizes=np.ones(n), seed=0)
+    sampler = make_sampler(
+        "spider", n, seed=0, labels=labels, background=False, total_epochs=10, **options
+    )
+    return Planner(sampler, policy, BATCH, feed_future=False), sampler
+
+
+def part_hits(args) -> list[dict]:
+    emb, labels = embeddings(Path(args.embeddings), args.train_images, args.images)
+    n, rows = len(emb), []
+    losses = np.random.default_rng(0).random(n).astype(np.float32)
+    for calibrate in (False, True):
+        for dim in (None, *args.dims):
+            planner, sampler = spider_planner(
+                n, labels, int(args.cache * n), k=args.k, calibrate=calibrate, dim=dim
+            )
+            hits = served = 0
+            for epoch in range(args.epochs):
+                planner.set_epoch(epoch)
+                for plan in planner:
+                    planner.feedback(plan.ids, losses[plan.ids], emb[plan.ids])
+                    if epoch:
+                        hits, served = hits + int(plan.hits.sum()), served + plan.ids.size
+            rows.append({"graph": "full (512-d)" if dim is None else f"dim={dim}",
+                         "calibrate": calibrate, "hit_ratio": hits / served,
+                         "mean_degree": sampler.counters()["graph_mean_degree"]})  # fmt: skip
+            print(rows[-1], flush=True)
+    meta = {"images": args.images, "cache": args.cache, "epochs": args.epochs, "k": args.k}
+    report("graph_hits", rows,
+           [("graph", "s"), ("calibrate", "d"), ("hit_ratio", ".3f"), ("mean_degree", ".1f")],
+           meta)  # fmt: skip
+    return rows
+
+
+def part_scale(args) -> list[dict]:
     n, rows = args.samples, []
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 1000, n).astype(np.int64)  # 1,000 classes
     centres = rng.standard_normal((1000, 512)).astype(np.float32)
-    system = resolve_system("spider")
     base = rss()
-    policy = make_policy(system.policy, int(0.1 * n * 110_000), sizes=np.full(n, 110_000),
-                         seed=0)  # fmt: skip
-    sampler = make_sampler("spider", n, seed=0, labels=labels, background=False,
-                           k=args.scale_k, homophily_k=args.scale_k, total_epochs=10,
-                           dim=args.scale_dim)  # fmt: skip
-    planner = Planner(sampler, policy, BATCH, feed_future=False)
+    planner, sampler = spider_planner(n, labels, n // 10, k=args.scale_k,
+                                      homophily_k=args.scale_k, dim=args.scale_dim)  # fmt: skip
     planner.set_epoch(0)
     start, done = time.perf_counter(), 0
     for plan in planner:
@@ -191,7 +226,9 @@ def part_scale(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="edges,scale")
+    ap.add_argument("--parts", default="edges,hits,scale")
+    ap.add_argument("--cache", type=float, default=0.2, help="hits: the cache, a share")
+    ap.add_argument("--epochs", type=int, default=4, help="hits: epochs replayed")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--images", type=int, default=20000)
     ap.add_argument("--train-images", type=int, default=12800)
@@ -205,6 +242,8 @@ def main() -> None:
     parts = args.parts.split(",")
     if "edges" in parts:
         part_edges(args)
+    if "hits" in parts:
+        part_hits(args)
     if "scale" in parts:
         part_scale(args)
 
