@@ -73,19 +73,28 @@ def test_embeddings_within_dim_directions_score_as_the_full_graph():
     assert small.refits == 0
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
 def test_the_projection_is_fitted_again_where_the_model_moved_and_the_graph_restarts():
-    emb, labels = _clustered(400, 96, rank=6, seed=0)
-    moved, _ = _clustered(400, 96, rank=6, seed=1)  # other directions: a model that learnt
+    n = 2000
+    emb, labels = _clustered(n, 96, rank=6, seed=0)
+    moved, _ = _clustered(n, 96, rank=6, seed=1)  # other directions: a model that learnt
     g = GraphImportance(labels, k=50, dim=8)
-    for epoch, e in enumerate((emb, emb, moved, moved)):
-        g.start_epoch()  # sees the epoch before: moved at epoch 2
-        for ids in np.array_split(np.arange(400), 4):
-            g.score_batch(ids, e[ids])
-            if epoch == 3 and ids[0] == 0:  # the next epoch's first batch: a new graph
-                assert g.refits == 1 and g.indexed.sum() == ids.size
-        assert g.refits == (1 if epoch == 3 else 0)  # epochs that did not move: kept
-    assert g.indexed.all()
-    assert g.projection.share(moved) > 0.99  # fitted on the moved embeddings
+    batches = np.array_split(np.arange(n), 20)  # 100 a batch: a check every 11 batches
+    for ids in batches:  # an epoch within 6 directions: nothing missed, no refit
+        g.score_batch(ids, emb[ids])
+    assert g.refits == 0
+    g.score_batch(batches[0], moved[batches[0]])  # the next epoch: 2,100 embeddings
+    assert g.refits == 0
+    g.score_batch(batches[1], moved[batches[1]])  # 2,200: a check, 200 moved of 1,100
+    assert g.refits == 1
+    # the new graph holds the ring's 2,200 embeddings, each sample once with its latest
+    assert g.index.get_current_count() == n and g.indexed.all()
+    latest = np.concatenate([moved[:200], emb[200:]])
+    assert np.allclose(g.index.get_items(np.arange(n)), g.projection(_unit(latest)), atol=1e-5)
+    assert g.projection.missed < 0.01  # fitted on them, the moved ones included
 
 
 def test_a_graph_the_machine_cannot_hold_is_refused_naming_dim():

@@ -26,11 +26,13 @@ Compressed vectors (``dim``, ours): a 512-d HNSW index is about 2.1 KB per sampl
 at 14M). With ``dim=D`` each embedding is stored as its coordinates on the ``D`` principal
 directions of recent embeddings, plus one more coordinate, the norm of what they miss
 (:class:`Projection`): a vector keeps its norm and the index's distances are lower bounds
-of the full ones, so an edge of the full graph stays an edge (measured: ``dim=64`` keeps
-96-98% of a 512-d graph's edges, benchmarks/graph_scale.py). The directions are fitted on
-the first batch, and again at an epoch start where the last epoch's embeddings kept under
-90% of what the fit's own rows kept in them (the model moved): the graph then starts
-again, empty, from that epoch's embeddings.
+of the full ones, so an edge of the full graph stays an edge where every neighbour is
+queried (at ``k = 500``, ``dim=64`` keeps 96-97% of a 512-d graph's edges:
+benchmarks/graph_scale.py). The directions are fitted on the first batch, and again on the
+latest 4,096 embeddings wherever the share of the embeddings' squared norm they miss has
+doubled since (checked every 1,024 embeddings: the model moved). The graph then starts
+again from those 4,096: what the full graph holds of older embeddings lies where the model
+no longer puts samples.
 
 ``calibrate=True`` (ours) instead divides distances by a unit measured each epoch, so
 that the threshold is the ``edge_quantile`` quantile of the previous epoch's neighbour
@@ -46,7 +48,7 @@ import numpy as np
 from hotset.errors import ConfigError
 
 FIT_ROWS = 4096  # the latest embeddings kept to fit a projection on
-REFIT_SHARE = 0.9  # refit where an epoch kept under this share of what the fit kept
+CHECK_ROWS = 1024  # embeddings between two checks that the projection still fits
 HNSW_BYTES = 170  # hnswlib's bytes a sample beside its vector and links (measured, M = 8)
 
 
@@ -67,21 +69,17 @@ class Projection:
             fill = np.random.default_rng(seed).standard_normal((rows.shape[1], dim))
             basis = np.linalg.qr(np.hstack([basis, fill[:, basis.shape[1] :]]))[0]
         self.basis = np.ascontiguousarray(basis, np.float32)
-        self.kept = self.share(rows)  # what the fit's own rows keep in the directions
-
-    def low(self, emb: np.ndarray) -> np.ndarray:
-        return emb @ self.basis
-
-    def share(self, emb: np.ndarray) -> float:
-        """The mean share of the rows' squared norm the directions keep."""
-        low = self.low(emb)
-        norm = np.maximum((emb * emb).sum(1), 1e-24)
-        return float(((low * low).sum(1) / norm).mean())
+        self.missed = float(missed(self(rows)).mean())  # what the fit's own rows miss
 
     def __call__(self, emb: np.ndarray) -> np.ndarray:
-        low = self.low(emb)
+        low = emb @ self.basis
         rest = np.sqrt(np.maximum((emb * emb).sum(1) - (low * low).sum(1), 0.0))
         return np.ascontiguousarray(np.hstack([low, rest[:, None]]), np.float32)
+
+
+def missed(projected: np.ndarray) -> np.ndarray:
+    """Each projected vector's share of its squared norm outside the directions."""
+    return projected[:, -1] ** 2 / np.maximum((projected * projected).sum(1), 1e-24)
 
 
 def _distance(squared: np.ndarray) -> np.ndarray:
@@ -134,9 +132,9 @@ class GraphImportance:
         self.projection: Projection | None = None
         self.refits = 0  # projections fitted again (the graph started again)
         self._recent: np.ndarray | None = None  # the latest FIT_ROWS embeddings, a ring
+        self._recent_ids = np.zeros(FIT_ROWS, np.int64)  # and their ids
         self._written = 0  # rows written to the ring
-        self._kept = [0.0, 0]  # this epoch's shares kept in the projection: sum, batches
-        self._refit = False
+        self._missed = [0.0, 0]  # since the last check: shares missed, their sum and count
         self.calibrate, self.edge_quantile = bool(calibrate), float(edge_quantile)
         self.scale = 1.0  # the distance unit of Eq. 2
         self._calibrated = False  # from a whole epoch's distances (else each batch's own)
@@ -156,16 +154,6 @@ class GraphImportance:
             threshold = -np.log(self.alpha) / self.lam  # Eq. 2-3 in units of the scale
             self.scale = float(np.quantile(d, self.edge_quantile)) / threshold
 
-    def start_epoch(self) -> None:
-        """Once an epoch, at its start: the distance unit (``recalibrate``), and a
-        projection the last epoch's embeddings moved out of is fitted again at the next
-        batch."""
-        self.recalibrate()
-        total, batches = self._kept
-        if self.projection is not None and batches:
-            self._refit = total / batches < REFIT_SHARE * self.projection.kept
-        self._kept = [0.0, 0]
-
     def check_fits(self, dim: int) -> None:
         """Refuse, naming ``dim``, a graph this machine's memory cannot hold."""
         stored = dim if self.dim is None or self.dim >= dim else self.dim + 1
@@ -182,27 +170,44 @@ class GraphImportance:
                 f"{index_bytes(self.num_samples, 65, self.M) / 1e9:.1f} GB)"
             )
 
-    def _project(self, emb: np.ndarray) -> np.ndarray:
-        """``emb`` in the projection (fitted at the first batch, or again where
-        ``start_epoch`` found it stale: the index then starts again, empty)."""
+    def _project(self, ids: np.ndarray, emb: np.ndarray) -> np.ndarray:
+        """``emb`` in the projection: fitted at the first batch, and again on the ring of
+        the latest embeddings where what they miss has doubled since (the index then
+        starts again from the ring's)."""
         if self._recent is None:
             self._recent = np.zeros((FIT_ROWS, emb.shape[1]), np.float32)
-        if self._recent.shape[1] != emb.shape[1]:
+        elif self._recent.shape[1] != emb.shape[1]:
             raise ConfigError(f"embeddings changed dimension: {emb.shape[1]} after "
                               f"{self._recent.shape[1]}")  # fmt: skip
-        if self.projection is None or self._refit:
-            rows = self._recent[: min(self._written, FIT_ROWS)] if self._refit else emb
-            self.projection = Projection(rows, self.dim, self.seed)
-            if self._refit:
-                self.index, self.indexed[:] = None, False
-                self.refits += 1
-            self._refit = False
         at = (self._written + np.arange(len(emb))) % FIT_ROWS
         self._recent[at[-FIT_ROWS:]] = emb[-FIT_ROWS:]
+        self._recent_ids[at[-FIT_ROWS:]] = ids[-FIT_ROWS:]
         self._written += len(emb)
-        self._kept[0] += self.projection.share(emb)
-        self._kept[1] += 1
-        return self.projection(emb)
+        if self.projection is None:
+            self.projection = Projection(emb, self.dim, self.seed)
+        out = self.projection(emb)
+        self._missed[0] += float(missed(out).sum())
+        self._missed[1] += len(emb)
+        total, rows = self._missed
+        if rows >= CHECK_ROWS:
+            self._missed = [0.0, 0]
+            if total / rows > 2 * self.projection.missed + 1e-4:
+                self._refit_on_recent()
+                out = self.projection(emb)
+        return out
+
+    def _refit_on_recent(self) -> None:
+        """A projection fitted on the ring, and a new index of the ring's embeddings."""
+        filled = min(self._written, FIT_ROWS)
+        latest = (self._written - 1 - np.arange(filled)) % FIT_ROWS  # newest first
+        rows = self._recent[latest]
+        self.projection = Projection(rows, self.dim, self.seed)
+        self.index, self.indexed[:] = None, False
+        self.refits += 1
+        ids, first = np.unique(self._recent_ids[latest], return_index=True)  # their latest
+        self._ensure_index(self.dim + 1)
+        self.index.add_items(self.projection(rows[first]), ids)
+        self.indexed[ids] = True
 
     def _query(
         self, emb: np.ndarray, k: int, ids: np.ndarray | None = None
@@ -261,7 +266,7 @@ class GraphImportance:
         if self.normalize:
             emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         if self.dim is not None and self.dim < emb.shape[1]:
-            emb = self._project(emb)
+            emb = self._project(ids, emb)
         self._ensure_index(emb.shape[1])
         self.index.add_items(emb, ids)  # line 15: insert or update
         self.indexed[ids] = True

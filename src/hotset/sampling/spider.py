@@ -315,7 +315,7 @@ class SpiderSampler(Sampler):
     # -- hints to the cache ------------------------------------------------------------
     def cache_hints(self, epoch: int) -> dict:
         if epoch not in self._ratio:
-            self.graph.start_epoch()  # the distance unit and projection, from last epoch's
+            self.graph.recalibrate()  # this epoch's distance unit: last epoch's neighbours
             with self._lock:
                 seen = self.board.seen
                 if seen.any():  # the importance monitor, once per epoch (Eq. 5)
