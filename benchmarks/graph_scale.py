@@ -8,7 +8,6 @@ the same batches: epoch 0 adds every sample, epoch 1 scores each again, and for 
 sample of epoch 1 the edges (Eq. 3) the graphs found are compared: ``kept`` is the share
 of the full graph's edges the compressed graph found too, ``extra`` its other edges
 against the full graph's count. With the paper's fixed threshold and ``calibrate``.
-``B_per_id``: the graph's resident bytes a sample, measured.
 
 ``--parts hits``: the same embeddings replayed through SpiderCache's planner (sampler,
 importance and homophily caches, ``--cache`` of the samples) for ``--epochs`` epochs, the
@@ -93,13 +92,11 @@ def embeddings(path: Path, train_images: int, images: int) -> tuple[np.ndarray, 
 
 
 def graph_edges(emb: np.ndarray, labels: np.ndarray, dim: int | None, calibrate: bool,
-                k: int) -> tuple[list[set], int]:  # fmt: skip
-    """Each sample's edges in epoch 1 (the batches of a seeded shuffle) and the graph's
-    resident bytes once it holds every sample (after epoch 0)."""
+                k: int) -> list[set]:  # fmt: skip
+    """Each sample's edges in epoch 1 (the batches of a seeded shuffle)."""
     from hotset.importance.graph import GraphImportance
 
     n = len(emb)
-    before = rss()
     graph = GraphImportance(labels, k=k, calibrate=calibrate, dim=dim, threads=2)
     found: list[tuple] = []
     query = graph._query
@@ -110,9 +107,9 @@ def graph_edges(emb: np.ndarray, labels: np.ndarray, dim: int | None, calibrate:
         return out
 
     graph._query = recorded
-    edges: list[set] = []
+    edges: list[set] = [set() for _ in range(n)]
     for epoch in range(2):
-        graph.start_epoch()
+        graph.recalibrate()  # as the sampler does at each epoch start
         order = np.random.default_rng(epoch).permutation(n)
         for start in range(0, n, BATCH):
             ids = np.sort(order[start : start + BATCH])
@@ -123,34 +120,29 @@ def graph_edges(emb: np.ndarray, labels: np.ndarray, dim: int | None, calibrate:
                 edge = (np.exp(-graph.lam * d / graph.scale) > graph.alpha) & (nbr != ids[:, None])
                 for row, i in enumerate(ids):
                     edges[i] = set(nbr[row][edge[row]].tolist())
-        if epoch == 0:
-            held = rss() - before
-            edges = [set() for _ in range(n)]
-    return edges, held
+    return edges
 
 
 def part_edges(args) -> list[dict]:
     emb, labels = embeddings(Path(args.embeddings), args.train_images, args.images)
     rows = []
     for calibrate in (False, True):
-        full, full_bytes = graph_edges(emb, labels, None, calibrate, args.k)
+        full = graph_edges(emb, labels, None, calibrate, args.k)
         total = sum(map(len, full))
         rows.append({"graph": "full (512-d)", "calibrate": calibrate, "edges_per_sample":
-                     total / len(emb), "kept": 1.0, "extra": 0.0,
-                     "B_per_id": full_bytes / len(emb)})  # fmt: skip
+                     total / len(emb), "kept": 1.0, "extra": 0.0})  # fmt: skip
         for dim in args.dims:
-            got, nbytes = graph_edges(emb, labels, dim, calibrate, args.k)
+            got = graph_edges(emb, labels, dim, calibrate, args.k)
             kept = sum(len(a & b) for a, b in zip(full, got, strict=True))
             extra = sum(len(b - a) for a, b in zip(full, got, strict=True))
             rows.append({"graph": f"dim={dim}", "calibrate": calibrate,
                          "edges_per_sample": sum(map(len, got)) / len(emb),
-                         "kept": kept / max(total, 1), "extra": extra / max(total, 1),
-                         "B_per_id": nbytes / len(emb)})  # fmt: skip
+                         "kept": kept / max(total, 1), "extra": extra / max(total, 1)})  # fmt: skip
             print(rows[-1], flush=True)
     report(
         "graph_edges", rows,
         [("graph", "s"), ("calibrate", "d"), ("edges_per_sample", ".1f"), ("kept", ".3f"),
-         ("extra", ".3f"), ("B_per_id", ".0f")],
+         ("extra", ".3f")],
         {"images": args.images, "train_images": args.train_images, "k": args.k},
     )  # fmt: skip
     return rows
