@@ -107,5 +107,6 @@ def test_a_graph_the_machine_cannot_hold_is_refused_naming_dim():
     small = make_sampler("spider", n, labels=labels, background=False, dim=64)
     small.feedback(np.arange(2), np.ones(2), emb)  # 65 floats a sample
     assert small.scored == 2 and small.graph.index.dim == 65
+    assert small.counters()["graph_refits"] == 0
     with pytest.raises(ConfigError, match="dim"):
         make_sampler("spider", 10, labels=np.zeros(10), dim=0)

@@ -27,7 +27,7 @@ at 14M). With ``dim=D`` each embedding is stored as its coordinates on the ``D``
 directions of recent embeddings, plus one more coordinate, the norm of what they miss
 (:class:`Projection`): a vector keeps its norm and the index's distances are lower bounds
 of the full ones, so an edge of the full graph stays an edge where every neighbour is
-queried (at ``k = 500``, ``dim=64`` keeps 96-97% of a 512-d graph's edges:
+queried (at ``k = 500``, ``dim=64`` keeps 96-98% of a 512-d graph's edges:
 benchmarks/graph_scale.py). The directions are fitted on the first batch, and again on the
 latest 4,096 embeddings wherever the share of the embeddings' squared norm they miss has
 doubled since (checked every 1,024 embeddings: the model moved). The graph then starts

@@ -274,7 +274,8 @@ class SpiderSampler(Sampler):
     def counters(self) -> dict:
         """How far the graph worker kept up (samples scored, dropped unscored, failed) and
         what the graph looks like: edges per scored sample, the spread of the scores, the
-        calibrated distance unit, queries hnswlib refused at first."""
+        calibrated distance unit, queries hnswlib refused at first, compressed vectors'
+        directions fitted again (``dim``)."""
         with self._lock:
             seen = self.board.score[self.board.seen]
             return {
@@ -284,6 +285,7 @@ class SpiderSampler(Sampler):
                 "graph_score_std": float(seen.std()) if seen.size else 0.0,
                 "graph_score_range": float(np.ptp(seen)) if seen.size else 0.0,
                 "graph_scale": self.graph.scale, "graph_retries": self.graph.retries,
+                "graph_refits": self.graph.refits,
                 "graph_wait_s": self.wait_s, "imp_ratio": self._imp_ratio,
                 **self.coverage.counters(self.epoch),
             }  # fmt: skip
