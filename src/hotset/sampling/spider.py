@@ -12,7 +12,7 @@ every batch is scored, the wait counted in ``graph_wait_s``); ``when_behind="dro
 score). The worker queries hnswlib with ``threads`` threads (default: three quarters of
 the cores, ``graph_threads``). ``background=False`` scores inline (the simulator, for a
 deterministic replay). ``dim`` (ours) stores compressed vectors in the graph: 64 keeps a
-14M-sample graph of 512-d embeddings within about 7 GB (:mod:`hotset.importance.graph`); a
+graph rank of 14M samples of 512-d within 7.4 GB (:mod:`hotset.importance.graph`); a
 graph the machine's memory cannot hold is refused at the first feedback, naming ``dim``.
 
 Under ranks (hotset's: the paper trains in one process) one rank keeps the graph,
